@@ -1,0 +1,59 @@
+"""One registry of MLP/FFN activations, shared by every model in nanoact.
+
+    from activations import build, available
+    act = build("aglu", kappa_init=(0.8, 1.2))
+
+See activations/README.md for each formula and its options. Parametric modules (AGLU, APA,
+NSwish, NReLU) also have `telemetry() -> dict[str, float]` (learned values, running statistics)
+for logging at evaluation time.
+"""
+import inspect
+
+from activations.aglu import AGLU, APA
+from activations.anact import NReLU, NSwish
+from activations.basic import GELU, GELUExact, ReLU, ReLU2, SiLU
+
+_REGISTRY = {
+    "gelu": GELU,
+    "gelu_exact": GELUExact,
+    "relu": ReLU,
+    "relu2": ReLU2,
+    "silu": SiLU,
+    "swish": SiLU,
+    "aglu": AGLU,
+    "apa": APA,
+    "nswish": NSwish,
+    "nrelu": NReLU,
+}
+
+# ANAct's "NSwish + k Swish": the unnormalized activation kept in the top k layers.
+_PLAIN = {"nswish": "silu", "nrelu": "relu"}
+
+
+def register(name, cls):
+    _REGISTRY[name] = cls
+    return cls
+
+
+def available():
+    return sorted(_REGISTRY)
+
+
+def plain_name(name):
+    """The unnormalized counterpart of `name` (nswish -> silu, nrelu -> relu); other names map to themselves."""
+    return _PLAIN.get(name, name)
+
+
+def build(name, **kwargs):
+    """Instantiate activation `name`; unknown names and bad kwargs raise ValueError with the choices."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown activation {name!r}; choose one of: {', '.join(available())}")
+    cls = _REGISTRY[name]
+    params = inspect.signature(cls.__init__).parameters
+    # Skip self and nn.Module.__init__'s *args/**kwargs (the fixed activations have no options).
+    valid = [n for n, p in params.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    bad = [k for k in kwargs if k not in valid]
+    if bad:
+        choices = ", ".join(valid) if valid else "none"
+        raise ValueError(f"activation {name!r} takes no option(s) {', '.join(bad)}; its options: {choices}")
+    return cls(**kwargs)

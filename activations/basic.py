@@ -1,0 +1,34 @@
+"""Fixed (parameter-free) activations: GPT-2's tanh GELU, exact GELU, ReLU, squared ReLU, SiLU."""
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class GELU(nn.Module):
+    """GELU with the tanh approximation, as in the original GPT-2."""
+
+    def forward(self, x):
+        return F.gelu(x, approximate="tanh")
+
+
+class GELUExact(nn.Module):
+    def forward(self, x):
+        return F.gelu(x)
+
+
+class ReLU(nn.Module):
+    def forward(self, x):
+        return F.relu(x)
+
+
+class ReLU2(nn.Module):
+    """Squared ReLU (So et al., Primer)."""
+
+    def forward(self, x):
+        return F.relu(x).square()
+
+
+class SiLU(nn.Module):
+    """SiLU / Swish-1: x * sigmoid(x)."""
+
+    def forward(self, x):
+        return F.silu(x)

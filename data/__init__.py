@@ -1,0 +1,1 @@
+"""Token shards: data/fineweb.py writes them, data/loader.py reads them."""

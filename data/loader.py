@@ -1,0 +1,132 @@
+"""Batches of (B, T) token windows from the uint16 shards written by data/fineweb.py.
+
+The data of one epoch is a stream of sequences: every shard is cut into (len - 1) // T windows of
+T + 1 tokens at stride T (so targets never overlap; the < T leftover tokens at a shard's end are
+unused that epoch). The stream visits the shards one after another, and each shard's windows in
+some order:
+  - shuffle=True (train): the shard order of epoch e is a permutation drawn from (seed, e), and the
+    window order inside shard k one drawn from (seed, e, k), both with numpy's Generator;
+  - shuffle=False (val): shards in file-name order, windows front to back, the same every epoch.
+Epochs follow each other without a gap, so a batch may span shards and epochs: a corpus smaller
+than one batch still gives full batches.
+
+Which sequences a rank gets: number the stream's sequences s_0, s_1, ... across epochs. The n-th
+next_batch() call after reset() on rank r returns row i = s_(n*B*W + r*B + i) for i < B, with
+W = world_size. One step's batches of all ranks are thus B*W consecutive sequences, disjoint
+between ranks, and a whole epoch is covered with each sequence used once.
+
+state_dict() is that position in the stream (epoch, index into the epoch's shard order, index
+into the shard's window order) plus what gives the stream its meaning (seed, shuffle, T, the shard
+names and sizes), all plain ints/lists/strings. Restoring recomputes the permutations from the seed
+and reads no data. Because the position is global, resuming with another B or world size still
+continues the same stream, without repeating or skipping a sequence.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class ShardLoader:
+    def __init__(self, data_dir, split, B, T, rank=0, world_size=1, seed=0, shuffle=True, vocab_size=50257):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        self.B, self.T, self.rank, self.world_size = B, T, rank, world_size
+        self.seed, self.shuffle, self.split = seed, shuffle, split
+        data_dir = Path(data_dir)
+        paths = sorted(data_dir.glob(f"*_{split}_*.npy"))
+        if not paths:
+            raise FileNotFoundError(f"no '*_{split}_*.npy' token shards in {data_dir}/; prepare them with "
+                                    f"`python data/fineweb.py --out {data_dir}` (add --input FILES for local text)")
+        _check_manifest(data_dir)
+        self.names = [p.name for p in paths]
+        self.shards = [_open_shard(p, T, vocab_size) for p in paths]
+        self.n_windows = [(len(s) - 1) // T for s in self.shards]
+        self._perm_key, self._perm = None, None
+        self.reset()
+
+    def reset(self):
+        """Back to the first sequence of epoch 0 (val: the same batches after every reset)."""
+        self.epoch, self.shard_pos, self.window_pos = 0, 0, 0
+
+    def next_batch(self):
+        """This rank's next (x, y): int64 (B, T) CPU tensors, y = x shifted left by one token."""
+        self._advance(self.rank * self.B)
+        pieces = self._advance(self.B)
+        self._advance((self.world_size - 1 - self.rank) * self.B)
+        span = np.arange(self.T + 1)
+        rows = np.concatenate([self.shards[k][starts[:, None] + span] for k, starts in pieces])
+        rows = torch.from_numpy(rows.astype(np.int64))
+        return rows[:, :-1], rows[:, 1:]
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "shard_pos": self.shard_pos, "window_pos": self.window_pos,
+                "seed": self.seed, "shuffle": self.shuffle, "T": self.T,
+                "shards": [[name, len(s)] for name, s in zip(self.names, self.shards)]}
+
+    def load_state_dict(self, d):
+        ours = self.state_dict()
+        for key in ("seed", "shuffle", "T", "shards"):
+            if d[key] != ours[key]:
+                raise ValueError(f"loader state was saved with {key}={d[key]!r} but this '{self.split}' loader has "
+                                 f"{key}={ours[key]!r}: the saved position means nothing in this data stream")
+        self.epoch, self.shard_pos, self.window_pos = d["epoch"], d["shard_pos"], d["window_pos"]
+
+    def _shard_order(self, epoch):
+        if not self.shuffle:
+            return np.arange(len(self.shards))
+        # The 0/1 tag keeps these seeds apart from the window seeds: numpy's SeedSequence pads with
+        # zeros, so [seed, e] and [seed, e, 0] would otherwise give the same permutation.
+        return np.random.default_rng([self.seed, 0, epoch]).permutation(len(self.shards))
+
+    def _window_starts(self, epoch, shard):
+        key = (epoch, shard) if self.shuffle else shard
+        if key != self._perm_key:  # one cached shard: a step moves through shards in order
+            n = self.n_windows[shard]
+            order = np.random.default_rng([self.seed, 1, epoch, shard]).permutation(n) if self.shuffle else np.arange(n)
+            self._perm_key, self._perm = key, order * self.T
+        return self._perm
+
+    def _advance(self, n):
+        """Move n sequences along the stream; return them as [(shard index, window starts), ...]."""
+        pieces = []
+        while n > 0:
+            shard = int(self._shard_order(self.epoch)[self.shard_pos])
+            starts = self._window_starts(self.epoch, shard)
+            take = min(n, len(starts) - self.window_pos)
+            pieces.append((shard, starts[self.window_pos:self.window_pos + take]))
+            self.window_pos += take
+            n -= take
+            if self.window_pos == len(starts):
+                self.window_pos, self.shard_pos = 0, self.shard_pos + 1
+                if self.shard_pos == len(self.shards):
+                    self.shard_pos, self.epoch = 0, self.epoch + 1
+        return pieces
+
+
+def _check_manifest(data_dir):
+    """Refuse a directory whose preparation was interrupted: training would silently see part of the data."""
+    path = data_dir / "manifest.json"
+    if path.exists() and not json.loads(path.read_text()).get("finished", False):
+        raise ValueError(f"{path} says preparation is unfinished; rerun the same `python data/fineweb.py ...` "
+                         "command to complete it")
+
+
+def _open_shard(path, T, vocab_size):
+    """Memory-map one shard after checking it can feed the model: uint16, 1-D, >= T+1 tokens, ids < vocab."""
+    try:
+        tokens = np.load(path, mmap_mode="r")
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{path}: not a readable .npy token shard ({e})") from None
+    if tokens.dtype != np.uint16 or tokens.ndim != 1:
+        raise ValueError(f"{path}: {tokens.ndim}-D {tokens.dtype} array, expected 1-D uint16 tokens "
+                         "(write shards with data/fineweb.py)")
+    if tokens.size == 0:
+        raise ValueError(f"{path}: empty shard (0 tokens)")
+    if tokens.size < T + 1:
+        raise ValueError(f"{path}: {tokens.size} tokens, fewer than seq_len + 1 = {T + 1}")
+    top = int(tokens.max())  # reads the whole shard once, so a bad file fails at start-up, not hours in
+    if top >= vocab_size:
+        raise ValueError(f"{path}: token id {top} >= vocab_size {vocab_size}")
+    return tokens

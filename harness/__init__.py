@@ -1,0 +1,1 @@
+"""Infrastructure shared by both trainers: config, distributed setup, checkpoints, run logs, schedules."""

@@ -1,0 +1,209 @@
+"""Typed configuration: dataclasses + TOML files in configs/ + command-line overrides.
+
+One mechanism for both trainers. A config is a (possibly nested) dataclass; a TOML file sets any
+field (nested dataclasses are TOML tables), and the command line overrides any leaf field by its
+name: `--max-steps 50`, `--max_steps=50`, `--act aglu` or the dotted path `--model.act aglu`.
+Leaf names are unique across a config's sections, so the short form is never ambiguous.
+Unknown keys and values that do not parse are one-line errors that name the valid choices.
+"""
+import dataclasses
+import difflib
+import json
+import tomllib
+import types
+import typing
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _leaves(cls, prefix=""):
+    """Map every leaf field's dotted path to its (type, owning path)."""
+    out = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(_leaves(hints[f.name], path + "."))
+        else:
+            out[path] = hints[f.name]
+    return out
+
+
+def _suggest(key, choices):
+    close = difflib.get_close_matches(key, choices, n=3)
+    return f" (did you mean {', '.join(close)}?)" if close else f"; valid keys: {', '.join(sorted(choices))}"
+
+
+def _coerce(value, tp, key):
+    """Convert a TOML value or a command-line string to the field's declared type."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            return None
+        return _coerce(value, args[0], key)
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if tp is int:
+            if isinstance(value, str):
+                number = float(value)  # accepts 1e8 and 524288
+                if number != int(number):
+                    raise ValueError
+                return int(number)
+            if isinstance(value, float) and value != int(value):
+                raise ValueError
+            return int(value)
+        if tp is float:
+            return float(value)
+        if tp is str:
+            return str(value)
+        if origin is tuple:
+            items = json.loads(f"[{value}]") if isinstance(value, str) else list(value)
+            inner = typing.get_args(tp)
+            return tuple(_coerce(v, inner[0] if inner[-1] is Ellipsis else inner[i], key) for i, v in enumerate(items))
+        if tp is dict or origin is dict:
+            parsed = json.loads(value) if isinstance(value, str) else value
+            if not isinstance(parsed, dict):
+                raise ValueError
+            return dict(parsed)
+    except (ValueError, TypeError, json.JSONDecodeError):
+        pass
+    else:
+        raise ConfigError(f"config key {key!r} has unsupported type {tp}")
+    hint = " (a JSON object, e.g. '{\"kappa_init\": [1.0, 1.3]}')" if tp is dict or origin is dict else ""
+    raise ConfigError(f"config key {key!r}: cannot read {value!r} as {getattr(tp, '__name__', tp)}{hint}")
+
+
+def _is_bool(tp):
+    return tp is bool or (typing.get_origin(tp) in (typing.Union, types.UnionType) and bool in typing.get_args(tp))
+
+
+def _set(cfg, path, value):
+    *parents, name = path.split(".")
+    for p in parents:
+        cfg = getattr(cfg, p)
+    setattr(cfg, name, value)
+
+
+def _flatten_toml(table, prefix=""):
+    for key, value in table.items():
+        if isinstance(value, dict) and not key.endswith("kwargs"):
+            yield from _flatten_toml(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _resolve(key, leaves, source):
+    """A dotted path, or a unique leaf name, -> the dotted path."""
+    key = key.replace("-", "_")
+    if key in leaves:
+        return key
+    matches = [p for p in leaves if p.rsplit(".", 1)[-1] == key]
+    if len(matches) == 1:
+        return matches[0]
+    short = sorted({p.rsplit(".", 1)[-1] for p in leaves})
+    raise ConfigError(f"unknown config key {key!r} in {source}{_suggest(key, short)}")
+
+
+def load_config(cls, argv=None):
+    """Build `cls` from its defaults, then `--config FILE.toml`, then `--key value` overrides."""
+    argv = list(argv or [])
+    leaves = _leaves(cls)
+    cfg = cls()
+    if "--config" in argv or any(a.startswith("--config=") for a in argv):
+        i = next(i for i, a in enumerate(argv) if a == "--config" or a.startswith("--config="))
+        path = argv[i].split("=", 1)[1] if "=" in argv[i] else (argv[i + 1] if i + 1 < len(argv) else "")
+        del argv[i:i + (1 if "=" in argv[i] else 2)]
+        if not path or not Path(path).is_file():
+            raise ConfigError(f"config file {path!r} not found; the ones shipped are in configs/")
+        with open(path, "rb") as f:
+            try:
+                table = tomllib.load(f)
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"{path}: not valid TOML ({e})") from None
+        for key, value in _flatten_toml(table):
+            full = _resolve(key, leaves, path)
+            _set(cfg, full, _coerce(value, leaves[full], full))
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r}; options are --key value (see --help)")
+        key, value = (arg[2:].split("=", 1) + [None])[:2]
+        if value is None and key.startswith("no-") or value is None and key.startswith("no_"):
+            full = _resolve(key[3:], leaves, "the command line")
+            if _is_bool(leaves[full]):
+                _set(cfg, full, False)
+                i += 1
+                continue
+        full = _resolve(key, leaves, "the command line")
+        if value is None:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if _is_bool(leaves[full]) and (nxt is None or nxt.startswith("--")):
+                value, i = True, i + 1
+            elif nxt is None:
+                raise ConfigError(f"--{key} needs a value")
+            else:
+                value, i = nxt, i + 2
+        else:
+            i += 1
+        _set(cfg, full, _coerce(value, leaves[full], full))
+    return cfg
+
+
+def to_dict(cfg):
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls, data):
+    """Rebuild a config saved with to_dict (used when resuming and loading checkpoints)."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        if dataclasses.is_dataclass(hints[f.name]):
+            value = from_dict(hints[f.name], value)
+        elif typing.get_origin(hints[f.name]) is tuple or hints[f.name] is tuple:
+            value = tuple(value)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def help_text(cls, defaults=None):
+    """One line per option with its default, for --help."""
+    defaults = defaults or cls()
+    lines = []
+    for path in _leaves(cls):
+        value = defaults
+        for part in path.split("."):
+            value = getattr(value, part)
+        lines.append(f"  --{path.rsplit('.', 1)[-1].replace('_', '-'):28s} {value!r}")
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """What every training run has, whatever the model: where it writes, how it runs, when it evaluates."""
+    out_dir: str = "log"
+    seed: int = 1337
+    device: str = "auto"  # auto: cuda, then mps, then cpu
+    dtype: str = "auto"  # auto: bfloat16 autocast on CUDA, float32 elsewhere; or float32 / bfloat16
+    compile: typing.Optional[bool] = None  # None: on for CUDA, off elsewhere
+    resume: bool = False  # continue from the newest checkpoint in out_dir
+    log_interval: int = 1
+    eval_interval: int = 250
+    checkpoint_interval: int = 1000
+    keep_checkpoints: int = 3
+    tensorboard: bool = False

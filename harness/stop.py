@@ -1,0 +1,22 @@
+"""SIGTERM/SIGINT -> finish the current step, save a checkpoint, exit cleanly."""
+import signal
+
+
+class GracefulStop:
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def close(self):
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+    def _handle(self, signum, frame):
+        if self.requested:  # a second Ctrl-C means "now"
+            signal.signal(signum, self._previous[signum])
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\nsignal {signal.Signals(signum).name}: saving a checkpoint after this step, then exiting "
+              "(send it again to abort at once)", flush=True)

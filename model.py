@@ -1,0 +1,229 @@
+"""GPT-2 in one file: pre-LN Transformer decoder with a swappable MLP activation.
+
+Architecture and init follow OpenAI's GPT-2 (and karpathy/build-nanogpt): learned positions,
+tied input/output embeddings, init std 0.02 with residual projections scaled by (2*n_layer)^-0.5.
+Only the MLP activation changes between runs; it comes from the `activations` registry.
+"""
+import inspect
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import activations
+
+# Peak dense bf16 tensor throughput (FLOP/s, no sparsity) by device-name substring; first match wins.
+# Unknown devices get no MFU rather than a wrong one.
+PEAK_FLOPS = [
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("GH200", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A10G", 70e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+    ("V100", 125e12),
+]
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304  # 50257 padded to a multiple of 64 for faster matmuls
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+    act: str = "gelu"
+    act_kwargs: dict = field(default_factory=dict)
+    plain_top_k: int = 0  # ANAct's "NSwish + k Swish": the top k MLPs use the unnormalized activation
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0, "n_embd must be divisible by n_head"
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.residual_scale = True
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config, act_name):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.act = activations.build(act_name, **config.act_kwargs)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.residual_scale = True
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config, act_name):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config, act_name)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        if not 0 <= config.plain_top_k <= config.n_layer:
+            raise ValueError(f"plain_top_k={config.plain_top_k} must lie in [0, n_layer={config.n_layer}]")
+        first_plain = config.n_layer - config.plain_top_k
+        plain = activations.plain_name(config.act)
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList(Block(config, plain if i >= first_plain else config.act) for i in range(config.n_layer)),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            std = 0.02 * (2 * self.config.n_layer) ** -0.5 if getattr(module, "residual_scale", False) else 0.02
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding=True):
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def forward(self, idx, targets=None):
+        T = idx.size(1)
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, eps, device_type):
+        """AdamW; decay only >=2-D weights, so biases, LayerNorms and activation scalars never decay."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=fused)
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token: 6N for the matmuls plus the attention scores (PaLM appendix B)."""
+        c = self.config
+        return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * seq_len
+
+    def estimate_mfu(self, tokens_per_second, seq_len, device_name):
+        """Model FLOPs utilisation against the device's dense bf16 peak; None for an unknown device."""
+        peak = next((flops for key, flops in PEAK_FLOPS if key in (device_name or "")), None)
+        if peak is None:
+            return None
+        return self.flops_per_token(seq_len) * tokens_per_second / peak
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx[:, -self.config.block_size:])
+            logits = logits[:, -1, :] / max(temperature, 1e-8)
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            probs = F.softmax(logits.float(), dim=-1)
+            idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
+        return idx
+
+    @classmethod
+    def from_pretrained(cls, name_or_dir, act="gelu", act_kwargs=None):
+        """Load GPT-2 weights in transformers' GPT2LMHeadModel layout (a local directory or a hub name).
+
+        The vocabulary stays 50257 so logits match transformers' exactly. A non-GELU `act` keeps the
+        pretrained weights and adds the activation's own parameters at their init values.
+        """
+        from transformers import GPT2LMHeadModel
+
+        if not Path(name_or_dir).is_dir() and "/" in str(name_or_dir):
+            raise FileNotFoundError(f"{name_or_dir}: no such directory (give a transformers GPT-2 directory or hub name)")
+        hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
+        hc = hf.config
+        config = GPTConfig(block_size=hc.n_positions, vocab_size=hc.vocab_size, n_layer=hc.n_layer, n_head=hc.n_head,
+                           n_embd=hc.n_embd, dropout=0.0, bias=True, act=act, act_kwargs=act_kwargs or {})
+        model = cls(config)
+        missing, unexpected = model.load_state_dict(hf_to_nanoact(hf.state_dict()), strict=False)
+        missing = [k for k in missing if ".mlp.act." not in k]
+        if missing or unexpected:
+            raise ValueError(f"{name_or_dir} is not a GPT-2 checkpoint: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        return model
+
+
+# transformers' GPT-2 uses Conv1D layers whose weights are stored transposed relative to nn.Linear.
+TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def hf_to_nanoact(hf_state):
+    out = {}
+    for key, value in hf_state.items():
+        if key.endswith(("attn.masked_bias", "attn.bias")) and value.dim() > 1:
+            continue  # causal-mask buffers of older transformers versions
+        out[key] = value.t() if key.endswith(TRANSPOSED) else value
+    return out
+
+
+def nanoact_to_hf(state, vocab_size=50257):
+    """Our state dict -> GPT2LMHeadModel's (unpadded vocabulary, Conv1D-transposed weights)."""
+    out = {}
+    for key, value in state.items():
+        if ".mlp.act." in key:
+            continue
+        if key in ("transformer.wte.weight", "lm_head.weight"):
+            value = value[:vocab_size]
+        out[key] = value.t().contiguous() if key.endswith(TRANSPOSED) else value
+    return out
+
+
+def load_gpt(path, device="cpu"):
+    """A nanoact GPT-2 checkpoint (file, or run directory -> newest) as (model in eval mode, checkpoint dict)."""
+    from harness.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path, kind="gpt2")
+    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), ckpt

@@ -1,0 +1,77 @@
+"""The config mechanism both trainers share: defaults, TOML, CLI overrides, clear errors."""
+import dataclasses
+import typing
+
+import pytest
+
+from harness.config import ConfigError, from_dict, load_config, to_dict
+
+
+@dataclasses.dataclass
+class Inner:
+    act: str = "gelu"
+    act_kwargs: dict = dataclasses.field(default_factory=dict)
+    n_layer: int = 12
+
+
+@dataclasses.dataclass
+class Outer:
+    model: Inner = dataclasses.field(default_factory=Inner)
+    max_lr: float = 6e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    compile: typing.Optional[bool] = None
+    shuffle: bool = True
+
+
+def test_defaults_file_and_cli_in_that_order(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('max_lr = 1e-3\n[model]\nact = "relu"\nn_layer = 4\n[model.act_kwargs]\nkappa_init = [1.0, 1.3]\n')
+    cfg = load_config(Outer, ["--config", str(f), "--act", "aglu", "--model.n_layer=6", "--betas", "0.8,0.9"])
+    assert cfg.model.act == "aglu" and cfg.model.n_layer == 6 and cfg.max_lr == 1e-3
+    assert cfg.model.act_kwargs == {"kappa_init": [1.0, 1.3]} and cfg.betas == (0.8, 0.9)
+
+
+def test_bool_flags_and_optional_bool():
+    assert load_config(Outer, ["--compile"]).compile is True
+    assert load_config(Outer, ["--no-compile"]).compile is False
+    assert load_config(Outer, ["--compile", "none"]).compile is None
+    assert load_config(Outer, ["--no-shuffle", "--max-lr", "2e-4"]).shuffle is False
+
+
+def test_ints_accept_scientific_notation_but_not_fractions():
+    assert load_config(Outer, ["--n-layer", "1e1"]).model.n_layer == 10
+    with pytest.raises(ConfigError, match="n_layer"):
+        load_config(Outer, ["--n-layer", "2.5"])
+
+
+def test_dict_from_json_on_the_command_line():
+    cfg = load_config(Outer, ["--act-kwargs", '{"lam_init": 0.5}'])
+    assert cfg.model.act_kwargs == {"lam_init": 0.5}
+    with pytest.raises(ConfigError, match="JSON object"):
+        load_config(Outer, ["--act-kwargs", "lam_init=0.5"])
+
+
+def test_unknown_keys_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="did you mean max_lr"):
+        load_config(Outer, ["--max-lrr", "1"])
+    f = tmp_path / "bad.toml"
+    f.write_text("[model]\nn_layers = 3\n")
+    with pytest.raises(ConfigError, match=r"n_layers.*bad\.toml.*n_layer"):
+        load_config(Outer, ["--config", str(f)])
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(Outer, ["--config", str(tmp_path / "missing.toml")])
+
+
+def test_round_trip_through_dict():
+    cfg = load_config(Outer, ["--act", "nswish", "--betas", "0.1,0.2"])
+    assert from_dict(Outer, to_dict(cfg)) == cfg
+
+
+def test_shipped_configs_load():
+    import train_gpt2
+    for name in ("gpt2_124m", "gpt2_cpu_tiny"):
+        cfg = load_config(train_gpt2.TrainConfig, ["--config", f"configs/{name}.toml"])
+        assert cfg.model.vocab_size == 50304
+    anchor = load_config(train_gpt2.TrainConfig, ["--config", "configs/gpt2_124m.toml"])
+    assert anchor.optim.total_batch_size == 2**19 and anchor.optim.max_steps == 19073
+    assert train_gpt2.steps_per_rank(2**19, 64, 1024, 8) == 1

@@ -1,0 +1,109 @@
+"""model.py: shapes, GPT-2 init, weight decay groups, MFU, and logits equal to transformers' GPT-2."""
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig, load_gpt, nanoact_to_hf
+
+TINY = dict(block_size=32, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
+
+
+def test_shapes_loss_and_generate():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY))
+    idx = torch.randint(0, 96, (3, 17))
+    logits, loss = model(idx, torch.randint(0, 96, (3, 17)))
+    assert logits.shape == (3, 17, 96)
+    assert abs(loss.item() - math.log(96)) < 0.3  # near-uniform at init (tied embeddings favour the input token,
+    # so the targets are independent of the inputs here)
+    out = model.generate(idx[:, :4], 5, top_k=5, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (3, 9) and torch.equal(out[:, :4], idx[:, :4])
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_gpt2_init_scales_residual_projections():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=512, n_layer=8, n_head=4, n_embd=256))
+    block = model.transformer.h[0]
+    assert abs(block.attn.c_attn.weight.std().item() - 0.02) < 0.002
+    assert abs(block.mlp.c_proj.weight.std().item() - 0.02 / 4) < 0.0005  # (2*8)^-0.5 = 1/4
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def test_weight_decay_only_on_matrices():
+    model = GPT(GPTConfig(**TINY, act="aglu"))
+    opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), 1e-8, "cpu")
+    decayed, plain = opt.param_groups
+    assert decayed["weight_decay"] == 0.1 and all(p.dim() >= 2 for p in decayed["params"])
+    assert plain["weight_decay"] == 0.0
+    act_params = {id(p) for n, p in model.named_parameters() if ".act." in n}
+    assert act_params and act_params <= {id(p) for p in plain["params"]}
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(p.numel() for p in model.parameters())
+
+
+def test_plain_top_k_uses_the_unnormalized_activation():
+    model = GPT(GPTConfig(**{**TINY, "n_layer": 3}, act="nswish", plain_top_k=1))
+    names = [type(b.mlp.act).__name__ for b in model.transformer.h]
+    assert names[0] == names[1] != names[2]
+    with pytest.raises(ValueError, match="plain_top_k"):
+        GPT(GPTConfig(**TINY, plain_top_k=3))
+
+
+def test_mfu_is_none_for_unknown_devices():
+    model = GPT(GPTConfig(**TINY))
+    assert model.estimate_mfu(1e6, 32, None) is None
+    assert model.estimate_mfu(1e6, 32, "Some Unknown Accelerator") is None
+    h100 = model.estimate_mfu(1e6, 32, "NVIDIA H100 80GB HBM3")
+    assert h100 == pytest.approx(model.flops_per_token(32) * 1e6 / 989e12)
+
+
+def _hf_gpt2(tmp_path, vocab=1000):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                                  activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # non-trivial biases and LayerNorm parameters, so a transposition mistake shows
+        for p in hf.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path)
+    return hf
+
+
+def test_logits_equal_transformers_gpt2(tmp_path):
+    hf = _hf_gpt2(tmp_path)
+    ours = GPT.from_pretrained(str(tmp_path)).eval()
+    idx = torch.randint(0, 1000, (2, 40))
+    with torch.no_grad():
+        ref = hf(idx).logits
+        got, _ = ours(idx)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_pretrained_weights_with_another_activation_load(tmp_path):
+    _hf_gpt2(tmp_path)
+    model = GPT.from_pretrained(str(tmp_path), act="aglu")
+    assert any(".act." in n for n, _ in model.named_parameters())
+
+
+def test_export_mapping_inverts_import(tmp_path):
+    hf = _hf_gpt2(tmp_path)
+    ours = GPT.from_pretrained(str(tmp_path))
+    back = nanoact_to_hf(ours.state_dict(), vocab_size=1000)
+    ref = hf.state_dict()
+    for key, value in back.items():
+        torch.testing.assert_close(value, ref[key])
+
+
+def test_load_gpt_rejects_other_files(tmp_path):
+    from harness.checkpoint import CheckpointError
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_gpt(tmp_path / "nope.pt")
+    torch.save({"weights": 1}, tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match="not a nanoact checkpoint"):
+        load_gpt(tmp_path / "foreign.pt")
+    torch.save({"kind": "translation", "model": {}}, tmp_path / "t.pt")
+    with pytest.raises(CheckpointError, match="'translation' checkpoint"):
+        load_gpt(tmp_path / "t.pt")

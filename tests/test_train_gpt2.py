@@ -1,0 +1,156 @@
+"""The GPT-2 trainer end to end on CPU: learning, DDP == grad accumulation, kill -9 + resume == uninterrupted,
+and the clear errors users hit first."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 64
+
+
+def write_corpus(directory, n_train_shards=2, tokens=6000, seed=0):
+    """A learnable synthetic corpus: noisy repetitions of a few fixed token phrases."""
+    rng = np.random.default_rng(seed)
+    phrases = [rng.integers(1, VOCAB, size=rng.integers(4, 9)) for _ in range(6)]
+    directory.mkdir(parents=True, exist_ok=True)
+    for idx in range(n_train_shards + 1):
+        parts, n = [], 0
+        while n < tokens:
+            p = phrases[rng.integers(len(phrases))]
+            parts += [np.array([0]), p]
+            n += len(p) + 1
+        split = "val" if idx == 0 else "train"
+        np.save(directory / f"synth_{split}_{idx:06d}.npy", np.concatenate(parts)[:tokens].astype(np.uint16))
+    return directory
+
+
+def args(data_dir, out_dir, **overrides):
+    base = dict(data_dir=data_dir, out_dir=out_dir, vocab_size=VOCAB, block_size=16, n_layer=2, n_head=2, n_embd=32,
+                batch_size=4, seq_len=16, total_batch_size=128, max_steps=8, warmup_steps=2, max_lr=3e-3,
+                min_lr=3e-4, eval_interval=4, val_tokens=128, checkpoint_interval=4, device="cpu", compile="false")
+    base.update(overrides)
+    return [item for k, v in base.items() for item in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def run_trainer(argv, nproc=1, check=True, background_log=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    if nproc == 1:
+        cmd = [sys.executable, str(ROOT / "train_gpt2.py"), *argv]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(ROOT / "train_gpt2.py"), *argv]
+    if background_log:  # a file, not a pipe: a pipe nobody reads would block the trainer once full
+        return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(background_log, "w"), stderr=subprocess.STDOUT)
+    result = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def train_losses(out_dir):
+    rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if r["kind"] == "train"], [r["val_loss"] for r in rows if r["kind"] == "eval"]
+
+
+def final_weights(out_dir, step=8):
+    return torch.load(Path(out_dir) / f"model_{step:05d}.pt", weights_only=False)["model"]
+
+
+def test_tiny_model_learns_in_process(tmp_path):
+    import train_gpt2
+    from harness.config import load_config
+
+    torch.set_num_threads(1)
+    data = write_corpus(tmp_path / "data")
+    cfg = load_config(train_gpt2.TrainConfig, args(data, tmp_path / "out", max_steps=40, eval_interval=20, act="aglu"))
+    train_gpt2.train(cfg)
+    train, val = train_losses(tmp_path / "out")
+    assert len(train) == 40 and len(val) == 3
+    assert val[-1] < val[0] - 1.0, val  # from ~ln(64)=4.16 down: the phrases are learnable
+    log_lines = (tmp_path / "out" / "log.txt").read_text().splitlines()
+    assert log_lines[0].startswith("0 val ") and sum(" train " in line for line in log_lines) == 40
+    info = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert info["config"]["model"]["act"] == "aglu" and info["environment"]["world_size"] == 1
+
+
+def test_two_gloo_processes_match_grad_accumulation(tmp_path):
+    data = write_corpus(tmp_path / "data")
+    run_trainer(args(data, tmp_path / "single"))  # 1 process: B=4 x 2 micro-steps
+    run_trainer(args(data, tmp_path / "ddp"), nproc=2)  # 2 processes: B=4 each, no accumulation
+    single, ddp = train_losses(tmp_path / "single"), train_losses(tmp_path / "ddp")
+    np.testing.assert_allclose(ddp[0], single[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ddp[1], single[1], rtol=1e-5, atol=1e-6)
+    a, b = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)
+
+
+def test_kill_and_resume_equals_uninterrupted(tmp_path):
+    data = write_corpus(tmp_path / "data")
+    # dropout: the RNG state must resume too; 60 steps so the kill lands mid-run (asserted below)
+    extra = dict(act="nswish", dropout=0.1, checkpoint_interval=3, max_steps=60, eval_interval=10)
+    run_trainer(args(data, tmp_path / "straight", **extra))
+    proc = run_trainer(args(data, tmp_path / "killed", **extra), background_log=tmp_path / "killed.log")
+    deadline = time.time() + 120
+    while not (tmp_path / "killed" / "model_00003.pt").exists():
+        assert proc.poll() is None and time.time() < deadline, "trainer ended before its first checkpoint"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "killed" / "model_00060.pt").exists(), "the kill came after the end: nothing was tested"
+    resumed = run_trainer(args(data, tmp_path / "killed", resume="true", **extra))
+    assert "resuming" in resumed.stdout
+    assert train_losses(tmp_path / "killed") == train_losses(tmp_path / "straight")
+    a, b = final_weights(tmp_path / "straight", 60), final_weights(tmp_path / "killed", 60)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    lines = (tmp_path / "killed" / "log.txt").read_text()
+    assert lines == (tmp_path / "straight" / "log.txt").read_text()
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    data = write_corpus(tmp_path / "data")
+    log = tmp_path / "out.log"
+    proc = run_trainer(args(data, tmp_path / "out", max_steps=100000, checkpoint_interval=100000), background_log=log)
+    deadline = time.time() + 120
+    while not (tmp_path / "out" / "metrics.jsonl").exists() or " train " not in (tmp_path / "out" / "log.txt").read_text():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    out = log.read_text()
+    assert proc.returncode == 0, out
+    saved = list((tmp_path / "out").glob("model_*.pt"))
+    assert len(saved) == 1 and "saved" in out
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(act="gleu"), "unknown activation 'gleu'; choose one of"),
+    (dict(total_batch_size=100), "not divisible by batch_size*seq_len*world_size"),
+    (dict(max_lrr=1), "unknown config key 'max_lrr'"),
+])
+def test_clear_errors(tmp_path, overrides, message):
+    data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=200)
+    result = run_trainer(args(data, tmp_path / "out", **overrides), check=False)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last, result.stderr
+
+
+def test_corrupt_shard_and_missing_shards_are_clear_errors(tmp_path):
+    data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=200)
+    np.save(data / "synth_train_000001.npy", np.full(200, 60000, dtype=np.uint16))  # ids beyond the vocab
+    result = run_trainer(args(data, tmp_path / "out"), check=False)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode != 0 and last.startswith("error: ") and "synth_train_000001.npy" in last
+    result = run_trainer(args(tmp_path / "empty", tmp_path / "out"), check=False)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode != 0 and last.startswith("error: ") and "data/fineweb.py" in last
