@@ -163,85 +163,87 @@ def train(cfg):
     eval_model = unwrap_ddp(model)  # compiled when compile is on: evaluation keeps the compiled graph
     device_name = torch.cuda.get_device_name() if d.device_type == "cuda" else None
     stop = GracefulStop()
-    step, val = start_step, None
-    while True:
-        last = step == o.max_steps
-        if step % cfg.run.eval_interval == 0 or last:
-            val = validation_loss(eval_model, val_loader, val_steps, d, autocast)
-            fields = {"val_loss": val}
-            if d.master:  # per-layer activation statistics on the first validation batch (eval/telemetry.py)
-                val_loader.reset()
-                fields["telemetry"] = telemetry.collect(raw_model, val_loader.next_batch()[0].to(d.device), autocast)
-            if cfg.data.hellaswag_interval and (step % cfg.data.hellaswag_interval == 0 or last):
-                hella = run_hellaswag(eval_model, d, cfg, autocast)
-                log.scalar(step, "hella", hella["acc_norm"])
-                fields.update(hellaswag_acc=hella["acc"], hellaswag_acc_norm=hella["acc_norm"])
-            if d.master:
-                print(f"step {step:5d} | val loss {val:.4f}", flush=True)
-            log.scalar(step, "val", val)
-            log.record(step, kind="eval", tokens=step * o.total_batch_size, **fields)
-        if cfg.data.sample_interval and step % cfg.data.sample_interval == 0 and step > 0 and not last:
-            print_samples(raw_model, d, cfg.run.seed, autocast)
-        if last:
-            break
+    try:
+        step, val = start_step, None
+        while True:
+            last = step == o.max_steps
+            if step % cfg.run.eval_interval == 0 or last:
+                val = validation_loss(eval_model, val_loader, val_steps, d, autocast)
+                fields = {"val_loss": val}
+                if d.master:  # per-layer activation statistics on the first validation batch (eval/telemetry.py)
+                    val_loader.reset()
+                    fields["telemetry"] = telemetry.collect(raw_model, val_loader.next_batch()[0].to(d.device), autocast)
+                if cfg.data.hellaswag_interval and (step % cfg.data.hellaswag_interval == 0 or last):
+                    hella = run_hellaswag(eval_model, d, cfg, autocast)
+                    log.scalar(step, "hella", hella["acc_norm"])
+                    fields.update(hellaswag_acc=hella["acc"], hellaswag_acc_norm=hella["acc_norm"])
+                if d.master:
+                    print(f"step {step:5d} | val loss {val:.4f}", flush=True)
+                log.scalar(step, "val", val)
+                log.record(step, kind="eval", tokens=step * o.total_batch_size, **fields)
+            if cfg.data.sample_interval and step % cfg.data.sample_interval == 0 and step > 0 and not last:
+                print_samples(raw_model, d, cfg.run.seed, autocast)
+            if last:
+                break
 
-        t0 = time.time()
-        lr = warmup_cosine(step, o.warmup_steps, o.max_steps, o.max_lr, o.min_lr)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum = torch.zeros((), device=d.device)
-        for micro in range(accum):
-            x, y = train_loader.next_batch()
-            x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
-            # all-reduce gradients only on the last micro-step of the accumulation
-            sync = contextlib.nullcontext() if not d.ddp or micro == accum - 1 else model.no_sync()
-            with sync:
-                with autocast:
-                    _, loss = model(x, y)
-                    loss = loss / accum
-                loss_sum += loss.detach()
-                loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
-        loss_value = distributed.all_reduce_mean(loss_sum, d).item()
-        if not math.isfinite(loss_value) or not math.isfinite(norm.item()):
-            bad = [n for n, p in raw_model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
-            good = latest_checkpoint(cfg.run.out_dir)
-            raise SystemExit(f"step {step}: loss {loss_value} / grad norm {norm.item()} is not finite (lr {lr:.3e}; "
-                             f"non-finite grads in {bad[:5]}{' ...' if len(bad) > 5 else ''}). Stopped without saving; "
-                             f"last good checkpoint: {good or 'none'} (lower --max-lr or check the data, then --resume)")
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if d.device_type == "cuda":
-            torch.cuda.synchronize()
-        dt = time.time() - t0
-        tok_per_s = o.total_batch_size / dt
-        mfu = raw_model.estimate_mfu(tok_per_s / d.world_size, o.seq_len, device_name)
-        if d.master and step % cfg.run.log_interval == 0:
-            mfu_text = f" | mfu {100 * mfu:.1f}%" if mfu is not None else ""
-            print(f"step {step:5d} | loss {loss_value:.6f} | lr {lr:.4e} | norm {norm.item():.4f} | "
-                  f"dt {1000 * dt:.1f}ms | tok/sec {tok_per_s:.0f}{mfu_text}", flush=True)
-        log.scalar(step, "train", loss_value)
-        log.record(step, kind="train", loss=loss_value, lr=lr, grad_norm=norm.item(), dt_ms=1000 * dt,
-                   tok_per_s=tok_per_s, mfu=mfu, tokens=(step + 1) * o.total_batch_size)
-        step += 1
+            t0 = time.time()
+            lr = warmup_cosine(step, o.warmup_steps, o.max_steps, o.max_lr, o.min_lr)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=d.device)
+            for micro in range(accum):
+                x, y = train_loader.next_batch()
+                x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
+                # all-reduce gradients only on the last micro-step of the accumulation
+                sync = contextlib.nullcontext() if not d.ddp or micro == accum - 1 else model.no_sync()
+                with sync:
+                    with autocast:
+                        _, loss = model(x, y)
+                        loss = loss / accum
+                    loss_sum += loss.detach()
+                    loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+            loss_value = distributed.all_reduce_mean(loss_sum, d).item()
+            if not math.isfinite(loss_value) or not math.isfinite(norm.item()):
+                bad = [n for n, p in raw_model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+                good = latest_checkpoint(cfg.run.out_dir)
+                raise SystemExit(f"step {step}: loss {loss_value} / grad norm {norm.item()} is not finite (lr {lr:.3e}; "
+                                 f"non-finite grads in {bad[:5]}{' ...' if len(bad) > 5 else ''}). Stopped without saving; "
+                                 f"last good checkpoint: {good or 'none'} (lower --max-lr or check the data, then --resume)")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if d.device_type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.time() - t0
+            tok_per_s = o.total_batch_size / dt
+            mfu = raw_model.estimate_mfu(tok_per_s / d.world_size, o.seq_len, device_name)
+            if d.master and step % cfg.run.log_interval == 0:
+                mfu_text = f" | mfu {100 * mfu:.1f}%" if mfu is not None else ""
+                print(f"step {step:5d} | loss {loss_value:.6f} | lr {lr:.4e} | norm {norm.item():.4f} | "
+                      f"dt {1000 * dt:.1f}ms | tok/sec {tok_per_s:.0f}{mfu_text}", flush=True)
+            log.scalar(step, "train", loss_value)
+            log.record(step, kind="train", loss=loss_value, lr=lr, grad_norm=norm.item(), dt_ms=1000 * dt,
+                       tok_per_s=tok_per_s, mfu=mfu, tokens=(step + 1) * o.total_batch_size)
+            step += 1
 
-        stopping = distributed.any_rank(stop.requested, d)
-        if step % cfg.run.checkpoint_interval == 0 or step == o.max_steps or stopping:
-            state = {"kind": "gpt2", "model": raw_model.state_dict(), "model_config": dataclasses.asdict(cfg.model),
-                     "config": to_dict(cfg), "optimizer": optimizer.state_dict(), "step": step,
-                     "world_size": d.world_size, "val_loss": val,
-                     "loader": distributed.gather_objects(train_loader.state_dict(), d),
-                     "rng": distributed.gather_objects(rng_state(), d)}
-            if d.master:
-                path = save_checkpoint(state, cfg.run.out_dir, step, cfg.run.keep_checkpoints)
-                print(f"saved {path}", flush=True)
-            if d.ddp:
-                dist.barrier()
-        if stopping:
-            break
-    stop.close()
-    log.close()
-    distributed.cleanup(d)
+            stopping = distributed.any_rank(stop.requested, d)
+            if step % cfg.run.checkpoint_interval == 0 or step == o.max_steps or stopping:
+                state = {"kind": "gpt2", "model": raw_model.state_dict(), "model_config": dataclasses.asdict(cfg.model),
+                         "config": to_dict(cfg), "optimizer": optimizer.state_dict(), "step": step,
+                         "world_size": d.world_size, "val_loss": val,
+                         "loader": distributed.gather_objects(train_loader.state_dict(), d),
+                         "rng": distributed.gather_objects(rng_state(), d)}
+                if d.master:
+                    path = save_checkpoint(state, cfg.run.out_dir, step, cfg.run.keep_checkpoints)
+                    print(f"saved {path}", flush=True)
+                if d.ddp:
+                    dist.barrier()
+            if stopping:
+                break
+    finally:  # also on a NaN stop or an exception: leave signal handlers and the process group as found
+        stop.close()
+        log.close()
+        distributed.cleanup(d)
     return raw_model
 
 

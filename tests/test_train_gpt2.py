@@ -154,3 +154,31 @@ def test_corrupt_shard_and_missing_shards_are_clear_errors(tmp_path):
     result = run_trainer(args(tmp_path / "empty", tmp_path / "out"), check=False)
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode != 0 and last.startswith("error: ") and "data/fineweb.py" in last
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    import train_gpt2
+    from harness.config import load_config
+    from model import GPT
+
+    torch.set_num_threads(1)
+    calls = {"n": 0}
+    forward = GPT.forward
+
+    def poisoned(self, idx, targets=None):  # the 11th training forward (step 5, micro-step 0) returns a NaN loss
+        logits, loss = forward(self, idx, targets)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] == 11:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    data = write_corpus(tmp_path / "data")
+    cfg = load_config(train_gpt2.TrainConfig, args(data, tmp_path / "out", checkpoint_interval=2))
+    with pytest.raises(SystemExit, match=r"step 5: loss nan .* last good checkpoint: .*model_00004\.pt"):
+        train_gpt2.train(cfg)
+    saved = sorted(p.name for p in (tmp_path / "out").glob("model_*.pt"))
+    assert saved == ["model_00002.pt", "model_00004.pt"]
+    weights = torch.load(tmp_path / "out" / "model_00004.pt", weights_only=False)["model"]
+    assert all(torch.isfinite(w).all() for w in weights.values())
