@@ -20,7 +20,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data.loader import ShardLoader
 from eval import telemetry
 from harness import distributed
-from harness.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from harness.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training, rng_state,
+                                save_checkpoint)
 from harness.config import ConfigError, RunConfig, help_text, load_config, to_dict
 from harness.runlog import RunLog, environment
 from harness.schedule import warmup_cosine
@@ -135,18 +136,8 @@ def train(cfg):
 
     start_step, ckpt_path = 0, latest_checkpoint(cfg.run.out_dir) if cfg.run.resume else None
     if ckpt_path is not None:
-        ckpt = load_checkpoint(ckpt_path, kind="gpt2")
-        if ckpt["model_config"] != dataclasses.asdict(cfg.model):
-            raise ConfigError(f"{ckpt_path} was trained with model config {ckpt['model_config']}; "
-                              "resume with the same model options or use a new --out-dir")
-        if ckpt["world_size"] != d.world_size:
-            raise ConfigError(f"{ckpt_path} was written by {ckpt['world_size']} processes; resume with the same "
-                              "world size so data order and RNG streams continue exactly")
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        train_loader.load_state_dict(ckpt["loader"][d.rank])
-        set_rng_state(ckpt["rng"][d.rank])
-        start_step = ckpt["step"]
+        start_step = resume_training(load_checkpoint(ckpt_path, kind="gpt2"), dataclasses.asdict(cfg.model),
+                                     d.world_size, d.rank, model, optimizer, train_loader)
     log = RunLog(cfg.run.out_dir, d.master, resume_step=start_step if ckpt_path else None,
                  tensorboard=cfg.run.tensorboard)
     log.write_run_info(to_dict(cfg), environment(d))

@@ -80,6 +80,23 @@ def load_checkpoint(path, kind=None, map_location="cpu"):
     return state
 
 
+def resume_training(ckpt, model_config, world_size, rank, model, optimizer, loader):
+    """Restore a training checkpoint into this process (model, optimizer, this rank's loader and RNG
+    streams) after checking it was made by the same model and world size; returns its step."""
+    path = ckpt.get("path", "the checkpoint")
+    if ckpt["model_config"] != model_config:
+        raise CheckpointError(f"{path} was trained with model config {ckpt['model_config']}; "
+                              "resume with the same model options or use a new --out-dir")
+    if ckpt["world_size"] != world_size:
+        raise CheckpointError(f"{path} was written by {ckpt['world_size']} processes; resume with the same "
+                              "world size so data order and RNG streams continue exactly")
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    loader.load_state_dict(ckpt["loader"][rank])
+    set_rng_state(ckpt["rng"][rank])
+    return ckpt["step"]
+
+
 def rng_state():
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():

@@ -182,3 +182,14 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     assert saved == ["model_00002.pt", "model_00004.pt"]
     weights = torch.load(tmp_path / "out" / "model_00004.pt", weights_only=False)["model"]
     assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_compiled_training_keeps_evaluating(tmp_path):
+    """build-nanogpt had to switch compile off because evaluation broke it; here eval runs on the compiled model."""
+    data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
+    run_trainer(args(data, tmp_path / "c", compile="true", max_steps=3, eval_interval=1, act="aglu"))
+    run_trainer(args(data, tmp_path / "e", compile="false", max_steps=3, eval_interval=1, act="aglu"))
+    compiled, eager = train_losses(tmp_path / "c"), train_losses(tmp_path / "e")
+    assert len(compiled[1]) == 4  # validation at steps 0, 1, 2 and 3, between compiled training steps
+    np.testing.assert_allclose(compiled[0], eager[0], rtol=1e-4)
+    np.testing.assert_allclose(compiled[1], eager[1], rtol=1e-4)
