@@ -148,7 +148,7 @@ def train(cfg):
 
     raw_model = model
     if use_compile:
-        model = torch.compile(model)
+        model = torch.compile(model, dynamic=False)  # static graphs: train, val and each HellaSwag length bucket
     if d.ddp:
         model = DDP(model, device_ids=[d.local_rank] if d.device_type == "cuda" else None)
     eval_model = unwrap_ddp(model)  # compiled when compile is on: evaluation keeps the compiled graph

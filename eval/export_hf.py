@@ -1,0 +1,125 @@
+"""Export a nanoact GPT-2 checkpoint as a transformers model directory.
+
+    python eval/export_hf.py log/gelu/model_19072.pt out/gelu_hf
+    python eval/export_hf.py log/aglu out/aglu_hf --tokenizer-dir ../shared/assets/tokenizer
+
+    AutoModelForCausalLM.from_pretrained("out/gelu_hf")                          # plain GPT2LMHeadModel
+    AutoModelForCausalLM.from_pretrained("out/aglu_hf", trust_remote_code=True)  # custom code
+
+Activations GPT-2 has (gelu -> "gelu_new", gelu_exact -> "gelu", relu, relu2, silu) export as a plain
+GPT2LMHeadModel: any GPT-2 tooling reads it. AGLU/APA/NSwish/NReLU (learned parameters, running
+statistics) export with the standalone modeling code of eval/hf_remote/, copied into the directory.
+The vocabulary is cut back from 50304 to GPT-2's 50257. --tokenizer-dir takes a directory holding
+OpenAI's encoder.json + vocab.bpe and saves the equivalent transformers GPT-2 tokenizer.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import json
+
+import torch
+
+N_VOCAB = 50257
+HF_ACTS = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "relu2": "relu2", "silu": "silu",
+           "swish": "silu"}
+
+
+def layer_activations(config):
+    """Each layer's activation name and options (the top plain_top_k layers use the plain form)."""
+    import activations
+    first_plain = config.n_layer - config.plain_top_k
+    plain = activations.plain_name(config.act)
+    return [(plain, {}) if i >= first_plain else (config.act, dict(config.act_kwargs)) for i in range(config.n_layer)]
+
+
+def export_gpt2(model, out_dir):
+    """A GPT2LMHeadModel; missing biases (bias=False models) become zeros, which is what bias=False means."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from model import nanoact_to_hf
+
+    c = model.config
+    hf = GPT2LMHeadModel(GPT2Config(
+        vocab_size=N_VOCAB, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
+        activation_function=HF_ACTS[layer_activations(c)[0][0]], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        layer_norm_epsilon=1e-5, bos_token_id=50256, eos_token_id=50256))
+    state = nanoact_to_hf(model.state_dict(), N_VOCAB)
+    for key, value in hf.state_dict().items():
+        if key not in state and key.endswith(".bias"):
+            state[key] = torch.zeros_like(value)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to wte
+    if missing or unexpected:
+        raise ValueError(f"cannot map the checkpoint onto GPT2LMHeadModel: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}")
+    hf.save_pretrained(out_dir)
+
+
+def export_remote(model, out_dir):
+    """The standalone NanoactForCausalLM of eval/hf_remote with our state dict (vocabulary cut to 50257)."""
+    from eval.hf_remote.configuration_nanoact import NanoactConfig
+    from eval.hf_remote.modeling_nanoact import NanoactForCausalLM
+
+    c = model.config
+    acts = [{"name": name, **options} for name, options in layer_activations(c)]
+    NanoactConfig.register_for_auto_class()
+    NanoactForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    hf = NanoactForCausalLM(NanoactConfig(vocab_size=N_VOCAB, n_positions=c.block_size, n_embd=c.n_embd,
+                                          n_layer=c.n_layer, n_head=c.n_head, bias=c.bias, layer_acts=acts))
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight" and "num_batches_tracked" not in k}
+    state["transformer.wte.weight"] = state["transformer.wte.weight"][:N_VOCAB]
+    hf.load_state_dict(state, strict=True)
+    hf.save_pretrained(out_dir)
+
+
+def save_tokenizer(tokenizer_dir, out_dir):
+    import transformers
+    from transformers import GPT2TokenizerFast
+
+    vocab, merges = Path(tokenizer_dir) / "encoder.json", Path(tokenizer_dir) / "vocab.bpe"
+    if not (vocab.is_file() and merges.is_file()):
+        raise FileNotFoundError(f"{tokenizer_dir}: needs OpenAI's GPT-2 encoder.json and vocab.bpe")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        tokenizer = GPT2TokenizerFast(vocab_file=str(vocab), merges_file=str(merges))
+    else:  # transformers 5 takes the vocabulary and merge pairs themselves (file paths are silently ignored)
+        lines = merges.read_text(encoding="utf-8").split("\n")[1:]  # line 0 is the "#version" header
+        pairs = [tuple(line.split()) for line in lines if line]
+        tokenizer = GPT2TokenizerFast(vocab=json.loads(vocab.read_text(encoding="utf-8")), merges=pairs)
+    tokenizer.save_pretrained(out_dir)
+
+
+def export(checkpoint, out_dir, tokenizer_dir=None):
+    """Write the transformers directory; returns "gpt2" or "remote" (which kind was written)."""
+    from model import load_gpt
+
+    model, _ = load_gpt(checkpoint, "cpu")
+    hf_names = {None if options else HF_ACTS.get(name) for name, options in layer_activations(model.config)}
+    plain = len(hf_names) == 1 and None not in hf_names  # one activation, and GPT-2 has it
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (export_gpt2 if plain else export_remote)(model, out_dir)
+    if tokenizer_dir:
+        save_tokenizer(tokenizer_dir, out_dir)
+    return "gpt2" if plain else "remote"
+
+
+def main(argv=None):
+    from harness.checkpoint import CheckpointError
+
+    p = argparse.ArgumentParser(description="Export a nanoact GPT-2 checkpoint as a transformers model directory.")
+    p.add_argument("checkpoint", help="checkpoint file, or run directory (its newest checkpoint)")
+    p.add_argument("out_dir")
+    p.add_argument("--tokenizer-dir", help="directory with GPT-2's encoder.json + vocab.bpe to save a tokenizer")
+    args = p.parse_args(argv)
+    try:
+        kind = export(args.checkpoint, args.out_dir, args.tokenizer_dir)
+    except (CheckpointError, FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    how = "GPT2LMHeadModel" if kind == "gpt2" else "custom code: from_pretrained(..., trust_remote_code=True)"
+    print(f"wrote {args.out_dir} ({how})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Log-likelihood of continuations given contexts, many rows per forward pass.
+
+A row is (context tokens, continuation tokens). Rows are padded to a fixed (n_rows, length) batch so
+that a torch.compile'd model sees only a handful of shapes (`bucket`) instead of one per item;
+padding positions carry target -1 and never enter a sum. HellaSwag and the lm-eval adapter both
+score through `score_rows`, so the two can never disagree on what a log-likelihood is.
+"""
+import contextlib
+
+import tiktoken
+import torch
+import torch.nn.functional as F
+
+from harness.checkpoint import unwrap
+
+EOT = 50256  # <|endoftext|>; also the (masked) padding token
+N_VOCAB = 50257  # GPT-2 BPE tokens; GPT pads its embedding to 50304
+
+
+class TokenizerError(RuntimeError):
+    pass
+
+
+def gpt2_tokenizer():
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # tiktoken raises requests/OS errors when it cannot fetch its BPE files
+        raise TokenizerError(f"cannot load tiktoken's gpt2 encoding ({type(e).__name__}); offline, point "
+                           "TIKTOKEN_CACHE_DIR at a cache holding the GPT-2 BPE files") from None
+
+
+def bucket(length, block_size, step=64):
+    """Round a sequence length up to a multiple of `step`: HellaSwag (<= 166 tokens) needs 3 shapes."""
+    return min(block_size, step * -(-length // step))
+
+
+def fit_row(context, continuation, block_size):
+    """(input, target) token lists for one row; an over-long context is cut on the left, as lm-eval does."""
+    if not continuation:
+        raise ValueError("empty continuation: nothing to score")
+    if len(continuation) > block_size:
+        raise ValueError(f"continuation of {len(continuation)} tokens exceeds the model's block_size {block_size}")
+    seq = (list(context) + list(continuation))[-(block_size + 1):]
+    return seq[:-1], seq[1:]
+
+
+def row_length(context, continuation, block_size):
+    """Input length of a row after `fit_row`: the batch length it needs."""
+    return min(len(context) + len(continuation), block_size + 1) - 1
+
+
+def block_size_of(model):
+    return unwrap(model).config.block_size
+
+
+@torch.no_grad()
+def score_rows(model, rows, length, n_rows, device, autocast=None, n_vocab=N_VOCAB):
+    """Sum of log p(continuation | context), token count and is-greedy for each row.
+
+    The batch is always (n_rows, length); rows beyond len(rows) are pure padding. Logits are cut to
+    the tokenizer's n_vocab first: GPT pads its vocabulary to 50304 and those extra logits must not
+    take probability mass (transformers' GPT-2 has exactly 50257).
+    """
+    block_size = block_size_of(model)
+    idx = torch.full((n_rows, length), EOT, dtype=torch.long)
+    tgt = torch.full((n_rows, length), -1, dtype=torch.long)
+    for r, (context, continuation) in enumerate(rows):
+        inp, target = fit_row(context, continuation, block_size)
+        if len(inp) > length:
+            raise ValueError(f"row of {len(inp)} tokens does not fit the batch length {length}")
+        idx[r, :len(inp)] = torch.tensor(inp)
+        n = len(continuation)
+        tgt[r, len(inp) - n:len(inp)] = torch.tensor(target[-n:])
+    idx, tgt = idx.to(device), tgt.to(device)
+    with autocast or contextlib.nullcontext():
+        logits, _ = model(idx)
+    scored = tgt >= 0
+    picked = logits[scored][:, :n_vocab].float()
+    targets = tgt[scored]
+    logp = -F.cross_entropy(picked, targets, reduction="none")
+    greedy = (picked.argmax(-1) == targets).to(torch.float64)
+    row_of = scored.nonzero()[:, 0]
+    sums = torch.zeros(n_rows, dtype=torch.float64, device=device).index_add_(0, row_of, logp.double())
+    counts = scored.sum(1)
+    all_greedy = torch.zeros(n_rows, dtype=torch.float64, device=device).index_add_(0, row_of, greedy) == counts
+    k = len(rows)
+    return sums[:k].cpu(), counts[:k].cpu(), all_greedy[:k].cpu()

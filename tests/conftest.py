@@ -1,0 +1,78 @@
+"""Fixtures shared by the evaluation tests: the real GPT-2 tokenizer (offline cache) and tiny checkpoints."""
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture(scope="session")
+def gpt2_enc():
+    """tiktoken's gpt2 encoding from ../shared's offline cache (or a cache already configured); else skip."""
+    cache = SHARED / "assets" / "tokenizer" / "tiktoken_cache"
+    if "TIKTOKEN_CACHE_DIR" not in os.environ and cache.is_dir():
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
+    from eval.scoring import TokenizerError, gpt2_tokenizer
+    try:
+        return gpt2_tokenizer()
+    except TokenizerError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture
+def make_checkpoint(tmp_path):
+    """make_checkpoint(act="gelu", **GPTConfig fields) -> path of a random tiny GPT-2 checkpoint file.
+
+    Weights are scaled up from GPT-2's init so the random model has confident, distinct predictions
+    (at std 0.02 every ending scores almost the same and comparisons would be weak)."""
+    from harness.checkpoint import save_checkpoint
+    from model import GPT, GPTConfig
+
+    def make(act="gelu", seed=0, step=7, **overrides):
+        cfg = GPTConfig(**{**dict(block_size=128, n_layer=2, n_head=2, n_embd=32, act=act), **overrides})
+        torch.manual_seed(seed)
+        model = GPT(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 2:
+                    p.mul_(5.0)
+        state = {"kind": "gpt2", "model": model.state_dict(), "model_config": dataclasses.asdict(cfg),
+                 "config": {}, "step": step}
+        return save_checkpoint(state, tmp_path / f"run_{act}_{seed}", step)
+
+    return make
+
+
+WORDS = ("the man woman dog ball kitchen slowly then picks up a knife and cuts onion runs across field "
+         "water bottle camera smiles people crowd watch while she he they continues to paint wall").split()
+
+
+def fake_item(rng, ind):
+    """A HellaSwag-format record with the features lm-eval's preprocessing touches: WikiHow brackets,
+    ' [title]', double spaces, a lower-case ctx_b to capitalize, trailing spaces, endings of varied length."""
+    def words(lo, hi):
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+    ctx_a = words(3, 25) + rng.choice(["", " [title] " + words(1, 4), " [step]  " + words(1, 5)])
+    ctx_b = rng.choice(["", words(1, 6), "[substeps] " + words(1, 3)])
+    endings = [words(1, 18) + rng.choice(["", ".", " [header] end", "  x "]) for _ in range(4)]
+    return {"ind": ind, "activity_label": rng.choice(["Cooking", "Painting", "Home and Garden"]),
+            "ctx_a": ctx_a, "ctx_b": ctx_b, "ctx": (ctx_a + " " + ctx_b).strip(), "endings": endings,
+            "label": rng.randint(0, 3), "split": "val", "split_type": "indomain", "source_id": f"fake~{ind}"}
+
+
+@pytest.fixture
+def hellaswag_file(tmp_path):
+    """write(n, seed) -> path of a generated HellaSwag-format jsonl."""
+    import json
+    import random
+
+    def write(n=12, seed=0, name="hellaswag_fake.jsonl"):
+        rng = random.Random(seed)
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(fake_item(rng, i)) + "\n" for i in range(n)))
+        return path
+
+    return write

@@ -1,0 +1,172 @@
+"""eval/lm_eval_model.py: the lm-eval adapter's log-likelihoods, rolling log-likelihoods and greedy
+generations equal direct computations on our model, and local task yamls run offline end to end,
+through lm-eval's evaluator and through the `python -m eval.lm_eval_model` CLI entry."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("lm_eval")
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from eval.hellaswag import evaluate_model  # noqa: E402
+from eval.lm_eval_model import NanoactLM  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def instances(kind, args):
+    return [Instance(request_type=kind, doc={}, arguments=a, idx=0) for a in args]
+
+
+def token_logprobs(model, tokens):
+    """float64 log p(tokens[t] | tokens[:t]) for t >= 1, one unpadded forward over the real vocabulary."""
+    with torch.no_grad():
+        logits, _ = model(torch.tensor(tokens[:-1])[None])
+    logp = F.log_softmax(logits[0, :, :50257].double(), -1)
+    return logp.gather(1, torch.tensor(tokens[1:])[:, None])[:, 0], logits[0, :, :50257].argmax(-1)
+
+
+@pytest.fixture
+def lm(make_checkpoint, gpt2_enc):
+    torch.set_num_threads(2)
+    # an unpadded vocabulary, so GPT.generate(top_k=1) is greedy over exactly the tokens the adapter sees
+    return NanoactLM(checkpoint=str(make_checkpoint(vocab_size=50257, block_size=64)), device="cpu", batch_size=3)
+
+
+def test_loglikelihood_equals_direct_logprobs(lm, gpt2_enc):
+    enc = gpt2_enc
+    long_ctx = " ".join(["the dog runs across the field"] * 20)  # > block_size: cut on the left
+    pairs = [("The man picks up a knife", " and cuts the onion."), ("Question: where? Answer: ", "kitchen"),
+             ("", "Hello world"), (long_ctx, " then stops."), ("A", " b c d e f g h")]
+    got = lm.loglikelihood(instances("loglikelihood", pairs))
+    for (ctx, cont), (ll, greedy) in zip(pairs, got):
+        if ctx:
+            ctx, cont = ctx.rstrip(), ctx[len(ctx.rstrip()):] + cont  # lm-eval moves trailing spaces
+            ctx_tok = enc.encode(ctx)
+            cont_tok = enc.encode(ctx + cont)[len(ctx_tok):]
+        else:
+            ctx_tok, cont_tok = [50256], enc.encode(cont)
+        tokens = (ctx_tok + cont_tok)[-(64 + 1):]
+        logp, argmax = token_logprobs(lm.model, tokens)
+        n = len(cont_tok)
+        assert ll == pytest.approx(logp[-n:].sum().item(), rel=1e-5, abs=1e-5)
+        assert greedy == bool((argmax[-n:] == torch.tensor(tokens[-n:])).all())
+    # a continuation made of the model's own greedy tokens is reported greedy
+    ctx_tok = enc.encode("The woman smiles")
+    tokens = lm.greedy([ctx_tok], [4], [[]])[0]
+    ll, greedy = lm.loglikelihood(instances("loglikelihood", [("The woman smiles", enc.decode(tokens))]))[0]
+    assert greedy or enc.encode("The woman smiles" + enc.decode(tokens)) != ctx_tok + tokens  # BPE re-merge
+
+
+def test_loglikelihood_rolling_is_summed_token_nll(lm, gpt2_enc):
+    short = "The quick brown fox jumps over the lazy dog."
+    long = " ".join(f"sentence number {i} is here." for i in range(40))  # ~240 tokens: 4 windows of 64
+    got = lm.loglikelihood_rolling(instances("loglikelihood_rolling", [(short,), (long,)]))
+    for text, total in zip((short, long), got):
+        tokens = [50256] + gpt2_enc.encode(text)
+        # disjoint windows of 64 predictions; the last one, shorter, is given a full 64 tokens of context
+        expected = 0.0
+        for start in range(0, len(tokens) - 1, 64):
+            n_pred = min(64, len(tokens) - 1 - start)
+            expected += token_logprobs(lm.model, tokens[:start + n_pred + 1][-65:])[0][-n_pred:].sum().item()
+        assert total == pytest.approx(expected, rel=1e-5)
+
+
+def test_generate_until_equals_greedy_generate(lm, gpt2_enc):
+    prompts = ["Once upon a time", "The dog", "In the kitchen, the man picks up"]
+    args = [(p, {"until": [stop], "max_gen_toks": 12}) for p, stop in zip(prompts, ["\n", "zzz", "the"])]
+    got = lm.generate_until(instances("generate_until", args))
+    for (prompt, kwargs), text in zip(args, got):
+        idx = torch.tensor(gpt2_enc.encode(prompt))[None]
+        ref = lm.model.generate(idx, 12, top_k=1)[0, idx.size(1):].tolist()
+        ref = ref[:ref.index(50256)] if 50256 in ref else ref
+        assert text == gpt2_enc.decode(ref).split(kwargs["until"][0])[0]
+    long_prompt = " ".join(["word"] * 100)  # longer than block_size: cropped like GPT.generate
+    text = lm.generate_until(instances("generate_until", [(long_prompt, {"until": [], "max_gen_toks": 3})]))[0]
+    idx = torch.tensor(gpt2_enc.encode(long_prompt))[None]
+    assert text == gpt2_enc.decode(lm.model.generate(idx, 3, top_k=1)[0, idx.size(1):].tolist())
+    with pytest.raises(ValueError, match="greedily only"):
+        lm.generate_until(instances("generate_until", [("x", {"do_sample": True})]))
+
+
+def write_tasks(directory, hellaswag_path):
+    """Three offline task yamls: lm-eval's hellaswag recipe on a local jsonl, a rolling-perplexity
+    task and a generation task (dataset_path: json + data_files, the way to run lm-eval offline)."""
+    docs = directory / "docs.jsonl"
+    docs.write_text("".join(json.dumps(d) + "\n" for d in [
+        {"text": "The cat sat on the mat. " * 12, "prompt": "Q: What is 2+2?\nA:", "answer": " 4"},
+        {"text": "A short line.", "prompt": "The colour of the sky is", "answer": " blue"},
+    ]))
+    (directory / "utils.py").write_text("from lm_eval.tasks.hellaswag.utils import process_docs  # noqa: F401\n")
+    common = "dataset_path: json\ndataset_name: null\n"
+    (directory / "hs_local.yaml").write_text(
+        f"task: hs_local\n{common}dataset_kwargs:\n  data_files:\n    validation: {hellaswag_path}\n"
+        "output_type: multiple_choice\nvalidation_split: validation\nprocess_docs: !function utils.process_docs\n"
+        'doc_to_text: "{{query}}"\ndoc_to_target: "{{label}}"\ndoc_to_choice: "choices"\n'
+        "metric_list:\n  - metric: acc\n  - metric: acc_norm\n")
+    (directory / "text_local.yaml").write_text(
+        f"task: text_local\n{common}dataset_kwargs:\n  data_files:\n    test: {docs}\n"
+        'output_type: loglikelihood_rolling\ntest_split: test\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+        "metric_list:\n  - metric: bits_per_byte\n")
+    (directory / "gen_local.yaml").write_text(
+        f"task: gen_local\n{common}dataset_kwargs:\n  data_files:\n    test: {docs}\n"
+        'output_type: generate_until\ntest_split: test\ndoc_to_text: "{{prompt}}"\ndoc_to_target: "{{answer}}"\n'
+        'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 6\n  do_sample: false\n'
+        "metric_list:\n  - metric: exact_match\n")
+    return [json.loads(line) for line in docs.read_text().splitlines()]
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_local_tasks_through_lm_eval_evaluator(lm, gpt2_enc, hellaswag_file, tmp_path, offline):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    hs = hellaswag_file(n=10)
+    docs = write_tasks(tmp_path, hs)
+    tasks = TaskManager(include_path=str(tmp_path), include_defaults=False)  # skip indexing lm-eval's 10k yamls
+    out = simple_evaluate(model=lm, tasks=["hs_local", "text_local", "gen_local"], task_manager=tasks,
+                          log_samples=True, bootstrap_iters=0)
+    res = out["results"]
+    ours = evaluate_model(lm.model, "cpu", hs, scoring="lm_eval", progress=False, batch_items=4)["lm_eval"]
+    assert res["hs_local"]["acc,none"] == pytest.approx(ours["acc"])
+    assert res["hs_local"]["acc_norm,none"] == pytest.approx(ours["acc_norm"])
+    rolling = lm.loglikelihood_rolling(instances("loglikelihood_rolling", [(d["text"],) for d in docs]))
+    n_bytes = sum(len(d["text"].encode()) for d in docs)
+    assert res["text_local"]["bits_per_byte,none"] == pytest.approx(-sum(rolling) / n_bytes / math.log(2), rel=1e-6)
+    generated = lm.generate_until(instances("generate_until", [(d["prompt"], {"until": ["\n"], "max_gen_toks": 6})
+                                                               for d in docs]))
+    samples = sorted(out["samples"]["gen_local"], key=lambda s: s["doc_id"])
+    assert [s["resps"][0][0] for s in samples] == generated
+
+
+def test_cli_entry_registers_model_and_runs_offline(make_checkpoint, hellaswag_file, gpt2_enc, tmp_path):
+    ckpt = make_checkpoint()
+    write_tasks(tmp_path, hellaswag_file(n=4))
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
+    cmd = [sys.executable, "-m", "eval.lm_eval_model", "--model", "nanoact", "--model_args",
+           f"checkpoint={ckpt.parent}", "--batch_size", "8", "--tasks", "hs_local", "--include_path", str(tmp_path),
+           "--device", "cpu", "--output_path", str(tmp_path / "results")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = list((tmp_path / "results").rglob("results_*.json"))
+    assert len(written) == 1
+    assert json.loads(written[0].read_text())["results"]["hs_local"]["acc,none"] in [k / 4 for k in range(5)]
+
+
+def test_bad_model_args(make_checkpoint):
+    with pytest.raises(ValueError, match="checkpoint=PATH"):
+        NanoactLM(device="cpu")
+    with pytest.raises(ValueError, match="positive integer"):
+        NanoactLM(checkpoint=str(make_checkpoint()), device="cpu", batch_size="auto")
