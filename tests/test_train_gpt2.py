@@ -193,3 +193,15 @@ def test_compiled_training_keeps_evaluating(tmp_path):
     assert len(compiled[1]) == 4  # validation at steps 0, 1, 2 and 3, between compiled training steps
     np.testing.assert_allclose(compiled[0], eager[0], rtol=1e-4)
     np.testing.assert_allclose(compiled[1], eager[1], rtol=1e-4)
+
+
+def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc):
+    data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
+    hella = hellaswag_file(8)
+    run_trainer(args(data, tmp_path / "out", vocab_size=50304, block_size=128, max_steps=2, eval_interval=2, hellaswag_interval=2,
+                     hellaswag_data=hella))
+    lines = (tmp_path / "out" / "log.txt").read_text().splitlines()
+    assert [line.split()[:2] for line in lines if " hella " in line] == [["0", "hella"], ["2", "hella"]]
+    evals = [json.loads(r) for r in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    accs = [r["hellaswag_acc"] for r in evals if r["kind"] == "eval"]
+    assert len(accs) == 2 and all(a in {i / 8 for i in range(9)} for a in accs)
