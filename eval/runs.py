@@ -1,0 +1,197 @@
+"""Read a run directory into numbers: ours (`log.txt`, `metrics.jsonl`, `run.json`) or build-nanogpt's `log.txt`.
+
+A run directory holds any of:
+  log.txt        `STEP KIND VALUE` lines (build-nanogpt's format): train, val, hella (acc_norm), bleu
+  metrics.jsonl  one JSON object per line with "step" and "kind": train records (loss, tok_per_s, tokens)
+                 and eval records (val_loss, hellaswag_acc, hellaswag_acc_norm, bleu, telemetry, tokens)
+  run.json       {"config": ..., "environment": ...}: activation, seed, max_steps, tokens per step
+metrics.jsonl wins for every series it has; log.txt fills in the rest (build-nanogpt writes nothing else).
+A run still being written may end in a half-written line: that last line is skipped, any other bad line
+is an error naming the file and line.
+"""
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eval.hellaswag import wilson
+
+HELLASWAG_ITEMS = 10042  # the validation set build-nanogpt and our trainer score when no limit is set
+
+# metrics.jsonl field -> series name; log.txt kinds use the series names directly
+METRIC_SERIES = {"loss": "train", "val_loss": "val", "hellaswag_acc_norm": "hella", "hellaswag_acc": "hella_acc",
+                 "bleu": "bleu"}
+LOG_KINDS = {"train", "val", "hella", "bleu"}
+
+
+class RunError(Exception):
+    """A run directory that cannot be read; the message is one line that says what to do."""
+
+
+@dataclass
+class Run:
+    path: Path
+    label: str
+    config: dict | None = None
+    series: dict = field(default_factory=dict)  # name -> sorted [(step, value, tokens or None)]
+    telemetry: list = field(default_factory=list)  # [(step, tokens or None, telemetry dict)]
+    tok_per_s: list = field(default_factory=list)
+
+    def setting(self, name):
+        """A config leaf by name (config option names are unique across sections), or None."""
+        return _leaf(self.config, name) if self.config else None
+
+    @property
+    def last_step(self):
+        steps = [points[-1][0] for points in self.series.values() if points]
+        return max(steps) if steps else None
+
+
+def _leaf(table, name):
+    for key, value in table.items():
+        if key == name:
+            return value
+        if isinstance(value, dict):
+            found = _leaf(value, name)
+            if found is not None:
+                return found
+    return None
+
+
+def _lines(path):
+    """(line number, text) of non-empty lines, dropping an unterminated last line: a writer may be mid-line."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunError(f"{path}: cannot read ({e.__class__.__name__}: {e})") from None
+    lines = text.split("\n")
+    if lines and not text.endswith("\n"):
+        lines = lines[:-1]
+    return [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+
+
+def read_log_txt(path):
+    """{kind: {step: value}} from build-nanogpt's `STEP KIND VALUE` lines."""
+    out = {}
+    for n, line in _lines(path):
+        parts = line.split()
+        try:
+            step, kind, value = int(parts[0]), parts[1], float(parts[2])
+            if len(parts) != 3:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise RunError(f"{path}:{n}: cannot parse {line[:60]!r}; expected 'STEP KIND VALUE' lines "
+                           "such as '100 val 3.2841'") from None
+        if kind in LOG_KINDS:
+            out.setdefault(kind, {})[step] = value  # a later line for the same step (restarted run) wins
+    return out
+
+
+def read_metrics(path):
+    records = []
+    for n, line in _lines(path):
+        try:
+            record = json.loads(line)
+            int(record["step"])
+        except (ValueError, TypeError, KeyError):
+            raise RunError(f"{path}:{n}: not a metrics record {line[:60]!r}; expected one JSON object with "
+                           "a \"step\" per line") from None
+        records.append(record)
+    return records
+
+
+def load_run(path):
+    path = Path(path)
+    if path.is_file():  # `compare log/log.txt` works like `compare log`
+        path = path.parent
+    if not path.is_dir():
+        raise RunError(f"{path}: no such run directory")
+    log_txt, metrics, run_json = path / "log.txt", path / "metrics.jsonl", path / "run.json"
+    if not log_txt.is_file() and not metrics.is_file():
+        raise RunError(f"{path}: no log.txt or metrics.jsonl here; pass the --out-dir of a training run")
+    config = None
+    if run_json.is_file():
+        try:
+            config = json.loads(run_json.read_text())["config"]
+        except (ValueError, KeyError, TypeError, OSError):
+            raise RunError(f"{run_json}: not a run.json with a \"config\" object") from None
+    run = Run(path=path, label=path.name, config=config)
+
+    per_step = {}  # series -> {step: (value, tokens)}
+    if metrics.is_file():
+        for r in read_metrics(metrics):
+            step, tokens = int(r["step"]), r.get("tokens")
+            for key, name in METRIC_SERIES.items():
+                if isinstance(r.get(key), (int, float)):
+                    per_step.setdefault(name, {})[step] = (float(r[key]), tokens)
+            if isinstance(r.get("tok_per_s"), (int, float)):
+                run.tok_per_s.append(float(r["tok_per_s"]))
+            if isinstance(r.get("telemetry"), dict) and isinstance(r["telemetry"].get("layers"), list):
+                run.telemetry.append((step, tokens, r["telemetry"]))
+    if log_txt.is_file():
+        for kind, values in read_log_txt(log_txt).items():
+            if kind not in per_step:
+                per_step[kind] = {step: (value, None) for step, value in values.items()}
+
+    # without token counts in the records, the config's tokens per step gives them (the trainer's convention:
+    # a train record at step s has seen s+1 steps of data, an eval record at step s has seen s)
+    per_step_tokens = run.setting("total_batch_size")
+    for name, values in per_step.items():
+        points = []
+        for step, (value, tokens) in sorted(values.items()):
+            if tokens is None and per_step_tokens:
+                tokens = (step + (name == "train")) * per_step_tokens
+            points.append((step, value, tokens))
+        run.series[name] = points
+    return run
+
+
+def load_runs(paths):
+    """Runs labelled `act/seedN` from run.json (else the directory name); clashing labels get the directory."""
+    runs = [load_run(p) for p in paths]
+    for run in runs:
+        act, seed = run.setting("act"), run.setting("seed")
+        if act is not None and seed is not None:
+            run.label = f"{act}/seed{seed}"
+    labels = [run.label for run in runs]
+    for run in runs:
+        if labels.count(run.label) > 1:
+            run.label = f"{run.label} [{run.path.name}]" if run.label != run.path.name else str(run.path)
+    return runs
+
+
+def summary(run):
+    """The numbers of one run for tables: None where the run has no such metric (yet)."""
+    def last(name):
+        points = run.series.get(name)
+        return points[-1] if points else None
+
+    val = run.series.get("val") or []
+    best = min(val, key=lambda p: p[1]) if val else None
+    limit = run.setting("hellaswag_limit")
+    n_hella = limit if limit else HELLASWAG_ITEMS
+    hella, hella_acc, bleu = last("hella"), last("hella_acc"), last("bleu")
+    tokens = [p[2] for points in run.series.values() for p in points if p[2] is not None]
+    scores = [t["anact_score"] for _, _, t in run.telemetry if isinstance(t.get("anact_score"), (int, float))]
+    return {
+        "label": run.label, "act": run.setting("act"), "seed": run.setting("seed"),
+        "step": run.last_step, "max_steps": run.setting("max_steps"), "tokens": max(tokens) if tokens else None,
+        "final_val": val[-1][1] if val else None, "best_val": best[1] if best else None,
+        "best_val_step": best[0] if best else None,
+        "hella_acc": hella_acc[1] if hella_acc else None, "hella_acc_norm": hella[1] if hella else None,
+        "hella_n": n_hella if hella or hella_acc else None,
+        # the same 95% Wilson interval eval/hellaswag.py reports, from the accuracy and the item count
+        "hella_acc_ci95": wilson(round(hella_acc[1] * n_hella), n_hella) if hella_acc else None,
+        "hella_acc_norm_ci95": wilson(round(hella[1] * n_hella), n_hella) if hella else None,
+        "bleu": bleu[1] if bleu else None, "best_bleu": max(p[1] for p in run.series["bleu"]) if bleu else None,
+        "tok_per_s": statistics.median(run.tok_per_s) if run.tok_per_s else None,
+        "anact_score": scores[-1] if scores else None,
+    }
+
+
+def markdown_table(headers, rows):
+    """A pipe table that reads in a terminal and pastes into markdown."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = lambda items: "| " + " | ".join(s.ljust(w) for s, w in zip(items, widths)) + " |"
+    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cells])

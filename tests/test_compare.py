@@ -1,0 +1,173 @@
+"""Reading runs: build-nanogpt's log.txt and ours, the table numbers, the PNGs, and one-line errors."""
+import json
+import math
+
+import pytest
+
+from eval import compare
+from eval.runs import RunError, load_run, load_runs, summary
+from harness.runlog import RunLog
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def nanogpt_log(path, steps=30, val_every=10, hella_every=10):
+    """A log.txt exactly as karpathy/build-nanogpt's train_gpt2.py writes it."""
+    path.mkdir(parents=True, exist_ok=True)
+    truth = {"train": {}, "val": {}, "hella": {}}
+    with open(path / "log.txt", "w") as f:
+        for step in range(steps):
+            if step % val_every == 0 or step == steps - 1:
+                truth["val"][step] = round(5 - step / 10, 4)
+                f.write(f"{step} val {truth['val'][step]:.4f}\n")
+            if step % hella_every == 0 or step == steps - 1:
+                truth["hella"][step] = round(0.25 + step / 1000, 4)
+                f.write(f"{step} hella {truth['hella'][step]:.4f}\n")
+            if step < steps - 1:
+                truth["train"][step] = round(6 - step / 7, 6)
+                f.write(f"{step} train {truth['train'][step]:.6f}\n")
+    return truth
+
+
+def our_run(path, act="aglu", seed=3, max_steps=20, stop_at=None, tokens_per_step=2048, bleu=False):
+    """A run written by the trainers' own RunLog (log.txt + metrics.jsonl + run.json)."""
+    log = RunLog(path)
+    config = {"model": {"act": act}, "data": {"hellaswag_limit": 500},
+              "optim": {"max_steps": max_steps, "total_batch_size": tokens_per_step}, "run": {"seed": seed}}
+    log.write_run_info(config, {"python": "3"})
+    for step in range((stop_at if stop_at is not None else max_steps) + 1):
+        if step % 10 == 0 or step == max_steps:
+            fields = {"val_loss": 4.0 - step / 100, "hellaswag_acc": 0.3, "hellaswag_acc_norm": 0.32}
+            if bleu:
+                fields["bleu"] = 10 + step
+                log.scalar(step, "bleu", fields["bleu"])
+            log.scalar(step, "val", fields["val_loss"])
+            log.record(step, kind="eval", tokens=step * tokens_per_step, **fields)
+        if step < max_steps:
+            loss = 5.0 - step / 50
+            log.scalar(step, "train", loss)
+            log.record(step, kind="train", loss=loss, tok_per_s=1000.0 + step, tokens=(step + 1) * tokens_per_step)
+    log.close()
+    return path
+
+
+def test_nanogpt_log_parses_exactly(tmp_path):
+    truth = nanogpt_log(tmp_path / "log")
+    run = load_run(tmp_path / "log" / "log.txt")  # the file itself also works
+    for kind in ("train", "val", "hella"):
+        assert [(s, v) for s, v, _ in run.series[kind]] == sorted(truth[kind].items())
+    assert run.label == "log" and run.config is None
+    s = summary(run)
+    assert s["final_val"] == truth["val"][29] and s["best_val"] == min(truth["val"].values())
+    assert s["hella_acc_norm"] == truth["hella"][29] and s["hella_n"] == 10042 and s["tok_per_s"] is None
+
+
+def test_our_run_parses_with_tokens_hellaswag_and_bleu(tmp_path):
+    run = load_runs([our_run(tmp_path / "r", bleu=True)])[0]
+    assert run.label == "aglu/seed3"
+    assert run.series["val"][-1] == (20, pytest.approx(3.8), 20 * 2048)
+    assert run.series["train"][0] == (0, 5.0, 2048)
+    assert [p[1] for p in run.series["bleu"]] == [10, 20, 30]
+    s = summary(run)
+    assert (s["step"], s["max_steps"], s["tokens"]) == (20, 20, 40960)
+    assert s["hella_acc"] == 0.3 and s["hella_n"] == 500
+    assert s["tok_per_s"] == 1009.5  # median of 1000..1019
+    assert s["bleu"] == 30 and s["best_bleu"] == 30
+
+
+def test_log_txt_only_run_gets_tokens_from_run_json(tmp_path):
+    path = our_run(tmp_path / "r")
+    (path / "metrics.jsonl").unlink()
+    run = load_run(path)
+    assert run.series["train"][4] == (4, pytest.approx(4.92), 5 * 2048)
+    assert run.series["val"][1] == (10, pytest.approx(3.9), 10 * 2048)
+
+
+def test_in_progress_run_with_half_written_lines(tmp_path):
+    path = our_run(tmp_path / "r", stop_at=12)
+    with open(path / "log.txt", "a") as f:
+        f.write("13 tra")
+    with open(path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 13, "kind": "tr')
+    run = load_run(path)
+    assert run.last_step == 12 and summary(run)["final_val"] == pytest.approx(3.9)
+
+
+def test_hellaswag_interval_is_wilson_from_the_item_count(tmp_path):
+    s = summary(load_run(our_run(tmp_path / "r")))  # acc 0.3 over hellaswag_limit = 500 items
+    z, p, n = 1.959964, 0.3, 500
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert s["hella_acc_ci95"] == pytest.approx([centre - half, centre + half], abs=1e-6)
+    nanogpt_log(tmp_path / "n")
+    nano = summary(load_run(tmp_path / "n"))  # no config: the full 10,042 items
+    lo, hi = nano["hella_acc_norm_ci95"]
+    assert nano["hella_n"] == 10042 and 0.0085 < (hi - lo) / 2 < 0.0090  # the spec's "about +-0.9 points"
+
+
+def test_ema_is_bias_corrected():
+    ys = [4.0, 2.0, 3.0]
+    expected, avg = [], 0.0
+    for i, y in enumerate(ys):
+        avg = 0.5 * avg + 0.5 * y
+        expected.append(avg / (1 - 0.5 ** (i + 1)))
+    assert compare.ema(ys, 0.5) == pytest.approx(expected)
+    assert compare.ema(ys, 0.5)[0] == 4.0
+
+
+def test_compare_cli_table_and_png(tmp_path, capsys):
+    nanogpt_log(tmp_path / "nanogpt")
+    our_run(tmp_path / "ours", bleu=True)
+    our_run(tmp_path / "short", act="gelu", max_steps=40, stop_at=15)
+    out = tmp_path / "cmp.png"
+    compare.main([str(tmp_path / "nanogpt"), str(tmp_path / "ours"), str(tmp_path / "short"), "-o", str(out)])
+    text = capsys.readouterr().out
+    assert "| nanogpt " in text and "aglu/seed3" in text and "15/40" in text
+    assert "30.00 [26.1, 34.2]" in text  # hellaswag acc 0.3 over 500 items, Wilson interval
+    data = out.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+
+
+def test_tokens_axis_and_its_error(tmp_path):
+    our_run(tmp_path / "ours")
+    compare.main([str(tmp_path / "ours"), "-o", str(tmp_path / "t.png"), "--x", "tokens"])
+    assert (tmp_path / "t.png").read_bytes().startswith(PNG_MAGIC)
+    nanogpt_log(tmp_path / "nanogpt")
+    with pytest.raises(SystemExit, match="no token counts.*--x step"):
+        compare.main([str(tmp_path / "nanogpt"), "-o", str(tmp_path / "u.png"), "--x", "tokens"])
+
+
+def test_telemetry_png(tmp_path):
+    path = our_run(tmp_path / "r")
+    with open(path / "metrics.jsonl", "a") as f:
+        for step in (0, 10, 20):
+            layers = [{"name": f"h.{i}.mlp.act", "kind": "AGLU", "sparsity": 0.1, "out_mean": 0.0, "out_std": 1.0,
+                       "rho": 0.5 + i / 10, "rho_prime": 0.4, "params": {"kappa": 1 + step / 100 + i, "lam": 0.5}}
+                      for i in range(3)]
+            f.write(json.dumps({"step": step, "kind": "eval", "telemetry": {"layers": layers, "anact_score": 1.0}}) + "\n")
+    compare.main([str(path), "-o", str(tmp_path / "c.png"), "--telemetry"])
+    data = (tmp_path / "c_telemetry.png").read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+    assert summary(load_run(path))["anact_score"] == 1.0
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: None, "no such run directory"),
+    (lambda p: p.mkdir(), "no log.txt or metrics.jsonl"),
+    (lambda p: (p.mkdir(), (p / "log.txt").write_text("0 train 5.0\nhello world\n1 train 4.0\n")),
+     r"log.txt:2: cannot parse 'hello world'"),
+    (lambda p: (p.mkdir(), (p / "log.txt").write_text("0 train 5.0 extra\n")), "log.txt:1: cannot parse"),
+    (lambda p: (p.mkdir(), (p / "metrics.jsonl").write_text('{"step": 1}\n[1, 2]\n{"step": 2}\n')),
+     "metrics.jsonl:2: not a metrics record"),
+    (lambda p: (p.mkdir(), (p / "log.txt").write_text("0 val 3.0\n"), (p / "run.json").write_text("{")),
+     "not a run.json"),
+])
+def test_unreadable_input_is_a_one_line_error(tmp_path, make, message):
+    path = tmp_path / "run"
+    make(path)
+    with pytest.raises(RunError, match=message):
+        load_run(path)
+    with pytest.raises(SystemExit) as e:
+        compare.main([str(path), "-o", str(tmp_path / "x.png")])
+    assert str(e.value).startswith("error: ") and "\n" not in str(e.value)
+    assert not (tmp_path / "x.png").exists()

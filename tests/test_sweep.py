@@ -1,0 +1,162 @@
+"""The sweep: paired statistics equal a hand computation, finished runs are skipped, errors are clear."""
+import builtins
+import json
+import math
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from eval import sweep
+from harness.runlog import RunLog
+
+# final val loss per (act, seed); aglu - gelu = -0.10, -0.25, -0.16; relu - gelu = +0.05, +0.10, -0.02
+FINAL = {("gelu", 1): 3.50, ("gelu", 2): 3.60, ("gelu", 3): 3.40,
+         ("aglu", 1): 3.40, ("aglu", 2): 3.35, ("aglu", 3): 3.24,
+         ("relu", 1): 3.55, ("relu", 2): 3.70, ("relu", 3): 3.38}
+
+
+def fake_run(path, act, seed, final, max_steps=10, stop_at=None, hella=None):
+    log = RunLog(path)
+    log.write_run_info({"model": {"act": act}, "optim": {"max_steps": max_steps, "total_batch_size": 64},
+                        "run": {"seed": seed}}, {})
+    for step in range(0, (max_steps if stop_at is None else stop_at) + 1):
+        if step < max_steps:
+            log.record(step, kind="train", loss=5.0 - step / 10, tok_per_s=100.0, tokens=(step + 1) * 64)
+            log.scalar(step, "train", 5.0 - step / 10)
+        if step % 5 == 0:
+            val = final if step == max_steps else final + 1.0
+            extra = {"hellaswag_acc": hella, "hellaswag_acc_norm": hella} if hella is not None else {}
+            log.record(step, kind="eval", val_loss=val, tokens=step * 64, **extra)
+            log.scalar(step, "val", val)
+    log.close()
+
+
+def t_ci(diffs, q):
+    n = len(diffs)
+    mean, sd = sum(diffs) / n, math.sqrt(sum((d - sum(diffs) / n) ** 2 for d in diffs) / (n - 1))
+    se = sd / math.sqrt(n)
+    return mean, sd, mean / se, (mean - q * se, mean + q * se)
+
+
+def test_report_statistics_equal_hand_computation(tmp_path):
+    for (act, seed), final in FINAL.items():
+        fake_run(tmp_path / f"{act}_seed{seed}", act, seed, final, hella=0.25 + seed / 100 + (act == "aglu") / 50)
+    fake_run(tmp_path / "relu_seed4", "relu", 4, 3.0, stop_at=7)  # unfinished: left out
+    text = sweep.report(tmp_path, acts=["gelu", "aglu", "relu"])
+    result = json.loads((tmp_path / "sweep.json").read_text())
+    assert result["baseline"] == "gelu" and result["unfinished"] == ["relu/seed4"]
+
+    for act in ("gelu", "aglu", "relu"):
+        vals = [FINAL[(act, s)] for s in (1, 2, 3)]
+        got = result["per_act"][act]["final_val"]
+        assert got["n"] == 3
+        assert got["mean"] == pytest.approx(sum(vals) / 3)
+        assert got["std"] == pytest.approx(math.sqrt(sum((v - sum(vals) / 3) ** 2 for v in vals) / 2))
+
+    q = 4.302652729911275  # t_{0.975, 2}
+    for act in ("aglu", "relu"):
+        diffs = [FINAL[(act, s)] - FINAL[("gelu", s)] for s in (1, 2, 3)]
+        mean, sd, t, ci = t_ci(diffs, q)
+        got = result["paired"][act]["final_val"]
+        assert got["seeds"] == [1, 2, 3]
+        assert (got["mean"], got["std"], got["t"]) == (pytest.approx(mean), pytest.approx(sd), pytest.approx(t))
+        assert got["ci95"] == pytest.approx(list(ci), rel=1e-4)
+    aglu = result["paired"]["aglu"]["final_val"]
+    assert aglu["mean"] == pytest.approx(-0.17) and aglu["ci95"][0] < 0 < aglu["ci95"][1]  # 3 seeds: not significant
+    # HellaSwag: aglu is +0.02 on every seed, so its differences have zero spread
+    assert result["paired"]["aglu"]["hella_acc_norm"]["mean"] == pytest.approx(0.02)
+    assert "aglu - gelu" in text and "final val loss" in text and "HellaSwag acc_norm" in text
+    assert (tmp_path / "sweep.md").read_text() == text
+    assert (tmp_path / "compare.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_t_quantile_without_scipy(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_scipy(name, *args, **kwargs):
+        if name.startswith("scipy"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_scipy)
+    assert sweep.t_quantile(2) == (4.303, "table (scipy not installed)")
+    assert sweep.t_quantile(35)[0] == 2.042  # between rows: the smaller df, a wider interval
+    diffs = [-0.1, -0.2, -0.3]
+    got = sweep.paired({1: 0, 2: 0, 3: 0}, dict(zip((1, 2, 3), diffs)))
+    mean, sd, t, ci = t_ci(diffs, 4.303)
+    assert got["t"] == pytest.approx(t) and got["ci95"] == pytest.approx(list(ci))
+    assert got["t_source"] == "table (scipy not installed)"
+
+
+def test_paired_uses_shared_seeds_only():
+    got = sweep.paired({1: 1.0, 2: 2.0, 3: 3.0}, {2: 2.5, 3: 3.0, 4: 9.0})
+    assert got["seeds"] == [2, 3] and got["mean"] == pytest.approx(0.25)
+    assert got["std"] == pytest.approx(statistics.stdev([0.5, 0.0]))
+    single = sweep.paired({1: 1.0}, {1: 1.5})
+    assert single["n"] == 1 and single["t"] is None and single["ci95"] is None
+
+
+def test_sweep_skips_finished_runs_and_launches_the_rest(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_subprocess_run(cmd, stdout=None, stderr=None):
+        calls.append(cmd)
+        args = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1)}
+        fake_run(tmp_path / "s" / f"{args['--act']}_seed{args['--seed']}", args["--act"], int(args["--seed"]), 3.0)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    fake_run(tmp_path / "s" / "gelu_seed1", "gelu", 1, 3.5)
+    monkeypatch.setattr(sweep.subprocess, "run", fake_subprocess_run)
+    sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu", "--seeds", "1,2",
+                "--out-dir", str(tmp_path / "s"), "--nproc-per-node", "2", "--max-steps", "10"])
+    launched = [(c[c.index("--act") + 1], c[c.index("--seed") + 1]) for c in calls]
+    assert launched == [("gelu", "2"), ("aglu", "1"), ("aglu", "2")]
+    cmd = calls[0]
+    assert cmd[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert cmd[-3:] == ["--resume", "--max-steps", "10"] and cmd[cmd.index("--out-dir") + 1] == str(tmp_path / "s" / "gelu_seed2")
+    assert json.loads((tmp_path / "s" / "sweep.json").read_text())["paired"]["aglu"]["final_val"]["n"] == 2
+
+    calls.clear()  # the same command again: everything is finished
+    sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu", "--seeds", "1,2",
+                "--out-dir", str(tmp_path / "s"), "--nproc-per-node", "2", "--max-steps", "10"])
+    assert calls == []
+    with pytest.raises(SystemExit, match="other settings"):
+        sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu", "--seeds", "1",
+                    "--out-dir", str(tmp_path / "s"), "--max-steps", "20"])
+
+
+def test_failed_run_is_a_clear_error(tmp_path, monkeypatch):
+    def failing(cmd, stdout=None, stderr=None):
+        stdout.write("Traceback ...\nerror: data dir not found\n")
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(sweep.subprocess, "run", failing)
+    with pytest.raises(SystemExit, match=r"gelu seed 1 stopped \(exit code 1\): error: data dir not found.*train.out"):
+        sweep.main(["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", str(tmp_path)])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--acts", "gelu", "--seeds", "1", "--out-dir", "x"], "missing --config"),
+    (["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "x", "--act", "relu"], "--act is set by the sweep"),
+    (["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "x", "--baseline", "relu"], "not one of --acts"),
+    (["--config", "c.toml", "--acts", "gelu,agl", "--seeds", "1", "--out-dir", "x"], "unknown activation(s) agl"),
+    (["--config", "c.toml", "--acts", "gelu", "--seeds", "1,two", "--out-dir", "x"], "comma-separated integers"),
+])
+def test_bad_arguments(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(sweep.subprocess, "run", lambda *a, **k: pytest.fail("launched a run on bad arguments"))
+    with pytest.raises(SystemExit):
+        sweep.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_report_only_errors(tmp_path):
+    with pytest.raises(SystemExit, match="no such sweep directory"):
+        sweep.main(["--report-only", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit, match="no run directories"):
+        sweep.main(["--report-only", str(tmp_path)])
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "log.txt").write_text("garbage\n")
+    with pytest.raises(SystemExit, match="bad/log.txt:1: cannot parse"):
+        sweep.main(["--report-only", str(tmp_path)])
