@@ -78,17 +78,27 @@ def plot(runs, out, x="step", smooth=0.9):
         raise RunError("no train/val/HellaSwag/BLEU points in any run yet; nothing to plot")
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+    # the question is "activation A vs B": colour = activation, line style = the run's rank within its activation
+    groups = list(dict.fromkeys(run.setting("act") or run.label for run in runs))
+    seen = {}
+    style = []
+    for run in runs:
+        group = run.setting("act") or run.label
+        style.append((colors[groups.index(group) % len(colors)], styles[seen.get(group, 0) % len(styles)]))
+        seen[group] = seen.get(group, 0) + 1
     for ax, (name, title) in zip(axes[0], panels):
-        for i, run in enumerate(runs):
+        for run, (color, linestyle) in zip(runs, style):
             points = run.series.get(name)
             if not points:
                 continue
-            color, xs, ys = colors[i % len(colors)], _xs(run, points, x), [p[1] for p in points]
+            xs, ys = _xs(run, points, x), [p[1] for p in points]
             if name == "train" and smooth > 0 and len(ys) > 1:
-                ax.plot(xs, ys, color=color, alpha=0.2, linewidth=0.8)
-                ax.plot(xs, ema(ys, smooth), color=color, label=run.label)
+                ax.plot(xs, ys, color=color, alpha=0.15, linewidth=0.8)
+                ax.plot(xs, ema(ys, smooth), color=color, linestyle=linestyle, label=run.label)
             else:
-                ax.plot(xs, ys, color=color, label=run.label, marker="o" if len(ys) < 30 else None, markersize=3)
+                ax.plot(xs, ys, color=color, linestyle=linestyle, label=run.label,
+                        marker="o" if len(ys) < 30 else None, markersize=3)
         ax.set_title(title + (f" (EMA {smooth})" if name == "train" and smooth > 0 else ""))
         ax.set_xlabel(x)
         ax.grid(alpha=0.3)
