@@ -80,6 +80,21 @@ def load_checkpoint(path, kind=None, map_location="cpu"):
     return state
 
 
+def save_training_checkpoint(state, loader, d, out_dir, step, keep_last=None):
+    """Add every rank's loader and RNG states to `state` (collective: all ranks call it), save it on the
+    master rank, and wait until it is on disk everywhere. Returns the path on the master, else None."""
+    from harness import distributed
+    state = {**state, "step": step, "world_size": d.world_size,
+             "loader": distributed.gather_objects(loader.state_dict(), d),
+             "rng": distributed.gather_objects(rng_state(), d)}
+    path = save_checkpoint(state, out_dir, step, keep_last) if d.master else None
+    if path is not None:
+        print(f"saved {path}", flush=True)
+    if d.ddp:
+        torch.distributed.barrier()
+    return path
+
+
 def resume_training(ckpt, model_config, world_size, rank, model, optimizer, loader):
     """Restore a training checkpoint into this process (model, optimizer, this rank's loader and RNG
     streams) after checking it was made by the same model and world size; returns its step."""

@@ -1,0 +1,137 @@
+"""Parallel text: local files in both layouts, one-line errors, the joint sentencepiece model and its cache,
+length filtering, and the token-count batching loader (coverage, limits, determinism, exact resume, ranks)."""
+import gzip
+import random
+
+import numpy as np
+import pytest
+
+from data.parallel import (DataError, TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model)
+
+LEXICON = {"der": "the", "hund": "dog", "katze": "cat", "sieht": "sees", "einen": "a", "ball": "ball",
+           "und": "and", "mann": "man", "frau": "woman", "läuft": "runs", "schnell": "fast", "heute": "today",
+           "wasser": "water", "trinkt": "drinks", "kleine": "small", "große": "big", "haus": "house"}
+
+
+def write_corpus(root, n_train=300, n_eval=20, seed=0, gz_train_target=False):
+    """Generated word-for-word De-En pairs as train/valid/test.{de,en} under root."""
+    rng = random.Random(seed)
+    words = sorted(LEXICON)
+    root.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_eval), ("test", n_eval)):
+        de = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 9))) for _ in range(n)]
+        de = [s[0].upper() + s[1:] + "." for s in de]
+        en = [" ".join(LEXICON[w.lower().rstrip(".")] for w in s.split()) + "." for s in de]
+        (root / f"{split}.de").write_text("\n".join(de) + "\n", encoding="utf-8")
+        if split == "train" and gz_train_target:
+            with gzip.open(root / f"{split}.en.gz", "wt", encoding="utf-8") as f:
+                f.write("\n".join(en) + "\n")
+        else:
+            (root / f"{split}.en").write_text("\n".join(en) + "\n", encoding="utf-8")
+    return root
+
+
+def test_directory_and_prefix_layouts(tmp_path):
+    root = write_corpus(tmp_path / "corpus", gz_train_target=True)
+    src, tgt = load_split("train", "de", "en", data_dir=root)
+    assert len(src) == len(tgt) == 300 and tgt[0].endswith(".") and "hund" not in tgt[0]
+    vsrc, vtgt = load_split("valid", "de", "en", data_dir="unused", prefix=str(root / "valid"))
+    assert (vsrc, vtgt) == load_split("valid", "de", "en", data_dir=root)
+    with pytest.raises(DataError, match=r"test\.fr not found.*--test-prefix"):
+        load_split("test", "de", "fr", data_dir=root)
+
+
+def test_mismatched_and_empty_files_are_one_line_errors(tmp_path):
+    root = write_corpus(tmp_path / "c")
+    (root / "valid.en").write_text("one line only\n")
+    with pytest.raises(DataError, match=r"valid\.de has 20 lines but .*valid\.en has 1; .*line-aligned") as e:
+        load_split("valid", "de", "en", data_dir=root)
+    assert "\n" not in str(e.value)
+    (root / "test.de").write_text("\n\n")
+    with pytest.raises(DataError, match=r"test\.de is empty"):
+        load_split("test", "de", "en", data_dir=root)
+
+
+def test_unreachable_hub_says_to_pass_local_files(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(DataError, match="pass local files: --data-dir"):
+        load_split("valid", "de", "en", hf_dataset="IWSLT/iwslt2017-not-cached-here")
+
+
+def test_sentencepiece_is_joint_cached_and_round_trips(tmp_path):
+    src, tgt = load_split("train", "de", "en", data_dir=write_corpus(tmp_path / "c"))
+    model = sentencepiece_model(src, tgt, 60, "bpe", tmp_path / "cache")
+    cached = list((tmp_path / "cache").glob("spm_bpe60_*.model"))
+    assert len(cached) == 1 and cached[0].read_bytes() == model
+    assert sentencepiece_model(src, tgt, 60, "bpe", tmp_path / "cache") == model  # from the cache
+    sp = load_sentencepiece(model)
+    assert sp.get_piece_size() == 60 and [sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()] == [0, 1, 2, 3]
+    for line in src[:20] + tgt[:20]:  # joint: both languages decode losslessly
+        assert sp.decode(sp.encode(line)) == line
+    sentencepiece_model(src[:-1], tgt[:-1], 60, "bpe", tmp_path / "cache")  # other text, other key
+    assert len(list((tmp_path / "cache").glob("*.model"))) == 2
+    with pytest.raises(DataError, match="lower --spm-vocab-size"):
+        sentencepiece_model(src[:5], tgt[:5], 5000, "bpe", tmp_path / "cache")
+
+
+def test_length_filter(tmp_path):
+    src, tgt = load_split("train", "de", "en", data_dir=write_corpus(tmp_path / "c"))
+    sp = load_sentencepiece(sentencepiece_model(src, tgt, 60, "bpe", tmp_path))
+    all_src, all_tgt = encode(sp, src, tgt)
+    short_src, short_tgt = encode(sp, src, tgt, max_len=8)
+    expected = sum(len(s) <= 8 and len(t) <= 8 for s, t in zip(all_src, all_tgt))
+    assert 0 < len(short_src) == expected < len(all_src)
+    assert max(max(len(s), len(t)) for s, t in zip(short_src, short_tgt)) <= 8
+
+
+def lengths_corpus(n=500, seed=0):
+    rng = np.random.default_rng(seed)
+    src = [rng.integers(4, 50, rng.integers(1, 40)) for _ in range(n)]
+    tgt = [rng.integers(4, 50, rng.integers(1, 40)) for _ in range(n)]
+    return src, tgt
+
+
+def epoch_ids(loader):
+    out = []
+    for _ in range(len(loader)):
+        x, y_in, y_out = loader.next_batch()
+        assert x.shape[0] * max(x.shape[1], y_out.shape[1]) <= loader.max_tokens
+        assert (y_in[:, 0] == 2).all() and ((x == 3).sum(1) == 1).all() and ((y_out == 3).sum(1) == 1).all()
+        out.append((x.tolist(), y_out.tolist()))
+    return out
+
+
+def test_loader_covers_epoch_respects_limits_and_reshuffles():
+    src, tgt = lengths_corpus()
+    loader = TokenBatchLoader(src, tgt, max_tokens=400, max_sentences=16, seed=3)
+    first = epoch_ids(loader)
+    rows = [tuple(t for t in row if t > 3) for batch in first for row in batch[0]]
+    assert sorted(rows) == sorted(tuple(s.tolist()) for s in src)  # every pair once
+    assert max(len(b[0]) for b in first) <= 16
+    second = epoch_ids(loader)
+    assert loader.epoch == 1 and len(second) == len(first) and second != first
+    again = TokenBatchLoader(src, tgt, max_tokens=400, max_sentences=16, seed=3)
+    assert epoch_ids(again) == first  # a pure function of the seed
+
+
+def test_loader_resumes_exactly():
+    src, tgt = lengths_corpus()
+    loader = TokenBatchLoader(src, tgt, max_tokens=300, seed=7)
+    for _ in range(len(loader) + 5):  # into the second epoch
+        loader.next_batch()
+    state = loader.state_dict()
+    expected = [loader.next_batch()[0].tolist() for _ in range(len(loader))]
+    resumed = TokenBatchLoader(src, tgt, max_tokens=300, seed=7)
+    resumed.load_state_dict(state)
+    assert [resumed.next_batch()[0].tolist() for _ in range(len(loader))] == expected
+    with pytest.raises(DataError, match="max_tokens=300, this run has 200"):
+        TokenBatchLoader(src, tgt, max_tokens=200, seed=7).load_state_dict(state)
+
+
+def test_ranks_get_disjoint_equal_shares():
+    src, tgt = lengths_corpus()
+    ranks = [TokenBatchLoader(src, tgt, max_tokens=300, rank=r, world_size=3, seed=1) for r in range(3)]
+    assert len({len(r) for r in ranks}) == 1
+    seen = [tuple(row) for r in ranks for batch in epoch_ids(r) for row in batch[0]]
+    assert len(seen) == len(set(seen)) > 0.9 * len(src)  # only the last < world_size batches are dropped

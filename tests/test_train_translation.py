@@ -1,0 +1,96 @@
+"""train_translation.py end to end on generated files: exact resume, logs, eval-only BLEU, one-line errors."""
+import json
+
+import pytest
+import torch
+
+import train_translation
+from harness.checkpoint import load_checkpoint
+from test_parallel_data import write_corpus
+
+torch.set_num_threads(1)
+
+
+def args(corpus, out, spm, *extra):
+    return ["--data-dir", str(corpus), "--out-dir", str(out), "--spm-dir", str(spm), "--spm-vocab-size", "60",
+            "--enc-layers", "2", "--dec-layers", "2", "--d-model", "32", "--ffn-dim", "64", "--n-head", "4",
+            "--dropout", "0.1", "--act-dropout", "0.1", "--act", "nswish", "--act-kwargs", '{"per_instance": true}',
+            "--plain-top-k", "1", "--max-tokens", "1600", "--warmup-steps", "4", "--lr", "3e-3",
+            "--eval-interval", "4", "--checkpoint-interval", "100", "--log-interval", "1", "--bleu-sentences", "5",
+            "--device", "cpu", "--seed", "5", "--beam", "2", *extra]
+
+
+def records(out):
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.pop("time"), r.pop("dt_ms", None), r.pop("tok_per_s", None)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tr")
+    corpus, spm = write_corpus(tmp / "corpus"), tmp / "spm"
+    straight, split = tmp / "straight", tmp / "split"
+    train_translation.main(args(corpus, straight, spm, "--max-steps", "8"))
+    train_translation.main(args(corpus, split, spm, "--max-steps", "4", "--test-at-end", "false"))
+    train_translation.main(args(corpus, split, spm, "--max-steps", "8", "--resume"))
+    return corpus, spm, straight, split
+
+
+def test_resume_is_exact(runs):
+    _, _, straight, split = runs
+    a, b = load_checkpoint(straight, kind="translation"), load_checkpoint(split, kind="translation")
+    assert a["step"] == b["step"] == 8 and a["loader"][0]["epoch"] >= 1  # the run crossed an epoch
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert (straight / "log.txt").read_text() == (split / "log.txt").read_text()
+    assert records(straight) == records(split)
+
+
+def test_logs_in_the_gpt2_trainer_formats(runs):
+    _, _, straight, _ = runs
+    lines = [line.split() for line in (straight / "log.txt").read_text().splitlines()]
+    assert [(s, k) for s, k, _ in lines if k != "train"] == [("0", "val"), ("4", "bleu"), ("4", "val"),
+                                                             ("8", "bleu"), ("8", "val")]
+    assert [int(s) for s, k, _ in lines if k == "train"] == list(range(8))
+    rows = records(straight)
+    train = [r for r in rows if r["kind"] == "train"]
+    assert all(r["loss"] > 0 and r["grad_norm"] > 0 and r["lr"] > 0 and r["tokens"] > 0 for r in train)
+    assert all(b["tokens"] > a["tokens"] for a, b in zip(train, train[1:]))  # cumulative target tokens
+    assert rows[-1]["kind"] == "test" and {"bleu_greedy", "bleu_beam2"} <= rows[-1].keys()
+    evals = [r for r in rows if r["kind"] == "eval"]
+    kinds = [layer["kind"] for layer in evals[-1]["telemetry"]["layers"]]  # encoder then decoder FFNs
+    assert kinds == ["NSwish", "SiLU", "NSwish", "SiLU"] and "alpha" in evals[-1]["telemetry"]["layers"][0]["params"]
+    assert json.loads((straight / "run.json").read_text())["config"]["model"]["act"] == "nswish"
+
+
+def test_eval_only_translates_and_scores_the_checkpoint(runs):
+    corpus, _, straight, _ = runs
+    at_end = json.loads((straight / "bleu_test.json").read_text())
+    results = train_translation.main(["--eval-only", str(straight / "model_00008.pt"), "--beam", "2",
+                                      "--decode-batch", "7", "--device", "cpu"])
+    assert results["greedy"]["bleu"] == at_end["greedy"]["bleu"] and results["beam2"]["bleu"] == at_end["beam2"]["bleu"]
+    assert "tok:13a" in results["greedy"]["signature"]
+    for name in ("greedy", "beam2"):
+        assert len((straight / f"translations_test_{name}.txt").read_text().splitlines()) == 20
+    model, sp, ckpt = train_translation.load_translation_model(straight)
+    assert model.encoder[1].ffn.act.__class__.__name__ == "SiLU"  # NSwish + 1 Swish
+    assert model.encoder[0].ffn.act.__class__.__name__ == "NSwish" and model.encoder[0].ffn.act.per_instance
+
+
+def test_resume_with_other_model_options_is_refused(runs):
+    corpus, spm, _, split = runs
+    with pytest.raises(SystemExit, match="error: .*trained with model config"):
+        train_translation.main(args(corpus, split, spm, "--max-steps", "9", "--resume", "--d-model", "64"))
+
+
+def test_bad_files_stop_with_one_line_errors(tmp_path):
+    corpus = write_corpus(tmp_path / "c", n_train=30)
+    (corpus / "train.en").write_text("only one line\n")
+    with pytest.raises(SystemExit, match=r"^error: .*train\.de has 30 lines but .*train\.en has 1; .*line-aligned$"):
+        train_translation.main(args(corpus, tmp_path / "o", tmp_path / "spm"))
+    with pytest.raises(SystemExit, match=r"^error: .*valid\.de and .*valid\.en not found"):
+        train_translation.main(args(write_corpus(tmp_path / "d", n_train=30), tmp_path / "o", tmp_path / "spm",
+                                    "--valid-prefix", str(tmp_path / "nowhere" / "valid")))

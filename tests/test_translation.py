@@ -1,0 +1,173 @@
+"""The translation model and decoders: DeepNorm constants and init, causality, padding, incremental decoding,
+beam search against exhaustive search, and a tiny model that learns to reverse sequences."""
+import math
+
+import pytest
+import torch
+
+from eval.bleu import corpus_bleu
+from translation import Transformer, TranslationConfig, beam_search, deepnorm_constants, greedy
+
+torch.set_num_threads(1)
+V = 20  # 4 specials (pad, unk, bos, eos) + 16 symbols
+
+
+def tiny(**kw):
+    cfg = dict(vocab_size=V, enc_layers=2, dec_layers=2, d_model=32, ffn_dim=64, n_head=4, dropout=0.0,
+               act="swish", max_positions=64)
+    cfg.update(kw)
+    torch.manual_seed(0)
+    return Transformer(TranslationConfig(**cfg)).double().eval()
+
+
+def random_batch(B=3, S=7, T=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, V, (B, S), generator=g)
+    src[0, 4:] = 0  # a padded row
+    src[0, 3] = 3
+    tgt = torch.randint(4, V, (B, T), generator=g)
+    tgt[:, 0] = 2
+    return src, tgt
+
+
+def test_deepnorm_constants_6_6_and_formula():
+    ea, eb, da, db = deepnorm_constants(6, 6)
+    assert (round(ea, 3), round(eb, 3), round(da, 3), round(db, 3)) == (1.418, 0.497, 2.060, 0.343)
+    for n, m in ((12, 12), (3, 5), (18, 1)):
+        got = deepnorm_constants(n, m)
+        want = (0.81 * (n ** 4 * m) ** (1 / 16), 0.87 * (n ** 4 * m) ** (-1 / 16), (3 * m) ** 0.25, (12 * m) ** -0.25)
+        assert got == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("norm", ["deepnorm", "postln"])
+def test_init_gains_are_xavier_normal_times_beta(norm):
+    torch.manual_seed(0)
+    model = Transformer(TranslationConfig(vocab_size=100, enc_layers=6, dec_layers=6, d_model=256, ffn_dim=512,
+                                          norm=norm))
+    ea, eb, da, db = deepnorm_constants(6, 6) if norm == "deepnorm" else (1, 1, 1, 1)
+    assert model.encoder[0].res_ffn.alpha == pytest.approx(ea) and model.decoder[5].res_cross.alpha == pytest.approx(da)
+
+    def std(w, gain):
+        return gain * math.sqrt(2.0 / (w.shape[0] + w.shape[1]))
+
+    checks = []
+    for layers, beta in ((model.encoder, eb), (model.decoder, db)):
+        for name, p in layers.named_parameters():
+            if p.dim() == 2:
+                gain = 1.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else beta
+                checks.append((name, p, std(p, gain)))
+            else:
+                assert name.endswith("bias") or ".ln." in name
+    assert any("cross_attn.v_proj" in n for n, _, _ in checks) and any("fc2" in n for n, _, _ in checks)
+    for name, p, want in checks:  # 65k+ samples: the sample std is within ~1% of the target
+        assert p.std().item() == pytest.approx(want, rel=0.03), name
+        assert abs(p.mean().item()) < 0.05 * want, name
+
+
+def test_no_information_from_future_targets():
+    model = tiny()
+    src, tgt = random_batch()
+    base = model(src, tgt)
+    for t in range(tgt.size(1) - 1):
+        changed = tgt.clone()
+        changed[:, t + 1:] = torch.randint(4, V, changed[:, t + 1:].shape)
+        out = model(src, changed)
+        torch.testing.assert_close(out[:, :t + 1], base[:, :t + 1], rtol=0, atol=1e-12)
+        assert not torch.allclose(out[:, t + 1:], base[:, t + 1:])
+
+
+def test_padding_does_not_change_outputs():
+    model = tiny()
+    src, tgt = random_batch()
+    base = model(src, tgt)
+    padded_src = torch.cat([src, torch.zeros(3, 5, dtype=torch.long)], dim=1)
+    padded_tgt = torch.cat([tgt, torch.zeros(3, 4, dtype=torch.long)], dim=1)
+    out = model(padded_src, padded_tgt)
+    torch.testing.assert_close(out[:, :tgt.size(1)], base, rtol=0, atol=1e-10)
+    alone = model(src[:1, :4], tgt[:1])  # the padded row without its padding, batch of one
+    torch.testing.assert_close(alone, base[:1], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("norm,positions", [("deepnorm", "sinusoidal"), ("preln", "learned")])
+def test_incremental_decoding_equals_full_recompute(norm, positions):
+    model = tiny(norm=norm, positions=positions, share_embeddings=False)
+    src, tgt = random_batch()
+    full = model(src, tgt)
+    memory, mask = model.encode(src)
+    cache = model.new_cache()
+    steps = [model.decode(tgt[:, t:t + 1], memory, mask, cache) for t in range(tgt.size(1))]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-10)
+
+
+def test_beam_size_one_is_greedy():
+    for seed in range(3):
+        model = tiny(enc_layers=1, dec_layers=1)
+        torch.manual_seed(seed)
+        for p in model.parameters():  # peaky distributions: outputs end early and vary
+            p.data.mul_(3.0)
+        src, _ = random_batch(B=5, seed=seed)
+        g = greedy(model, src, max_len_a=1.0, max_len_b=3)
+        assert g == beam_search(model, src, beam=1, max_len_a=1.0, max_len_b=3)
+        assert all(3 not in h and len(h) < 11 for h in g)
+
+
+def sequence_log_prob(model, src, seq):
+    tgt = torch.tensor([[2] + seq])
+    logp = torch.log_softmax(model(src, tgt), dim=-1)[0]
+    return sum(logp[i, tok].item() for i, tok in enumerate(seq + [3]))
+
+
+@pytest.mark.parametrize("len_penalty", [0.0, 1.0])
+def test_wide_beam_equals_exhaustive_search(len_penalty):
+    """With beam >= all hypotheses, beam search is exhaustive: it must return the best normalized sequence."""
+    model = Transformer(TranslationConfig(vocab_size=7, enc_layers=1, dec_layers=1, d_model=16, ffn_dim=32,
+                                          n_head=2, dropout=0.0, act="relu")).double().eval()
+    for p in model.parameters():
+        p.data.mul_(2.0)
+    src = torch.tensor([[4, 5, 6, 3]])
+    words = [1, 4, 5, 6]  # unk and three symbols; pad and bos are never generated
+    cands = [[]] + [[a] for a in words] + [[a, b] for a in words for b in words]
+    best = max(cands, key=lambda s: sequence_log_prob(model, src, s) / (len(s) + 1) ** len_penalty)
+    # the cap is 3 tokens with EOS: max_len_a * 4 + max_len_b = 3
+    got = beam_search(model, src, beam=32, len_penalty=len_penalty, max_len_a=0.0, max_len_b=3)
+    assert got == [best]
+
+
+def test_tiny_model_learns_to_reverse():
+    torch.manual_seed(0)
+    model = Transformer(TranslationConfig(vocab_size=V, enc_layers=2, dec_layers=2, d_model=48, ffn_dim=96,
+                                          n_head=4, dropout=0.0, act="swish"))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    g = torch.Generator().manual_seed(0)
+
+    def batch(n):
+        L = int(torch.randint(3, 6, (1,), generator=g))
+        x = torch.randint(4, V, (n, L), generator=g)
+        y = x.flip(1)
+        bos, eos = torch.full((n, 1), 2), torch.full((n, 1), 3)
+        return torch.cat([x, eos], 1), torch.cat([bos, y], 1), torch.cat([y, eos], 1)
+
+    for step in range(500):
+        for group in opt.param_groups:
+            group["lr"] = 3e-3 * min(1.0, (step + 1) / 50)
+        src, y_in, y_out = batch(64)
+        loss = model.loss(model(src, y_in), y_out, label_smoothing=0.1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    src, _, y_out = batch(40)
+    ref = [" ".join(map(str, row[:-1])) for row in y_out.tolist()]
+    for hyps in (greedy(model, src), beam_search(model, src, beam=4)):
+        bleu, signature = corpus_bleu([" ".join(map(str, h)) for h in hyps], ref)
+        assert bleu > 90, (bleu, hyps[:3], ref[:3])
+        assert "tok:13a" in signature
+
+
+def test_bad_options_are_clear_errors():
+    with pytest.raises(ValueError, match="norm"):
+        tiny(norm="rmsnorm")
+    with pytest.raises(ValueError, match="plain_top_k"):
+        tiny(plain_top_k=3)
+    with pytest.raises(ValueError, match="max_positions"):
+        tiny(max_positions=4)(torch.ones(1, 5, dtype=torch.long), torch.ones(1, 2, dtype=torch.long))

@@ -1,0 +1,257 @@
+"""Encoder-decoder Transformer (Vaswani et al., 2017) with DeepNorm (Wang et al., 2022, "DeepNet").
+
+DeepNorm is post-LN with an up-weighted residual, x = LN(alpha * x + f(x)), and a down-scaled init:
+beta is the xavier_normal gain of the FFN weights and of the attention value/output projections
+(queries and keys keep gain 1). For N encoder and M decoder layers (DeepNet, Table 1):
+    encoder alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16)
+    decoder alpha = (3M)^(1/4),          beta = (12M)^(-1/4)
+`norm="postln"` (alpha 1, gain 1) and `norm="preln"` (x + f(LN(x)), final LNs) are the baselines.
+The FFN activation comes from the `activations` registry; ANAct's "NSwish + k Swish" keeps the plain
+activation in the top `plain_top_k` FFNs of both the encoder and the decoder.
+"""
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import activations
+
+NORMS = ("deepnorm", "postln", "preln")
+
+
+@dataclass
+class TranslationConfig:
+    vocab_size: int = 0  # 0: taken from the sentencepiece model
+    enc_layers: int = 6
+    dec_layers: int = 6
+    d_model: int = 512
+    ffn_dim: int = 1024
+    n_head: int = 4
+    dropout: float = 0.3
+    attn_dropout: float = 0.0
+    act_dropout: float = 0.0
+    act: str = "relu"
+    act_kwargs: dict = field(default_factory=dict)
+    plain_top_k: int = 0  # the top k FFNs of encoder and decoder use activations.plain_name(act)
+    norm: str = "deepnorm"
+    share_embeddings: bool = True  # one joint-vocabulary table for encoder input, decoder input and output
+    positions: str = "sinusoidal"  # or "learned"
+    max_positions: int = 1024
+    pad_id: int = 0
+    bos_id: int = 2
+    eos_id: int = 3
+
+
+def deepnorm_constants(n_enc, n_dec):
+    """(encoder alpha, encoder beta, decoder alpha, decoder beta) of DeepNet's encoder-decoder case."""
+    enc = (n_enc ** 4 * n_dec) ** (1 / 16)
+    return 0.81 * enc, 0.87 / enc, (3 * n_dec) ** 0.25, (12 * n_dec) ** -0.25
+
+
+def sinusoidal_table(n, d):
+    """fairseq's sinusoidal positions: sin in the first half of the channels, cos in the second."""
+    half = d // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000.0) / (half - 1)))
+    angles = torch.arange(n, dtype=torch.float64)[:, None] * freq[None]
+    table = torch.cat([angles.sin(), angles.cos()], dim=1)
+    if d % 2:
+        table = torch.cat([table, torch.zeros(n, 1, dtype=torch.float64)], dim=1)
+    return table.float()
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg.d_model
+        self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.n_head, self.dropout = cfg.n_head, cfg.attn_dropout
+
+    def heads(self, x):
+        B, T, C = x.shape
+        return x.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+
+    def forward(self, x, k, v, mask=None, causal=False):
+        """x: queries [B,T,C]; k, v: already projected [B,H,S,C/H]; mask: bool [B,1,1,S], True = attend."""
+        q = self.heads(self.q_proj(x))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        B, H, T, c = y.shape
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, H * c))
+
+    def kv(self, x):
+        return self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
+
+
+class FFN(nn.Module):
+    def __init__(self, cfg, act_name, act_kwargs):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.ffn_dim)
+        self.act = activations.build(act_name, **act_kwargs)
+        self.fc2 = nn.Linear(cfg.ffn_dim, cfg.d_model)
+        self.act_dropout = nn.Dropout(cfg.act_dropout)
+
+    def forward(self, x):
+        return self.fc2(self.act_dropout(self.act(self.fc1(x))))
+
+
+class Sublayer(nn.Module):
+    """One residual branch with its LayerNorm: post-LN LN(alpha*x + f(x)) or pre-LN x + f(LN(x))."""
+
+    def __init__(self, cfg, alpha):
+        super().__init__()
+        self.ln = nn.LayerNorm(cfg.d_model)
+        self.pre = cfg.norm == "preln"
+        self.alpha = alpha
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, f):
+        if self.pre:
+            return x + self.dropout(f(self.ln(x)))
+        return self.ln(self.alpha * x + self.dropout(f(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg, alpha, act_name, act_kwargs):
+        super().__init__()
+        self.attn, self.ffn = Attention(cfg), FFN(cfg, act_name, act_kwargs)
+        self.res_attn, self.res_ffn = Sublayer(cfg, alpha), Sublayer(cfg, alpha)
+
+    def forward(self, x, mask):
+        x = self.res_attn(x, lambda h: self.attn(h, *self.attn.kv(h), mask=mask))
+        return self.res_ffn(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg, alpha, act_name, act_kwargs):
+        super().__init__()
+        self.self_attn, self.cross_attn, self.ffn = Attention(cfg), Attention(cfg), FFN(cfg, act_name, act_kwargs)
+        self.res_self, self.res_cross, self.res_ffn = Sublayer(cfg, alpha), Sublayer(cfg, alpha), Sublayer(cfg, alpha)
+
+    def forward(self, x, memory, mask, cache=None):
+        """cache (incremental decoding): dict holding this layer's past self-attention keys/values and the
+        cross-attention keys/values of `memory`; x then holds only the new positions."""
+        def self_attn(h):
+            k, v = self.self_attn.kv(h)
+            if cache is None:
+                return self.self_attn(h, k, v, causal=True)
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
+            # the new positions are the last ones: causal among themselves, full view of the past
+            T, S = h.size(1), k.size(2)
+            causal = torch.ones(T, S, dtype=torch.bool, device=h.device).tril(S - T)
+            return self.self_attn(h, k, v, mask=causal)
+
+        def cross_attn(h):
+            if cache is None:
+                return self.cross_attn(h, *self.cross_attn.kv(memory), mask=mask)
+            if "mem_k" not in cache:
+                cache["mem_k"], cache["mem_v"] = self.cross_attn.kv(memory)
+            return self.cross_attn(h, cache["mem_k"], cache["mem_v"], mask=mask)
+
+        x = self.res_self(x, self_attn)
+        x = self.res_cross(x, cross_attn)
+        return self.res_ffn(x, self.ffn)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        if cfg.norm not in NORMS:
+            raise ValueError(f"unknown norm {cfg.norm!r}; choose one of {', '.join(NORMS)}")
+        if cfg.positions not in ("sinusoidal", "learned"):
+            raise ValueError(f"unknown positions {cfg.positions!r}; choose sinusoidal or learned")
+        if cfg.d_model % cfg.n_head:
+            raise ValueError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
+        if cfg.vocab_size <= 0:
+            raise ValueError("vocab_size must be set (the trainer takes it from the sentencepiece model)")
+        for n in (cfg.enc_layers, cfg.dec_layers):
+            if not 0 <= cfg.plain_top_k <= n:
+                raise ValueError(f"plain_top_k={cfg.plain_top_k} must lie in [0, {n}] (the number of layers)")
+        self.cfg = cfg
+        if cfg.norm == "deepnorm":
+            enc_alpha, self.enc_beta, dec_alpha, self.dec_beta = deepnorm_constants(cfg.enc_layers, cfg.dec_layers)
+        else:
+            enc_alpha, self.enc_beta, dec_alpha, self.dec_beta = 1.0, 1.0, 1.0, 1.0
+        plain = activations.plain_name(cfg.act)
+
+        def act_of(i, n):  # plain activations take no ANAct options
+            return (plain, {}) if i >= n - cfg.plain_top_k else (cfg.act, cfg.act_kwargs)
+
+        self.embed_tgt = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.embed_src = self.embed_tgt if cfg.share_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model,
+                                                                                  padding_idx=cfg.pad_id)
+        if cfg.positions == "learned":
+            self.pos = nn.Embedding(cfg.max_positions, cfg.d_model)
+        else:
+            self.register_buffer("pos_table", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, enc_alpha, *act_of(i, cfg.enc_layers))
+                                     for i in range(cfg.enc_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg, dec_alpha, *act_of(i, cfg.dec_layers))
+                                     for i in range(cfg.dec_layers))
+        self.enc_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
+        self.dec_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for layers, beta in ((self.encoder, self.enc_beta), (self.decoder, self.dec_beta)):
+            for name, p in layers.named_parameters():
+                if name.endswith("bias"):
+                    nn.init.zeros_(p)
+                elif p.dim() == 2:  # DeepNet: only q and k keep gain 1
+                    gain = 1.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else beta
+                    nn.init.xavier_normal_(p, gain=gain)
+        for emb in {self.embed_src, self.embed_tgt}:  # fairseq: N(0, d^-1/2), scaled by sqrt(d) on input
+            nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5)
+            nn.init.zeros_(emb.weight[self.cfg.pad_id])
+        if self.cfg.positions == "learned":
+            nn.init.normal_(self.pos.weight, std=self.cfg.d_model ** -0.5)
+
+    def embed(self, table, tokens, offset=0):
+        T = tokens.size(1)
+        if offset + T > self.cfg.max_positions:
+            raise ValueError(f"sequence of {offset + T} tokens exceeds max_positions={self.cfg.max_positions}")
+        positions = (self.pos.weight if self.cfg.positions == "learned" else self.pos_table)[offset:offset + T]
+        return self.dropout(table(tokens) * self.cfg.d_model ** 0.5 + positions)
+
+    def encode(self, src):
+        """src [B,S] right-padded -> (memory [B,S,C], mask [B,1,1,S] True at real tokens)."""
+        mask = (src != self.cfg.pad_id)[:, None, None, :]
+        x = self.embed(self.embed_src, src)
+        for layer in self.encoder:
+            x = layer(x, mask)
+        return self.enc_ln(x), mask
+
+    def decode(self, tgt, memory, mask, cache=None):
+        """Logits for every position of tgt; with a cache (list of per-layer dicts) tgt holds the new tokens."""
+        offset = cache[0]["k"].size(2) if cache and "k" in cache[0] else 0
+        x = self.embed(self.embed_tgt, tgt, offset)
+        for i, layer in enumerate(self.decoder):
+            x = layer(x, memory, mask, None if cache is None else cache[i])
+        return F.linear(self.dec_ln(x), self.embed_tgt.weight)
+
+    def new_cache(self):
+        return [{} for _ in self.decoder]
+
+    @staticmethod
+    def reorder_cache(cache, index):
+        """Beam search: keep the hypotheses at `index` (rows of the batch dimension)."""
+        for layer in cache:
+            for key in layer:
+                layer[key] = layer[key].index_select(0, index)
+
+    def forward(self, src, tgt_in):
+        memory, mask = self.encode(src)
+        return self.decode(tgt_in, memory, mask)
+
+    def loss(self, logits, tgt_out, label_smoothing=0.0):
+        """Mean token cross-entropy over non-pad targets (label smoothing as in Szegedy et al.)."""
+        return F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=self.cfg.pad_id,
+                               label_smoothing=label_smoothing)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
