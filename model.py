@@ -5,7 +5,6 @@ tied input/output embeddings, init std 0.02 with residual projections scaled by 
 Only the MLP activation changes between runs; it comes from the `activations` registry.
 """
 import inspect
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 

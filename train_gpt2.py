@@ -8,25 +8,23 @@ Every option is a field of TrainConfig below: set it in a TOML file (--config) o
 """
 import contextlib
 import dataclasses
-import math
 import sys
 import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.loader import ShardLoader
 from eval import telemetry
 from harness import distributed
-from harness.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training, rng_state,
-                                save_checkpoint)
+from harness.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training,
+                                save_training_checkpoint)
 from harness.config import ConfigError, RunConfig, help_text, load_config, to_dict
 from harness.runlog import RunLog, environment
 from harness.schedule import warmup_cosine
 from harness.stop import GracefulStop
-from harness.training import autocast_context, resolve_precision
+from harness.training import autocast_context, resolve_precision, stop_if_not_finite
 from model import GPT, GPTConfig
 
 
@@ -195,12 +193,7 @@ def train(cfg):
                     loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
             loss_value = distributed.all_reduce_mean(loss_sum, d).item()
-            if not math.isfinite(loss_value) or not math.isfinite(norm.item()):
-                bad = [n for n, p in raw_model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
-                good = latest_checkpoint(cfg.run.out_dir)
-                raise SystemExit(f"step {step}: loss {loss_value} / grad norm {norm.item()} is not finite (lr {lr:.3e}; "
-                                 f"non-finite grads in {bad[:5]}{' ...' if len(bad) > 5 else ''}). Stopped without saving; "
-                                 f"last good checkpoint: {good or 'none'} (lower --max-lr or check the data, then --resume)")
+            stop_if_not_finite(step, loss_value, norm.item(), lr, raw_model, cfg.run.out_dir, "--max-lr")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if d.device_type == "cuda":
@@ -220,15 +213,8 @@ def train(cfg):
             stopping = distributed.any_rank(stop.requested, d)
             if step % cfg.run.checkpoint_interval == 0 or step == o.max_steps or stopping:
                 state = {"kind": "gpt2", "model": raw_model.state_dict(), "model_config": dataclasses.asdict(cfg.model),
-                         "config": to_dict(cfg), "optimizer": optimizer.state_dict(), "step": step,
-                         "world_size": d.world_size, "val_loss": val,
-                         "loader": distributed.gather_objects(train_loader.state_dict(), d),
-                         "rng": distributed.gather_objects(rng_state(), d)}
-                if d.master:
-                    path = save_checkpoint(state, cfg.run.out_dir, step, cfg.run.keep_checkpoints)
-                    print(f"saved {path}", flush=True)
-                if d.ddp:
-                    dist.barrier()
+                         "config": to_dict(cfg), "optimizer": optimizer.state_dict(), "val_loss": val}
+                save_training_checkpoint(state, train_loader, d, cfg.run.out_dir, step, cfg.run.keep_checkpoints)
             if stopping:
                 break
     finally:  # also on a NaN stop or an exception: leave signal handlers and the process group as found

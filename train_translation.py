@@ -12,7 +12,6 @@ Every option is a field of TrainConfig below: set it in a TOML file (--config) o
 """
 import dataclasses
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from harness.config import ConfigError, RunConfig, from_dict, help_text, load_co
 from harness.runlog import RunLog, environment
 from harness.schedule import inverse_sqrt
 from harness.stop import GracefulStop
-from harness.training import autocast_context, resolve_precision
+from harness.training import autocast_context, resolve_precision, stop_if_not_finite
 from translation.decode import translate
 from translation.model import Transformer, TranslationConfig
 
@@ -247,11 +246,7 @@ def train(cfg):
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
             stats = distributed.all_reduce_mean(torch.stack([loss.detach(), (y_out != mcfg.pad_id).sum().float()]), d)
             loss_value, step_tokens = stats[0].item(), round(stats[1].item() * d.world_size)
-            if not math.isfinite(loss_value) or not math.isfinite(norm.item()):
-                good = latest_checkpoint(cfg.run.out_dir)
-                raise SystemExit(f"step {step}: loss {loss_value} / grad norm {norm.item()} is not finite "
-                                 f"(lr {lr:.3e}). Stopped without saving; last good checkpoint: {good or 'none'} "
-                                 "(lower --lr or check the data, then --resume)")
+            stop_if_not_finite(step, loss_value, norm.item(), lr, raw_model, cfg.run.out_dir, "--lr")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if d.device_type == "cuda":

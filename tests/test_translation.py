@@ -133,10 +133,12 @@ def test_wide_beam_equals_exhaustive_search(len_penalty):
     assert got == [best]
 
 
-def test_tiny_model_learns_to_reverse():
+@pytest.mark.parametrize("act", [dict(act="swish"),  # and the paper's translation setting: NSwish + 1 Swish
+                                 dict(act="nswish", act_kwargs={"per_instance": True}, plain_top_k=1)])
+def test_tiny_model_learns_to_reverse(act):
     torch.manual_seed(0)
     model = Transformer(TranslationConfig(vocab_size=V, enc_layers=2, dec_layers=2, d_model=48, ffn_dim=96,
-                                          n_head=4, dropout=0.0, act="swish"))
+                                          n_head=4, dropout=0.0, **act))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
     g = torch.Generator().manual_seed(0)
 
