@@ -1,0 +1,155 @@
+"""Forward+backward time and bytes saved for backward of every registered activation at the
+GPT-2 MLP shape (rows x 3072), eager and torch.compile'd, with ratios to GELU from the same run.
+
+    python bench/activations.py                                  # CPU 2048x3072 fp32 (+ CUDA 65536x3072 bf16 if present)
+    python bench/activations.py --device cuda --rows 65536 --dtype bfloat16 --json out.json
+
+Timings are medians over rounds; each round times every activation once, in turn, so a
+transient load on a shared machine hits all of them alike. Parametric modules run in training
+mode (NSwish/NReLU update their running statistics, as in a training step); the backward
+computes the input gradient and every parameter gradient.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import activations  # noqa: E402
+
+WIDTH = 3072  # GPT-2 small MLP hidden size, 4 * 768
+
+
+def unique_names():
+    """Registered names, one per class (swish is silu)."""
+    seen, names = set(), []
+    for name in activations.available():
+        cls = type(activations.build(name))
+        if cls not in seen:
+            seen.add(cls)
+            names.append(name)
+    return names
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def saved_bytes(fn, x):
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(x)
+    return total
+
+
+def step(fn, module, x, grad):
+    out = fn(x)
+    return torch.autograd.grad(out, [x, *module.parameters()], grad)
+
+
+def bench_device(device, rows, dtype, rounds, warmup):
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    x = torch.randn(rows, WIDTH, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(rows, WIDTH, device=device, dtype=dtype)
+    cases = {}
+    for name in unique_names():
+        module = activations.build(name).to(device)
+        cases[(name, "eager")] = (module, module)
+        compiled = activations.build(name).to(device)
+        cases[(name, "compiled")] = (torch.compile(compiled), compiled)
+    for fn, module in cases.values():  # warm-up, and compilation, outside the timings
+        for _ in range(warmup):
+            step(fn, module, x, grad)
+    sync()
+    times = {key: [] for key in cases}
+    for _ in range(rounds):
+        for key, (fn, module) in cases.items():
+            sync()
+            t0 = time.perf_counter()
+            step(fn, module, x, grad)
+            sync()
+            times[key].append(time.perf_counter() - t0)
+    results = []
+    for name in unique_names():
+        row = {"name": name}
+        for mode in ("eager", "compiled"):
+            fn, module = cases[(name, mode)]
+            row[f"{mode}_ms"] = 1e3 * statistics.median(times[(name, mode)])
+            row[f"{mode}_ms_min"] = 1e3 * min(times[(name, mode)])
+            row[f"{mode}_saved_bytes"] = saved_bytes(fn, x)
+        results.append(row)
+    gelu = next(r for r in results if r["name"] == "gelu")
+    for row in results:
+        for key in ("eager_ms", "eager_ms_min", "compiled_ms", "compiled_ms_min", "eager_saved_bytes", "compiled_saved_bytes"):
+            row[key + "_x_gelu"] = row[key] / gelu[key]
+    return results
+
+
+def print_table(device, rows, dtype, results):
+    print(f"\n{device}  {rows}x{WIDTH} {str(dtype).replace('torch.', '')}  fwd+bwd ms: median (ratio to gelu), "
+          "min-ratio = ratio of the fastest rounds; saved for backward: MiB (ratio to gelu)")
+    head = (f"{'activation':<11}{'eager ms':>14}{'min-ratio':>10}{'compiled ms':>15}{'min-ratio':>10}"
+            f"{'saved eager':>15}{'saved compiled':>16}")
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        print(f"{r['name']:<11}{r['eager_ms']:>7.1f} ({r['eager_ms_x_gelu']:.2f}){r['eager_ms_min_x_gelu']:>10.2f}"
+              f"{r['compiled_ms']:>8.1f} ({r['compiled_ms_x_gelu']:.2f}){r['compiled_ms_min_x_gelu']:>10.2f}"
+              f"{r['eager_saved_bytes'] / 2**20:>8.1f} ({r['eager_saved_bytes_x_gelu']:.2f})"
+              f"{r['compiled_saved_bytes'] / 2**20:>9.1f} ({r['compiled_saved_bytes_x_gelu']:.2f})")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda", "all"], default="all", help="all: cpu, and cuda when available")
+    p.add_argument("--rows", type=int, help="default 2048 on cpu, 65536 on cuda")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default float32 on cpu, bfloat16 on cuda")
+    p.add_argument("--rounds", type=int, default=21)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--json", metavar="OUT", help="write the results here")
+    args = p.parse_args()
+
+    devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
+    devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
+    if args.device == "cuda" and not devices:
+        p.error("no CUDA device")
+    report = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "torch": torch.__version__,
+        "cpu": cpu_model(),
+        "threads": torch.get_num_threads(),
+        "loadavg_before": os.getloadavg()[0],
+        "runs": [],
+    }
+    for device in devices:
+        rows = args.rows or (65536 if device == "cuda" else 2048)
+        dtype = getattr(torch, args.dtype or ("bfloat16" if device == "cuda" else "float32"))
+        results = bench_device(device, rows, dtype, args.rounds, args.warmup)
+        print_table(device if device == "cpu" else torch.cuda.get_device_name(), rows, dtype, results)
+        report["runs"].append({"device": device, "rows": rows, "dtype": str(dtype), "results": results})
+    report["loadavg_after"] = os.getloadavg()[0]
+    print(f"\nload average (1 min) before / after: {report['loadavg_before']:.2f} / {report['loadavg_after']:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
