@@ -59,6 +59,26 @@ def test_unreachable_hub_says_to_pass_local_files(monkeypatch):
         load_split("valid", "de", "en", hf_dataset="IWSLT/iwslt2017-not-cached-here")
 
 
+def test_hub_dataset_falls_back_to_its_parquet_conversion(monkeypatch):
+    """IWSLT2017 on the hub is a loading script, which datasets>=4 refuses: the loader retries the hub's
+    parquet conversion and reads the `translation` column in IWSLT's schema."""
+    import datasets
+    rows = [{"translation": {"de": f"Satz {i}.", "en": f"Sentence {i}."}} for i in range(3)]
+    calls = []
+
+    def load_dataset(name, config, split, **kwargs):
+        calls.append((name, config, split, kwargs))
+        if "revision" not in kwargs:
+            raise RuntimeError("Dataset scripts are no longer supported, but found iwslt2017.py")
+        return datasets.Dataset.from_list(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    src, tgt = load_split("valid", "de", "en")
+    assert src == ["Satz 0.", "Satz 1.", "Satz 2."] and tgt == ["Sentence 0.", "Sentence 1.", "Sentence 2."]
+    assert calls == [("IWSLT/iwslt2017", "iwslt2017-de-en", "validation", {}),
+                     ("IWSLT/iwslt2017", "iwslt2017-de-en", "validation", {"revision": "refs/convert/parquet"})]
+
+
 def test_sentencepiece_is_joint_cached_and_round_trips(tmp_path):
     src, tgt = load_split("train", "de", "en", data_dir=write_corpus(tmp_path / "c"))
     model = sentencepiece_model(src, tgt, 60, "bpe", tmp_path / "cache")
