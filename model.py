@@ -220,7 +220,7 @@ def nanoact_to_hf(state, vocab_size=50257):
 
 def load_gpt(path, device="cpu"):
     """A nanoact GPT-2 checkpoint (file, or run directory -> newest) as (model in eval mode, checkpoint dict)."""
-    from harness.checkpoint import load_checkpoint
+    from training.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path, kind="gpt2")
     model = GPT(GPTConfig(**ckpt["model_config"]))

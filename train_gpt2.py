@@ -17,14 +17,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.loader import ShardLoader
 from eval import telemetry
-from harness import distributed
-from harness.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training,
+from training import distributed
+from training.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training,
                                 save_training_checkpoint)
-from harness.config import ConfigError, RunConfig, help_text, load_config, to_dict
-from harness.runlog import RunLog, environment
-from harness.schedule import warmup_cosine
-from harness.stop import GracefulStop
-from harness.training import autocast_context, resolve_precision, stop_if_not_finite
+from training.config import ConfigError, RunConfig, help_text, load_config, to_dict
+from training.runlog import RunLog, environment
+from training.schedule import warmup_cosine
+from training.stop import GracefulStop
+from training.precision import autocast_context, resolve_precision, stop_if_not_finite
 from model import GPT, GPTConfig
 
 

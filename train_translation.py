@@ -24,14 +24,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data.parallel import DataError, TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model
 from eval import telemetry
 from eval.bleu import corpus_bleu
-from harness import distributed
-from harness.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training,
+from training import distributed
+from training.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training,
                                 save_training_checkpoint)
-from harness.config import ConfigError, RunConfig, from_dict, help_text, load_config, to_dict
-from harness.runlog import RunLog, environment
-from harness.schedule import inverse_sqrt
-from harness.stop import GracefulStop
-from harness.training import autocast_context, resolve_precision, stop_if_not_finite
+from training.config import ConfigError, RunConfig, from_dict, help_text, load_config, to_dict
+from training.runlog import RunLog, environment
+from training.schedule import inverse_sqrt
+from training.stop import GracefulStop
+from training.precision import autocast_context, resolve_precision, stop_if_not_finite
 from translation.decode import translate
 from translation.model import Transformer, TranslationConfig
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.training import autocast_context  # noqa: E402
+from training.precision import autocast_context  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 PRESETS = {

@@ -106,7 +106,7 @@ def export(checkpoint, out_dir, tokenizer_dir=None):
 
 
 def main(argv=None):
-    from harness.checkpoint import CheckpointError
+    from training.checkpoint import CheckpointError
 
     p = argparse.ArgumentParser(description="Export a nanoact GPT-2 checkpoint as a transformers model directory.")
     p.add_argument("checkpoint", help="checkpoint file, or run directory (its newest checkpoint)")

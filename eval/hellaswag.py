@@ -185,7 +185,7 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
                    progress=True, batch_items=32):
     """HellaSwag accuracies: {"completion": {acc, acc_norm, n, acc_ci95, acc_norm_ci95, ...}, "lm_eval": {...}}.
 
-    Under torchrun pass dist_info (harness.distributed.Dist): each rank scores a slice of the items and
+    Under torchrun pass dist_info (training.distributed.Dist): each rank scores a slice of the items and
     the correct counts are all-reduced, so every rank returns the same numbers. The model may be
     torch.compile'd; it is put in eval mode (ANAct uses its running statistics) and restored after.
     """
@@ -232,9 +232,9 @@ def result_path(args, ckpt):
 
 
 def main(argv=None):
-    from harness import distributed
-    from harness.checkpoint import CheckpointError
-    from harness.training import autocast_context, resolve_precision
+    from training import distributed
+    from training.checkpoint import CheckpointError
+    from training.precision import autocast_context, resolve_precision
     from model import GPT, load_gpt
 
     p = argparse.ArgumentParser(description="HellaSwag zero-shot accuracy (validation set) of a nanoact GPT-2.")

@@ -22,8 +22,8 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from eval.scoring import EOT, N_VOCAB, bucket, gpt2_tokenizer, row_length, score_rows
-from harness.distributed import pick_device
-from harness.training import autocast_context, resolve_precision
+from training.distributed import pick_device
+from training.precision import autocast_context, resolve_precision
 
 
 def as_bool(value):

@@ -11,7 +11,7 @@ import tiktoken
 import torch
 import torch.nn.functional as F
 
-from harness.checkpoint import unwrap
+from training.checkpoint import unwrap
 
 EOT = 50256  # <|endoftext|>; also the (masked) padding token
 N_VOCAB = 50257  # GPT-2 BPE tokens; GPT pads its embedding to 50304

@@ -28,7 +28,7 @@ def make_checkpoint(tmp_path):
 
     Weights are scaled up from GPT-2's init so the random model has confident, distinct predictions
     (at std 0.02 every ending scores almost the same and comparisons would be weak)."""
-    from harness.checkpoint import save_checkpoint
+    from training.checkpoint import save_checkpoint
     from model import GPT, GPTConfig
 
     def make(act="gelu", seed=0, step=7, **overrides):

@@ -6,7 +6,7 @@ import pytest
 
 from eval import compare
 from eval.runs import RunError, load_run, load_runs, summary
-from harness.runlog import RunLog
+from training.runlog import RunLog
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

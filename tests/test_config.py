@@ -4,7 +4,7 @@ import typing
 
 import pytest
 
-from harness.config import ConfigError, from_dict, load_config, to_dict
+from training.config import ConfigError, from_dict, load_config, to_dict
 
 
 @dataclasses.dataclass

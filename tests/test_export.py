@@ -45,7 +45,7 @@ def test_bias_free_model_exports_with_zero_biases(make_checkpoint, tmp_path):
 def trained_stats_checkpoint(make_checkpoint, act, **overrides):
     """A checkpoint whose activations hold non-default values: AGLU's kappa/lam drawn at init, ANAct's
     running statistics moved by training-mode forwards and alpha set away from 0."""
-    from harness.checkpoint import load_checkpoint, save_checkpoint
+    from training.checkpoint import load_checkpoint, save_checkpoint
     from model import GPT, GPTConfig
 
     path = make_checkpoint(act=act, **overrides)

@@ -98,7 +98,7 @@ def test_export_mapping_inverts_import(tmp_path):
 
 
 def test_load_gpt_rejects_other_files(tmp_path):
-    from harness.checkpoint import CheckpointError
+    from training.checkpoint import CheckpointError
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         load_gpt(tmp_path / "nope.pt")
     torch.save({"weights": 1}, tmp_path / "foreign.pt")

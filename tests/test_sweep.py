@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from eval import sweep
-from harness.runlog import RunLog
+from training.runlog import RunLog
 
 # final val loss per (act, seed); aglu - gelu = -0.10, -0.25, -0.16; relu - gelu = +0.05, +0.10, -0.02
 FINAL = {("gelu", 1): 3.50, ("gelu", 2): 3.60, ("gelu", 3): 3.40,

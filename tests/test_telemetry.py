@@ -11,7 +11,7 @@ import torch.nn as nn
 import activations
 import train_gpt2
 from eval import telemetry
-from harness.runlog import _scalars
+from training.runlog import _scalars
 from model import GPT, GPTConfig
 
 

@@ -66,7 +66,7 @@ def final_weights(out_dir, step=8):
 
 def test_tiny_model_learns_in_process(tmp_path):
     import train_gpt2
-    from harness.config import load_config
+    from training.config import load_config
 
     torch.set_num_threads(1)
     data = write_corpus(tmp_path / "data")
@@ -158,7 +158,7 @@ def test_corrupt_shard_and_missing_shards_are_clear_errors(tmp_path):
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     import train_gpt2
-    from harness.config import load_config
+    from training.config import load_config
     from model import GPT
 
     torch.set_num_threads(1)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import train_translation
-from harness.checkpoint import load_checkpoint
+from training.checkpoint import load_checkpoint
 from test_parallel_data import write_corpus
 
 torch.set_num_threads(1)

@@ -29,7 +29,7 @@ def stop_if_not_finite(step, loss, grad_norm, lr, model, out_dir, lr_flag):
     weights, so the newest checkpoint on disk is still a good one; say which, and which grads broke."""
     if math.isfinite(loss) and math.isfinite(grad_norm):
         return
-    from harness.checkpoint import latest_checkpoint
+    from training.checkpoint import latest_checkpoint
 
     bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
     listed = f"{bad[:5]}{' ...' if len(bad) > 5 else ''}"

@@ -1,1 +1,0 @@
-"""Infrastructure shared by both trainers: config, distributed setup, checkpoints, run logs, schedules."""

@@ -1,0 +1,1 @@
+"""What both trainers share: config, distributed setup, precision, checkpoints, run logs, schedules."""
