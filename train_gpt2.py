@@ -16,7 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.loader import ShardLoader
-from eval import telemetry
+from activations import telemetry
 from training import distributed
 from training.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training,
                                 save_training_checkpoint)
@@ -159,7 +159,7 @@ def train(cfg):
             if step % cfg.run.eval_interval == 0 or last:
                 val = validation_loss(eval_model, val_loader, val_steps, d, autocast)
                 fields = {"val_loss": val}
-                if d.master:  # per-layer activation statistics on the first validation batch (eval/telemetry.py)
+                if d.master:  # per-layer activation statistics on the first validation batch (activations/telemetry.py)
                     val_loader.reset()
                     fields["telemetry"] = telemetry.collect(raw_model, val_loader.next_batch()[0].to(d.device), autocast)
                 if cfg.data.hellaswag_interval and (step % cfg.data.hellaswag_interval == 0 or last):

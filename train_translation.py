@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.parallel import DataError, TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model
-from eval import telemetry
+from activations import telemetry
 from eval.bleu import corpus_bleu
 from training import distributed
 from training.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training,
@@ -145,7 +145,7 @@ def periodic_eval(step, model, sp, val_loader, valid_text, tokens, cfg, d, autoc
             bleu, _, _ = bleu_of(model, sp, valid_text[0][:n], valid_text[1][:n], cfg.eval, d, 1)
         log.scalar(step, "bleu", bleu)
         fields.update(bleu=bleu, bleu_sentences=n)
-    if d.master:  # per-layer activation statistics on a mid-length validation batch (eval/telemetry.py)
+    if d.master:  # per-layer activation statistics on a mid-length validation batch (activations/telemetry.py)
         x, y_in, _ = val_loader.batch(len(val_loader) // 2)
         fields["telemetry"] = telemetry.collect(model, (x.to(d.device), y_in.to(d.device)), autocast)
         print(f"step {step:5d} | val loss {val:.4f}" + (f" | valid BLEU (greedy) {bleu:.2f}" if step else ""),

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 from eval.runs import RunError, load_runs, markdown_table, summary
 
 PANELS = [("train", "train loss"), ("val", "val loss"), ("hella", "HellaSwag acc_norm"), ("bleu", "BLEU")]
-# measured for every activation (eval/telemetry.py), after each activation's own state in the telemetry figure
+# measured for every activation (activations/telemetry.py), after each activation's own state in the telemetry figure
 MEASURED = ["sparsity", "rho", "rho_prime"]
 MEASURED_TITLES = {"sparsity": "sparsity (|y| < 1e-2)", "rho": "measured Var[y]/Var[x]",
                    "rho_prime": "measured E[act'(x)^2]"}

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import activations
 import train_gpt2
-from eval import telemetry
+from activations import telemetry
 from training.runlog import _scalars
 from model import GPT, GPTConfig
 

@@ -1,6 +1,6 @@
 """What the activations are doing: per-layer statistics of every MLP/FFN activation on one batch.
 
-    from eval.telemetry import collect
+    from activations.telemetry import collect
     record = collect(model, x, autocast)   # {"layers": [...], "anact_score": ...}, JSON-ready
 
 For every module named `act` (what the activation registry builds inside GPT-2's MLP and the translation
