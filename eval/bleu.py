@@ -26,7 +26,7 @@ def main(argv):
     args = [a for a in argv if a != "--lowercase"]
     if len(args) != 2 or "-h" in argv or "--help" in argv:
         raise SystemExit(__doc__)
-    from data.parallel import read_lines
+    from data.parallel_corpus import read_lines
     try:
         score, signature = corpus_bleu(read_lines(args[0]), read_lines(args[1]), "--lowercase" in argv)
     except (OSError, ValueError) as e:

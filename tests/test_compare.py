@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from eval import compare
-from eval.runs import RunError, load_run, load_runs, summary
+from analysis import compare
+from analysis.runs import RunError, load_run, load_runs, summary
 from training.runlog import RunLog
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

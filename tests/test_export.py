@@ -1,4 +1,4 @@
-"""eval/export_hf.py: exported transformers models give our logits (GPT2LMHeadModel for GPT-2's own
+"""export/to_transformers.py: exported transformers models give our logits (GPT2LMHeadModel for GPT-2's own
 activations, standalone remote code for AGLU/NSwish/NReLU), and bad input fails clearly."""
 import re
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eval import export_hf
+from export import to_transformers
 from model import load_gpt
 
 transformers = pytest.importorskip("transformers")
@@ -29,7 +29,7 @@ def exported_logits_match(ckpt, out_dir, trust_remote_code=False, steps=0):
                                          ("relu2", "relu2"), ("silu", "silu")])
 def test_gpt2_activations_export_as_plain_gpt2(make_checkpoint, tmp_path, act, hf_act):
     ckpt = make_checkpoint(act=act)
-    assert export_hf.export(ckpt, tmp_path / "hf") == "gpt2"
+    assert to_transformers.export(ckpt, tmp_path / "hf") == "gpt2"
     assert not list((tmp_path / "hf").glob("*.py"))
     diff, _, hf = exported_logits_match(ckpt, tmp_path / "hf")
     assert type(hf).__name__ == "GPT2LMHeadModel" and hf.config.activation_function == hf_act
@@ -38,7 +38,7 @@ def test_gpt2_activations_export_as_plain_gpt2(make_checkpoint, tmp_path, act, h
 
 def test_bias_free_model_exports_with_zero_biases(make_checkpoint, tmp_path):
     ckpt = make_checkpoint(bias=False)
-    export_hf.export(ckpt, tmp_path / "hf")
+    to_transformers.export(ckpt, tmp_path / "hf")
     assert exported_logits_match(ckpt, tmp_path / "hf")[0] < 1e-5
 
 
@@ -72,7 +72,7 @@ def trained_stats_checkpoint(make_checkpoint, act, **overrides):
 def test_learned_activations_export_with_standalone_remote_code(make_checkpoint, tmp_path, act, overrides):
     ckpt = trained_stats_checkpoint(make_checkpoint, act, **overrides)
     out = tmp_path / "hf"
-    assert export_hf.export(ckpt, out) == "remote"
+    assert to_transformers.export(ckpt, out) == "remote"
     for source in out.glob("*.py"):  # runs without nanoact installed: imports only torch/transformers/itself
         imports = re.findall(r"^(?:from|import) (\S+)", source.read_text(), re.M)
         assert set(imports) <= {"torch", "torch.nn", "torch.nn.functional", "transformers",
@@ -95,7 +95,7 @@ def test_learned_activations_export_with_standalone_remote_code(make_checkpoint,
 def test_tokenizer_saved_from_openai_files_matches_tiktoken(make_checkpoint, tmp_path, gpt2_enc):
     from transformers import AutoTokenizer
 
-    export_hf.main([str(make_checkpoint()), str(tmp_path / "hf"), "--tokenizer-dir", str(TOKENIZER)])
+    to_transformers.main([str(make_checkpoint()), str(tmp_path / "hf"), "--tokenizer-dir", str(TOKENIZER)])
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = "Hello world! HellaSwag's [title] endings:  double  spaces, 1234 and ünïcödé."
     assert tok.encode("Hello world") == [15496, 995]
@@ -104,12 +104,12 @@ def test_tokenizer_saved_from_openai_files_matches_tiktoken(make_checkpoint, tmp
 
 def test_clear_errors(make_checkpoint, tmp_path):
     with pytest.raises(SystemExit, match="no such checkpoint file"):
-        export_hf.main([str(tmp_path / "missing.pt"), str(tmp_path / "out")])
+        to_transformers.main([str(tmp_path / "missing.pt"), str(tmp_path / "out")])
     torch.save({"kind": "translation", "model": {}}, tmp_path / "t.pt")
     with pytest.raises(SystemExit, match="a 'translation' checkpoint, but this command needs a 'gpt2' one"):
-        export_hf.main([str(tmp_path / "t.pt"), str(tmp_path / "out")])
+        to_transformers.main([str(tmp_path / "t.pt"), str(tmp_path / "out")])
     with pytest.raises(SystemExit, match="needs OpenAI's GPT-2 encoder.json and vocab.bpe"):
-        export_hf.main([str(make_checkpoint()), str(tmp_path / "out"), "--tokenizer-dir", str(tmp_path)])
+        to_transformers.main([str(make_checkpoint()), str(tmp_path / "out"), "--tokenizer-dir", str(tmp_path)])
 
 
 def test_exported_gpt2_evaluates_like_the_checkpoint(make_checkpoint, hellaswag_file, gpt2_enc, tmp_path):
@@ -121,7 +121,7 @@ def test_exported_gpt2_evaluates_like_the_checkpoint(make_checkpoint, hellaswag_
     from lm_eval.api.instance import Instance
 
     ckpt, data = make_checkpoint(), hellaswag_file(n=6)
-    export_hf.export(ckpt, tmp_path / "hf")
+    to_transformers.export(ckpt, tmp_path / "hf")
     hellaswag.main([str(ckpt), "--data", str(data), "--device", "cpu", "--out", str(tmp_path / "a.json")])
     hellaswag.main(["--hf", str(tmp_path / "hf"), "--data", str(data), "--device", "cpu"])
     ours = json.loads((tmp_path / "a.json").read_text())["results"]

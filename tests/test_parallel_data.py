@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from data.parallel import (DataError, TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model)
+from data.parallel_corpus import (DataError, TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model)
 
 LEXICON = {"der": "the", "hund": "dog", "katze": "cat", "sieht": "sees", "einen": "a", "ball": "ball",
            "und": "and", "mann": "man", "frau": "woman", "läuft": "runs", "schnell": "fast", "heute": "today",

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from eval import sweep
+from analysis import sweep
 from training.runlog import RunLog
 
 # final val loss per (act, seed); aglu - gelu = -0.10, -0.25, -0.16; relu - gelu = +0.05, +0.10, -0.02

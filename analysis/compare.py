@@ -1,9 +1,9 @@
 """Compare training runs side by side: a table on stdout and loss/HellaSwag/BLEU curves in one PNG.
 
-    python -m eval.compare log/gelu log/aglu -o compare.png
-    python -m eval.compare runs/sweep/* --x tokens --smooth 0.95
-    python -m eval.compare log/aglu --telemetry           # also compare_telemetry.png: kappa, lam, rho ... per layer
-    python eval/compare.py ../build-nanogpt/log           # build-nanogpt's log.txt reads too
+    python -m analysis.compare log/gelu log/aglu -o compare.png
+    python -m analysis.compare runs/sweep/* --x tokens --smooth 0.95
+    python -m analysis.compare log/aglu --telemetry           # also compare_telemetry.png: kappa, lam, rho ... per layer
+    python analysis/compare.py ../build-nanogpt/log           # build-nanogpt's log.txt reads too
 
 Each RUN_DIR is a trainer's --out-dir (log.txt / metrics.jsonl / run.json) or a build-nanogpt log directory.
 Runs still training, runs of different lengths and runs without HellaSwag or BLEU are fine.
@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: works on headless machines
 import matplotlib.pyplot as plt
 
-from eval.runs import RunError, load_runs, markdown_table, summary
+from analysis.runs import RunError, load_runs, markdown_table, summary
 
 PANELS = [("train", "train loss"), ("val", "val loss"), ("hella", "HellaSwag acc_norm"), ("bleu", "BLEU")]
 # measured for every activation (activations/telemetry.py), after each activation's own state in the telemetry figure

@@ -1,14 +1,14 @@
 """Export a nanoact GPT-2 checkpoint as a transformers model directory.
 
-    python eval/export_hf.py log/gelu/model_19072.pt out/gelu_hf
-    python eval/export_hf.py log/aglu out/aglu_hf --tokenizer-dir ../shared/assets/tokenizer
+    python export/to_transformers.py log/gelu/model_19072.pt out/gelu_hf
+    python export/to_transformers.py log/aglu out/aglu_hf --tokenizer-dir ../shared/assets/tokenizer
 
     AutoModelForCausalLM.from_pretrained("out/gelu_hf")                          # plain GPT2LMHeadModel
     AutoModelForCausalLM.from_pretrained("out/aglu_hf", trust_remote_code=True)  # custom code
 
 Activations GPT-2 has (gelu -> "gelu_new", gelu_exact -> "gelu", relu, relu2, silu) export as a plain
 GPT2LMHeadModel: any GPT-2 tooling reads it. AGLU/APA/NSwish/NReLU (learned parameters, running
-statistics) export with the standalone modeling code of eval/hf_remote/, copied into the directory.
+statistics) export with the standalone modeling code of export/hf_remote/, copied into the directory.
 The vocabulary is cut back from 50304 to GPT-2's 50257. --tokenizer-dir takes a directory holding
 OpenAI's encoder.json + vocab.bpe and saves the equivalent transformers GPT-2 tokenizer.
 """
@@ -59,9 +59,9 @@ def export_gpt2(model, out_dir):
 
 
 def export_remote(model, out_dir):
-    """The standalone NanoactForCausalLM of eval/hf_remote with our state dict (vocabulary cut to 50257)."""
-    from eval.hf_remote.configuration_nanoact import NanoactConfig
-    from eval.hf_remote.modeling_nanoact import NanoactForCausalLM
+    """The standalone NanoactForCausalLM of export/hf_remote with our state dict (vocabulary cut to 50257)."""
+    from export.hf_remote.configuration_nanoact import NanoactConfig
+    from export.hf_remote.modeling_nanoact import NanoactForCausalLM
 
     c = model.config
     acts = [{"name": name, **options} for name, options in layer_activations(c)]

@@ -1,9 +1,9 @@
 """Train one config over several activations and seeds, then compare them with paired statistics.
 
-    python -m eval.sweep --config configs/gpt2_cpu_tiny.toml --acts gelu,aglu,nswish --seeds 1,2,3 \\
+    python -m analysis.sweep --config configs/gpt2_cpu_tiny.toml --acts gelu,aglu,nswish --seeds 1,2,3 \\
         --out-dir runs/sweep --max-steps 300            # any further --key value goes to train_gpt2.py
-    python -m eval.sweep ... --nproc-per-node 8          # each run under torchrun
-    python -m eval.sweep --report-only runs/sweep        # re-read the runs, rewrite the report
+    python -m analysis.sweep ... --nproc-per-node 8          # each run under torchrun
+    python -m analysis.sweep --report-only runs/sweep        # re-read the runs, rewrite the report
 
 Runs go one after another, each a subprocess writing to OUT_DIR/{act}_seed{seed} (its output in train.out).
 A run whose final evaluation is logged is skipped; an unfinished one continues from its newest checkpoint
@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 from tqdm import tqdm
 
 import activations
-from eval.compare import plot, plot_telemetry, table
-from eval.runs import RunError, load_run, load_runs, markdown_table, summary
+from analysis.compare import plot, plot_telemetry, table
+from analysis.runs import RunError, load_run, load_runs, markdown_table, summary
 
 TRAINER = ROOT / "train_gpt2.py"
 METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_norm"), ("bleu", "BLEU")]

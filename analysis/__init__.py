@@ -1,0 +1,1 @@
+"""Reading, comparing, plotting and sweeping training runs (log reading needs no torch)."""

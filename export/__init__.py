@@ -1,0 +1,1 @@
+"""Export nanoact checkpoints to other libraries (transformers)."""
