@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import activations
+from activations import layer_activation
 
 # Peak dense bf16 tensor throughput (FLOP/s, no sparsity) by device-name substring; first match wins.
 # Unknown devices get no MFU rather than a wrong one.
@@ -65,10 +65,10 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config, act_name):
+    def __init__(self, config, layer):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.act = activations.build(act_name, **config.act_kwargs)
+        self.act = layer_activation(config.act, config.act_kwargs, layer, config.n_layer, config.plain_top_k)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.residual_scale = True
         self.dropout = nn.Dropout(config.dropout)
@@ -78,12 +78,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config, act_name):
+    def __init__(self, config, layer):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config, act_name)
+        self.mlp = MLP(config, layer)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -94,15 +94,11 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        if not 0 <= config.plain_top_k <= config.n_layer:
-            raise ValueError(f"plain_top_k={config.plain_top_k} must lie in [0, n_layer={config.n_layer}]")
-        first_plain = config.n_layer - config.plain_top_k
-        plain = activations.plain_name(config.act)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList(Block(config, plain if i >= first_plain else config.act) for i in range(config.n_layer)),
+            h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)

@@ -44,6 +44,17 @@ def plain_name(name):
     return _PLAIN.get(name, name)
 
 
+def layer_activation(name, options, layer, n_layers, plain_top_k=0):
+    """The activation of layer `layer` (0 = bottom) of `n_layers`: ANAct's "NSwish + k Swish" gives the
+    top `plain_top_k` layers the unnormalized counterpart, which takes none of the normalized one's
+    options (per_instance, momentum ...). The one place this rule lives; every model calls it."""
+    if not 0 <= plain_top_k <= n_layers:
+        raise ValueError(f"plain_top_k={plain_top_k} must lie in [0, {n_layers}] (the number of layers)")
+    if layer >= n_layers - plain_top_k and plain_name(name) != name:
+        return build(plain_name(name))
+    return build(name, **options)
+
+
 def build(name, **kwargs):
     """Instantiate activation `name`; unknown names and bad kwargs raise ValueError with the choices."""
     if name not in _REGISTRY:

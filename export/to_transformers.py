@@ -32,7 +32,8 @@ def layer_activations(config):
     import activations
     first_plain = config.n_layer - config.plain_top_k
     plain = activations.plain_name(config.act)
-    return [(plain, {}) if i >= first_plain else (config.act, dict(config.act_kwargs)) for i in range(config.n_layer)]
+    return [(plain, {}) if i >= first_plain and plain != config.act else (config.act, dict(config.act_kwargs))
+            for i in range(config.n_layer)]
 
 
 def export_gpt2(model, out_dir):

@@ -51,6 +51,17 @@ def test_plain_top_k_uses_the_unnormalized_activation():
         GPT(GPTConfig(**TINY, plain_top_k=3))
 
 
+def test_plain_top_k_combines_with_activation_options():
+    """The top-k plain layers take none of the normalized activation's options; the others keep them."""
+    cfg = dict(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=16)
+    model = GPT(GPTConfig(**cfg, act="nswish", act_kwargs={"per_instance": True}, plain_top_k=1))
+    bottom, top = (block.mlp.act for block in model.transformer.h)
+    assert type(bottom).__name__ == "NSwish" and bottom.per_instance
+    assert type(top).__name__ == "SiLU"
+    model = GPT(GPTConfig(**cfg, act="aglu", act_kwargs={"kappa_init": 1.5}, plain_top_k=1))  # no plain form
+    assert all(block.mlp.act.kappa.item() == 1.5 for block in model.transformer.h)
+
+
 def test_mfu_is_none_for_unknown_devices():
     model = GPT(GPTConfig(**TINY))
     assert model.estimate_mfu(1e6, 32, None) is None

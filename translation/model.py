@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import activations
+from activations import layer_activation
 
 NORMS = ("deepnorm", "postln", "preln")
 
@@ -34,7 +34,7 @@ class TranslationConfig:
     act_dropout: float = 0.0
     act: str = "relu"
     act_kwargs: dict = field(default_factory=dict)
-    plain_top_k: int = 0  # the top k FFNs of encoder and decoder use activations.plain_name(act)
+    plain_top_k: int = 0  # the top k FFNs of encoder and decoder use the unnormalized activation (activations.layer_activation)
     norm: str = "deepnorm"
     share_embeddings: bool = True  # one joint-vocabulary table for encoder input, decoder input and output
     positions: str = "sinusoidal"  # or "learned"
@@ -86,10 +86,10 @@ class Attention(nn.Module):
 
 
 class FFN(nn.Module):
-    def __init__(self, cfg, act_name, act_kwargs):
+    def __init__(self, cfg, layer, n_layers):
         super().__init__()
         self.fc1 = nn.Linear(cfg.d_model, cfg.ffn_dim)
-        self.act = activations.build(act_name, **act_kwargs)
+        self.act = layer_activation(cfg.act, cfg.act_kwargs, layer, n_layers, cfg.plain_top_k)
         self.fc2 = nn.Linear(cfg.ffn_dim, cfg.d_model)
         self.act_dropout = nn.Dropout(cfg.act_dropout)
 
@@ -114,9 +114,9 @@ class Sublayer(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg, alpha, act_name, act_kwargs):
+    def __init__(self, cfg, alpha, layer):
         super().__init__()
-        self.attn, self.ffn = Attention(cfg), FFN(cfg, act_name, act_kwargs)
+        self.attn, self.ffn = Attention(cfg), FFN(cfg, layer, cfg.enc_layers)
         self.res_attn, self.res_ffn = Sublayer(cfg, alpha), Sublayer(cfg, alpha)
 
     def forward(self, x, mask):
@@ -125,9 +125,9 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg, alpha, act_name, act_kwargs):
+    def __init__(self, cfg, alpha, layer):
         super().__init__()
-        self.self_attn, self.cross_attn, self.ffn = Attention(cfg), Attention(cfg), FFN(cfg, act_name, act_kwargs)
+        self.self_attn, self.cross_attn, self.ffn = Attention(cfg), Attention(cfg), FFN(cfg, layer, cfg.dec_layers)
         self.res_self, self.res_cross, self.res_ffn = Sublayer(cfg, alpha), Sublayer(cfg, alpha), Sublayer(cfg, alpha)
 
     def forward(self, x, memory, mask, cache=None):
@@ -168,19 +168,11 @@ class Transformer(nn.Module):
             raise ValueError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
         if cfg.vocab_size <= 0:
             raise ValueError("vocab_size must be set (the trainer takes it from the sentencepiece model)")
-        for n in (cfg.enc_layers, cfg.dec_layers):
-            if not 0 <= cfg.plain_top_k <= n:
-                raise ValueError(f"plain_top_k={cfg.plain_top_k} must lie in [0, {n}] (the number of layers)")
         self.cfg = cfg
         if cfg.norm == "deepnorm":
             enc_alpha, self.enc_beta, dec_alpha, self.dec_beta = deepnorm_constants(cfg.enc_layers, cfg.dec_layers)
         else:
             enc_alpha, self.enc_beta, dec_alpha, self.dec_beta = 1.0, 1.0, 1.0, 1.0
-        plain = activations.plain_name(cfg.act)
-
-        def act_of(i, n):  # plain activations take no ANAct options
-            return (plain, {}) if i >= n - cfg.plain_top_k else (cfg.act, cfg.act_kwargs)
-
         self.embed_tgt = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         self.embed_src = self.embed_tgt if cfg.share_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model,
                                                                                   padding_idx=cfg.pad_id)
@@ -188,9 +180,9 @@ class Transformer(nn.Module):
             self.pos = nn.Embedding(cfg.max_positions, cfg.d_model)
         else:
             self.register_buffer("pos_table", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg, enc_alpha, *act_of(i, cfg.enc_layers))
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, enc_alpha, i)
                                      for i in range(cfg.enc_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg, dec_alpha, *act_of(i, cfg.dec_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg, dec_alpha, i)
                                      for i in range(cfg.dec_layers))
         self.enc_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
         self.dec_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
