@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.parallel_corpus import DataError, TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model
+from data import DataError
+from data.parallel_corpus import TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model
 from activations import telemetry
 from eval.bleu import corpus_bleu
 from training import distributed

@@ -35,16 +35,16 @@ from bisect import bisect_right
 from pathlib import Path
 
 import numpy as np
-import tiktoken
 from tqdm import tqdm
 
-EOT = 50256  # <|endoftext|> in GPT-2's vocabulary
+from data.tokenizer import EOT, TokenizerError, gpt2_tokenizer
+
 HF_DATASET = "HuggingFaceFW/fineweb-edu"
 DEFINING = ("source", "tokenizer", "name", "shard_size", "val_tokens", "max_docs", "max_tokens")
 
 
 def tokenize(text):
-    tokens = np.array([EOT] + tiktoken.get_encoding("gpt2").encode_ordinary(text), dtype=np.int64)
+    tokens = np.array([EOT] + gpt2_tokenizer().encode_ordinary(text), dtype=np.int64)
     assert tokens.max() < 2**16, "token id does not fit uint16"
     return tokens.astype(np.uint16)
 
@@ -205,11 +205,7 @@ def open_manifest(out, options):
 
 
 def prepare(args):
-    try:
-        tiktoken.get_encoding("gpt2")  # fail once with a clear message rather than in every worker
-    except Exception as e:
-        raise ValueError(f"cannot load tiktoken's gpt2 encoding ({e}); offline, point TIKTOKEN_CACHE_DIR at a "
-                         "cache holding it") from None
+    gpt2_tokenizer()  # fail once with a clear message rather than in every worker
     inputs = [Path(p) for p in args.input or []]
     for path in inputs:
         if not path.is_file():
@@ -275,7 +271,7 @@ def parse_args(argv=None):
 def main(argv=None):
     try:
         return prepare(parse_args(argv))
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, TokenizerError) as e:
         raise SystemExit(f"error: {e}") from None
 
 

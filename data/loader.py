@@ -27,9 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data.tokenizer import VOCAB_SIZE
+
 
 class ShardLoader:
-    def __init__(self, data_dir, split, B, T, rank=0, world_size=1, seed=0, shuffle=True, vocab_size=50257):
+    def __init__(self, data_dir, split, B, T, rank=0, world_size=1, seed=0, shuffle=True, vocab_size=VOCAB_SIZE):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
         self.B, self.T, self.rank, self.world_size = B, T, rank, world_size

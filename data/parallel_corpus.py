@@ -15,12 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data import DataError
+
 SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # ours -> Hugging Face's
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-
-
-class DataError(ValueError):
-    pass
 
 
 def read_lines(path):

@@ -31,16 +31,14 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from eval.scoring import TokenizerError, block_size_of, bucket, gpt2_tokenizer, row_length, score_rows
+from data import DataError
+from data.tokenizer import TokenizerError, gpt2_tokenizer
+from eval.scoring import block_size_of, bucket, row_length, score_rows
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 FIELDS = ("ctx", "ctx_a", "ctx_b", "activity_label", "endings", "label")
 SCORINGS = ("completion", "lm_eval")
 Z95 = 1.959963984540054
-
-
-class DataError(ValueError):
-    pass
 
 
 def cache_dir():

@@ -21,7 +21,8 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from eval.scoring import EOT, N_VOCAB, bucket, gpt2_tokenizer, row_length, score_rows
+from data.tokenizer import EOT, VOCAB_SIZE, gpt2_tokenizer
+from eval.scoring import bucket, row_length, score_rows
 from training.distributed import pick_device
 from training.precision import autocast_context, resolve_precision
 
@@ -138,7 +139,7 @@ class NanoactLM(TemplateLM):
             with self.autocast:
                 logits, _ = self.model(idx.to(self._device))
             last = torch.tensor([len(v) - 1 for v in views], device=logits.device)
-            picks = logits[torch.arange(len(active), device=logits.device), last, :N_VOCAB].argmax(-1).tolist()
+            picks = logits[torch.arange(len(active), device=logits.device), last, :VOCAB_SIZE].argmax(-1).tolist()
             still = []
             for i, t in zip(active, picks):
                 seqs[i].append(t)

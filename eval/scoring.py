@@ -7,26 +7,11 @@ score through `score_rows`, so the two can never disagree on what a log-likeliho
 """
 import contextlib
 
-import tiktoken
 import torch
 import torch.nn.functional as F
 
+from data.tokenizer import EOT, VOCAB_SIZE
 from training.checkpoint import unwrap
-
-EOT = 50256  # <|endoftext|>; also the (masked) padding token
-N_VOCAB = 50257  # GPT-2 BPE tokens; GPT pads its embedding to 50304
-
-
-class TokenizerError(RuntimeError):
-    pass
-
-
-def gpt2_tokenizer():
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # tiktoken raises requests/OS errors when it cannot fetch its BPE files
-        raise TokenizerError(f"cannot load tiktoken's gpt2 encoding ({type(e).__name__}); offline, point "
-                           "TIKTOKEN_CACHE_DIR at a cache holding the GPT-2 BPE files") from None
 
 
 def bucket(length, block_size, step=64):
@@ -54,7 +39,7 @@ def block_size_of(model):
 
 
 @torch.no_grad()
-def score_rows(model, rows, length, n_rows, device, autocast=None, n_vocab=N_VOCAB):
+def score_rows(model, rows, length, n_rows, device, autocast=None, n_vocab=VOCAB_SIZE):
     """Sum of log p(continuation | context), token count and is-greedy for each row.
 
     The batch is always (n_rows, length); rows beyond len(rows) are pure padding. Logits are cut to

@@ -22,7 +22,8 @@ import json
 
 import torch
 
-N_VOCAB = 50257
+from data.tokenizer import EOT, VOCAB_SIZE
+
 HF_ACTS = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "relu2": "relu2", "silu": "silu",
            "swish": "silu"}
 
@@ -44,10 +45,10 @@ def export_gpt2(model, out_dir):
 
     c = model.config
     hf = GPT2LMHeadModel(GPT2Config(
-        vocab_size=N_VOCAB, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
+        vocab_size=VOCAB_SIZE, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
         activation_function=HF_ACTS[layer_activations(c)[0][0]], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        layer_norm_epsilon=1e-5, bos_token_id=50256, eos_token_id=50256))
-    state = nanoact_to_hf(model.state_dict(), N_VOCAB)
+        layer_norm_epsilon=1e-5, bos_token_id=EOT, eos_token_id=EOT))
+    state = nanoact_to_hf(model.state_dict(), VOCAB_SIZE)
     for key, value in hf.state_dict().items():
         if key not in state and key.endswith(".bias"):
             state[key] = torch.zeros_like(value)
@@ -68,10 +69,10 @@ def export_remote(model, out_dir):
     acts = [{"name": name, **options} for name, options in layer_activations(c)]
     NanoactConfig.register_for_auto_class()
     NanoactForCausalLM.register_for_auto_class("AutoModelForCausalLM")
-    hf = NanoactForCausalLM(NanoactConfig(vocab_size=N_VOCAB, n_positions=c.block_size, n_embd=c.n_embd,
+    hf = NanoactForCausalLM(NanoactConfig(vocab_size=VOCAB_SIZE, n_positions=c.block_size, n_embd=c.n_embd,
                                           n_layer=c.n_layer, n_head=c.n_head, bias=c.bias, layer_acts=acts))
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight" and "num_batches_tracked" not in k}
-    state["transformer.wte.weight"] = state["transformer.wte.weight"][:N_VOCAB]
+    state["transformer.wte.weight"] = state["transformer.wte.weight"][:VOCAB_SIZE]
     hf.load_state_dict(state, strict=True)
     hf.save_pretrained(out_dir)
 

@@ -15,7 +15,7 @@ def gpt2_enc():
     cache = SHARED / "assets" / "tokenizer" / "tiktoken_cache"
     if "TIKTOKEN_CACHE_DIR" not in os.environ and cache.is_dir():
         os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
-    from eval.scoring import TokenizerError, gpt2_tokenizer
+    from data.tokenizer import TokenizerError, gpt2_tokenizer
     try:
         return gpt2_tokenizer()
     except TokenizerError as e:

@@ -29,7 +29,7 @@ def fineweb():
 
 @pytest.fixture(scope="module")
 def enc(fineweb):
-    return fineweb.tiktoken.get_encoding("gpt2")
+    return fineweb.gpt2_tokenizer()
 
 
 DOCS_TXT = ["First document.\nIt has two lines.", "Ünïcödé — and a literal <|endoftext|> inside the text.",
