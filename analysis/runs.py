@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.hellaswag import wilson
+from eval.stats import wilson
 
 HELLASWAG_ITEMS = 10042  # the validation set build-nanogpt and our trainer score when no limit is set
 

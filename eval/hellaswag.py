@@ -21,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import json
-import math
 import os
 import re
 import time
@@ -34,11 +33,11 @@ from tqdm import tqdm
 from data import DataError
 from data.tokenizer import TokenizerError, gpt2_tokenizer
 from eval.scoring import block_size_of, bucket, row_length, score_rows
+from eval.stats import wilson
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 FIELDS = ("ctx", "ctx_a", "ctx_b", "activity_label", "endings", "label")
 SCORINGS = ("completion", "lm_eval")
-Z95 = 1.959963984540054
 
 
 def cache_dir():
@@ -167,16 +166,6 @@ def score_items(model, requests, device, batch_items=32, autocast=None, progress
         logliks.append(ll.view(-1, 4))
         counts.append(n.view(-1, 4))
     return mine, torch.cat(logliks), torch.cat(counts)
-
-
-def wilson(k, n, z=Z95):
-    """95% Wilson score interval of a binomial proportion k/n (better than normal near 0/1 and small n)."""
-    if n == 0:
-        return [0.0, 1.0]
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [centre - half, centre + half]
 
 
 def evaluate_model(model, device, data_path=None, limit=None, scoring="both", dist_info=None, autocast=None,

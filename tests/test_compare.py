@@ -1,6 +1,9 @@
 """Reading runs: build-nanogpt's log.txt and ours, the table numbers, the PNGs, and one-line errors."""
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +174,9 @@ def test_unreadable_input_is_a_one_line_error(tmp_path, make, message):
         compare.main([str(path), "-o", str(tmp_path / "x.png")])
     assert str(e.value).startswith("error: ") and "\n" not in str(e.value)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_reading_runs_imports_no_torch():
+    """Reading and tabulating logs must work on a laptop without torch (and start fast)."""
+    code = "import sys, analysis.runs; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1]).returncode == 0

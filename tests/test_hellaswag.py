@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from eval import hellaswag
-from eval.hellaswag import DataError, evaluate_model, load_items, score_items, wilson
+from eval.hellaswag import DataError, evaluate_model, load_items, score_items
+from eval.stats import wilson
 from model import load_gpt
 REAL = Path(__file__).resolve().parents[2] / "shared" / "assets" / "hellaswag" / "hellaswag_val.jsonl"
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from analysis import sweep
+from eval import stats
 from training.runlog import RunLog
 
 # final val loss per (act, seed); aglu - gelu = -0.10, -0.25, -0.16; relu - gelu = +0.05, +0.10, -0.02
@@ -81,20 +82,20 @@ def test_t_quantile_without_scipy(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_scipy)
-    assert sweep.t_quantile(2) == (4.303, "table (scipy not installed)")
-    assert sweep.t_quantile(35)[0] == 2.042  # between rows: the smaller df, a wider interval
+    assert stats.t_quantile(2) == (4.303, "table (scipy not installed)")
+    assert stats.t_quantile(35)[0] == 2.042  # between rows: the smaller df, a wider interval
     diffs = [-0.1, -0.2, -0.3]
-    got = sweep.paired({1: 0, 2: 0, 3: 0}, dict(zip((1, 2, 3), diffs)))
+    got = stats.paired({1: 0, 2: 0, 3: 0}, dict(zip((1, 2, 3), diffs)))
     mean, sd, t, ci = t_ci(diffs, 4.303)
     assert got["t"] == pytest.approx(t) and got["ci95"] == pytest.approx(list(ci))
     assert got["t_source"] == "table (scipy not installed)"
 
 
 def test_paired_uses_shared_seeds_only():
-    got = sweep.paired({1: 1.0, 2: 2.0, 3: 3.0}, {2: 2.5, 3: 3.0, 4: 9.0})
+    got = stats.paired({1: 1.0, 2: 2.0, 3: 3.0}, {2: 2.5, 3: 3.0, 4: 9.0})
     assert got["seeds"] == [2, 3] and got["mean"] == pytest.approx(0.25)
     assert got["std"] == pytest.approx(statistics.stdev([0.5, 0.0]))
-    single = sweep.paired({1: 1.0}, {1: 1.5})
+    single = stats.paired({1: 1.0}, {1: 1.5})
     assert single["n"] == 1 and single["t"] is None and single["ci95"] is None
 
 
