@@ -9,10 +9,7 @@ Each RUN_DIR is a trainer's --out-dir (log.txt / metrics.jsonl / run.json) or a 
 Runs still training, runs of different lengths and runs without HellaSwag or BLEU are fine.
 """
 import argparse
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import matplotlib
 

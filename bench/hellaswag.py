@@ -9,19 +9,17 @@ reported on its own. Times exclude tokenization (reported separately).
 """
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from eval.hellaswag import build_requests, download, evaluate_model, load_items  # noqa: E402
-from data.tokenizer import gpt2_tokenizer  # noqa: E402
-from eval.scoring import bucket, row_length, score_rows  # noqa: E402
-from training.distributed import pick_device  # noqa: E402
-from training.precision import autocast_context, resolve_precision  # noqa: E402
-from model import GPT, GPTConfig, load_gpt  # noqa: E402
+from eval.hellaswag import build_requests, download, evaluate_model, load_items
+from data.tokenizer import gpt2_tokenizer
+from eval.scoring import bucket, row_length, score_rows
+from training.distributed import pick_device
+from training.precision import autocast_context, resolve_precision
+from model import GPT, GPTConfig, load_gpt
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "assets" / "hellaswag" / "hellaswag_val.jsonl"
 

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from training.precision import autocast_context  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from training.precision import autocast_context
+from model import GPT, GPTConfig
 
 PRESETS = {
     "tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),

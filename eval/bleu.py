@@ -6,10 +6,7 @@ Scores on detokenized text are comparable across papers only with the same signa
 IWSLT14 numbers (~34.4) are tokenized and lowercased, so they read higher than sacrebleu's.
 """
 import sys
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def corpus_bleu(hypotheses, references, lowercase=False):

@@ -14,17 +14,14 @@ lm_eval (lm-evaluation-harness 0.4 `hellaswag` task, lm_eval/tasks/hellaswag/uti
     ConfigurableTask.process_results divides by the length of the choice, without the leading space).
 Intervals are 95% Wilson score intervals (at n = 10,042 and 30% about +-0.9 points).
 """
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import argparse
 import json
 import os
 import re
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import torch
 import torch.distributed as dist

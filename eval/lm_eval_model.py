@@ -10,11 +10,6 @@ it registers "nanoact", then lm-eval's own CLI (`cli_evaluate`) runs with all of
 or run directory) or hf=DIR, dtype=auto|float32|bfloat16, compile=True, max_gen_toks=N.
 Tokenizer: tiktoken gpt2 (EOT 50256), the tokenizer GPT-2 and our FineWeb shards use.
 """
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM

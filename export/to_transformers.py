@@ -12,13 +12,10 @@ statistics) export with the standalone modeling code of export/hf_remote/, copie
 The vocabulary is cut back from 50304 to GPT-2's 50257. --tokenizer-dir takes a directory holding
 OpenAI's encoder.json + vocab.bpe and saves the equivalent transformers GPT-2 tokenizer.
 """
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 

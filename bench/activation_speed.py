@@ -1,8 +1,8 @@
 """Forward+backward time and bytes saved for backward of every registered activation at the
 GPT-2 MLP shape (rows x 3072), eager and torch.compile'd, with ratios to GELU from the same run.
 
-    python bench/activations.py                                  # CPU 2048x3072 fp32 (+ CUDA 65536x3072 bf16 if present)
-    python bench/activations.py --device cuda --rows 65536 --dtype bfloat16 --json out.json
+    python bench/activation_speed.py                                  # CPU 2048x3072 fp32 (+ CUDA 65536x3072 bf16 if present)
+    python bench/activation_speed.py --device cuda --rows 65536 --dtype bfloat16 --json out.json
 
 Timings are medians over rounds; each round times every activation once, in turn, so a
 transient load on a shared machine hits all of them alike. Parametric modules run in training
@@ -20,8 +20,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import activations  # noqa: E402
+import activations
 
 WIDTH = 3072  # GPT-2 small MLP hidden size, 4 * 768
 
