@@ -9,6 +9,8 @@
 
 Every option is a field of TrainConfig below: set it in a TOML file (--config) or as --name value.
 --resume continues the newest checkpoint in --out-dir exactly (optimizer, data order, RNG streams).
+The loop itself (resume, logs, compile/DDP, checkpoints, signals) is training/loop.py, shared with
+train_gpt2.py; this file holds what is the translation model's own: the model, the corpus, BLEU.
 """
 import dataclasses
 import json
@@ -19,20 +21,17 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
+from activations import telemetry
 from data import DataError
 from data.parallel_corpus import TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model
-from activations import telemetry
 from eval.bleu import corpus_bleu
 from training import distributed
-from training.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training,
-                                save_training_checkpoint)
-from training.config import ConfigError, RunConfig, from_dict, help_text, load_config, to_dict
-from training.runlog import RunLog, environment
+from training.checkpoint import load_checkpoint
+from training.config import ConfigError, EvalConfig, RunConfig, from_dict, run_cli
+from training.loop import Trainer
+from training.precision import autocast_context, resolve_precision
 from training.schedule import inverse_sqrt
-from training.stop import GracefulStop
-from training.precision import autocast_context, resolve_precision, stop_if_not_finite
 from translation.decode import translate
 from translation.model import Transformer, TranslationConfig
 
@@ -69,7 +68,8 @@ class OptimConfig:
 
 
 @dataclass
-class EvalConfig:
+class TranslationEvalConfig(EvalConfig):
+    eval_interval: int = 1000
     eval_only: str = ""  # a checkpoint (or its directory): translate --split with greedy and beam, no training
     split: str = "test"
     beam: int = 5
@@ -86,9 +86,9 @@ class TrainConfig:
     model: TranslationConfig = field(default_factory=TranslationConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    run: RunConfig = field(default_factory=lambda: RunConfig(out_dir="log/translation", eval_interval=1000,
-                                                            checkpoint_interval=2000, log_interval=50))
+    eval: TranslationEvalConfig = field(default_factory=TranslationEvalConfig)
+    run: RunConfig = field(default_factory=lambda: RunConfig(out_dir="log/translation", checkpoint_interval=2000,
+                                                            log_interval=50))
 
 
 def split_lines(data, split):
@@ -107,22 +107,6 @@ def tokenizer(cfg, d, src, tgt):
     return model
 
 
-@torch.no_grad()
-def validation_loss(model, loader, d, autocast):
-    """Token-level cross-entropy (no label smoothing) over the whole validation set, all ranks."""
-    model.eval()
-    total = torch.zeros(2, device=d.device)
-    for x, y_in, y_out in loader:
-        x, y_in, y_out = x.to(d.device), y_in.to(d.device), y_out.to(d.device)
-        with autocast:
-            logits = model(x, y_in)
-        n = (y_out != model.cfg.pad_id).sum()
-        total += torch.stack([model.loss(logits, y_out) * n, n.float()])
-    model.train()
-    total = distributed.all_reduce_mean(total, d)
-    return (total[0] / total[1]).item()
-
-
 def bleu_of(model, sp, src, ref, ecfg, d, beam, progress=False):
     """Translate src (split over ranks), gather, score: (BLEU, signature, hypotheses) on every rank."""
     mine = translate(model, sp, src[d.rank::d.world_size], beam, ecfg.len_penalty, ecfg.max_len_a, ecfg.max_len_b,
@@ -133,27 +117,6 @@ def bleu_of(model, sp, src, ref, ecfg, d, beam, progress=False):
         hyps[r::d.world_size] = part
     score, signature = corpus_bleu(hyps, ref)
     return score, signature, hyps
-
-
-def periodic_eval(step, model, sp, val_loader, valid_text, tokens, cfg, d, autocast, log):
-    """Validation loss on the whole valid split, greedy BLEU on its first --bleu-sentences sentences and
-    activation telemetry; logged as `val` / `bleu` lines and one `eval` record. Returns (loss, BLEU)."""
-    val = validation_loss(model, val_loader, d, autocast)
-    fields, bleu = {"val_loss": val}, None
-    if step > 0:  # an untrained model's BLEU is 0 and its greedy outputs run to the length cap
-        n = cfg.eval.bleu_sentences or len(valid_text[0])
-        with autocast:
-            bleu, _, _ = bleu_of(model, sp, valid_text[0][:n], valid_text[1][:n], cfg.eval, d, 1)
-        log.scalar(step, "bleu", bleu)
-        fields.update(bleu=bleu, bleu_sentences=n)
-    if d.master:  # per-layer activation statistics on a mid-length validation batch (activations/telemetry.py)
-        x, y_in, _ = val_loader.batch(len(val_loader) // 2)
-        fields["telemetry"] = telemetry.collect(model, (x.to(d.device), y_in.to(d.device)), autocast)
-        print(f"step {step:5d} | val loss {val:.4f}" + (f" | valid BLEU (greedy) {bleu:.2f}" if step else ""),
-              flush=True)
-    log.scalar(step, "val", val)
-    log.record(step, kind="eval", tokens=tokens, **fields)
-    return val, bleu
 
 
 def split_bleu(model, sp, data, ecfg, d, out_dir, split):
@@ -173,116 +136,115 @@ def split_bleu(model, sp, data, ecfg, d, out_dir, split):
     return results
 
 
+class TranslationTrainer(Trainer):
+    kind = "translation"
+    compile_dynamic = True  # batch shapes vary with sentence lengths
+    token_unit = "tgt tok"
+
+    def build(self, ckpt):
+        cfg, d = self.cfg, self.dist
+        Transformer.check_config(cfg.model)  # a bad activation or option fails before the data is read
+        train_src, train_tgt = split_lines(cfg.data, "train")
+        self.spm_bytes = ckpt["spm"] if ckpt else tokenizer(cfg, d, train_src, train_tgt)
+        self.sp = sp = load_sentencepiece(self.spm_bytes)
+        mcfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or sp.get_piece_size())
+        if mcfg.vocab_size != sp.get_piece_size():
+            raise ConfigError(f"vocab_size {mcfg.vocab_size} differs from the sentencepiece model's "
+                              f"{sp.get_piece_size()}; leave vocab_size at 0 to take it from the tokenizer")
+        if (mcfg.pad_id, mcfg.bos_id, mcfg.eos_id) != (sp.pad_id(), sp.bos_id(), sp.eos_id()):
+            raise ConfigError(f"pad/bos/eos ids {mcfg.pad_id}/{mcfg.bos_id}/{mcfg.eos_id} differ from the "
+                              f"sentencepiece model's {sp.pad_id()}/{sp.bos_id()}/{sp.eos_id()}; leave them at their "
+                              "defaults")
+        train_ids = encode(sp, train_src, train_tgt, cfg.data.max_len)
+        self.valid_text = split_lines(cfg.data, "valid")
+        valid_ids = encode(sp, *self.valid_text, mcfg.max_positions - 1)
+        self.loader = TokenBatchLoader(*train_ids, cfg.data.max_tokens, cfg.data.max_sentences, d.rank,
+                                       d.world_size, seed=cfg.run.seed)
+        self.val_loader = TokenBatchLoader(*valid_ids, cfg.data.max_tokens, 0, d.rank, d.world_size, shuffle=False)
+        self.max_steps = cfg.optim.max_steps or cfg.optim.epochs * len(self.loader)
+        self.model = Transformer(mcfg).to(d.device)
+        self.model_config = dataclasses.asdict(mcfg)
+        o = cfg.optim
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
+                                            {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=o.betas,
+                                           eps=o.eps)
+        self.pairs = (len(train_ids[0]), len(train_src))
+
+    def describe(self):
+        m, cfg = self.model.cfg, self.cfg
+        return (f"{self.model.num_params() / 1e6:.2f}M parameters | act {m.act} (plain top {m.plain_top_k}) | "
+                f"{m.norm} {m.enc_layers}-{m.dec_layers} | vocab {m.vocab_size} | {self.pairs[0]} train pairs "
+                f"(of {self.pairs[1]}, max len {cfg.data.max_len}) | {len(self.loader)} steps/epoch")
+
+    def learning_rate(self, step):
+        return inverse_sqrt(step, self.cfg.optim.warmup_steps, self.cfg.optim.lr)
+
+    def forward_backward(self, model):
+        x, y_in, y_out = self.loader.next_batch(self.dist.device)
+        with self.autocast:
+            loss = self.model.loss(model(x, y_in), y_out, self.cfg.optim.label_smoothing)
+        loss.backward()
+        return loss, (y_out != self.model.cfg.pad_id).sum()
+
+    def step_fields(self, tok_per_s):
+        return {"epoch": self.loader.epoch}
+
+    def checkpoint_state(self):
+        bleu = self.evals[-1].get("bleu") if self.evals else None
+        return {"bleu": bleu, "spm": self.spm_bytes}
+
+    def evaluate(self, step, last):
+        """Validation loss on the whole valid split, greedy BLEU on its first --bleu-sentences sentences and
+        activation telemetry (on a mid-length validation batch); `val` / `bleu` lines in log.txt."""
+        d, model = self.dist, self.model
+        val = self.validation_loss()
+        fields, text = {"val_loss": val}, f"val loss {val:.4f}"
+        if step > 0:  # an untrained model's BLEU is 0 and its greedy outputs run to the length cap
+            src, ref = self.valid_text
+            n = self.cfg.eval.bleu_sentences or len(src)
+            with self.autocast:
+                bleu, _, _ = bleu_of(model, self.sp, src[:n], ref[:n], self.cfg.eval, d, 1)
+            self.log.scalar(step, "bleu", bleu)
+            fields.update(bleu=bleu, bleu_sentences=n)
+            text += f" | valid BLEU (greedy) {bleu:.2f}"
+        if d.master:
+            x, y_in, _ = self.val_loader.batch(len(self.val_loader) // 2)
+            fields["telemetry"] = telemetry.collect(model, (x.to(d.device), y_in.to(d.device)), self.autocast)
+        self.log.scalar(step, "val", val)
+        return fields, text
+
+    @torch.no_grad()
+    def validation_loss(self):
+        """Token-level cross-entropy (no label smoothing) over the whole validation set, all ranks."""
+        model, d = self.model, self.dist
+        model.eval()
+        total = torch.zeros(2, device=d.device)
+        for x, y_in, y_out in self.val_loader:
+            x, y_in, y_out = x.to(d.device), y_in.to(d.device), y_out.to(d.device)
+            with self.autocast:
+                logits = model(x, y_in)
+            n = (y_out != model.cfg.pad_id).sum()
+            total += torch.stack([model.loss(logits, y_out) * n, n.float()])
+        model.train()
+        total = distributed.all_reduce_mean(total, d)
+        return (total[0] / total[1]).item()
+
+    def finish(self, step):
+        if not self.cfg.eval.test_at_end:
+            return
+        try:
+            results = split_bleu(self.model, self.sp, self.cfg.data, self.cfg.eval, self.dist, self.cfg.run.out_dir,
+                                 "test")
+            self.log.record(step, kind="test", **{f"bleu_{k}": v["bleu"] for k, v in results.items()})
+        except DataError as e:
+            if self.dist.master:
+                print(f"no test BLEU: {e}", flush=True)
+
+
 def train(cfg):
-    d = distributed.setup(cfg.run.device)
-    torch.manual_seed(cfg.run.seed)
-    o, mcfg = cfg.optim, cfg.model
-    precision = resolve_precision(cfg.run.dtype, d.device_type)
-    autocast = autocast_context(d.device_type, precision)
-    use_compile = d.device_type == "cuda" if cfg.run.compile is None else cfg.run.compile
-
-    ckpt_path = latest_checkpoint(cfg.run.out_dir) if cfg.run.resume else None
-    ckpt = load_checkpoint(ckpt_path, kind="translation") if ckpt_path else None
-    train_src, train_tgt = split_lines(cfg.data, "train")
-    spm_bytes = ckpt["spm"] if ckpt else tokenizer(cfg, d, train_src, train_tgt)
-    sp = load_sentencepiece(spm_bytes)
-    mcfg = dataclasses.replace(mcfg, vocab_size=mcfg.vocab_size or sp.get_piece_size())
-    if mcfg.vocab_size != sp.get_piece_size():
-        raise ConfigError(f"vocab_size {mcfg.vocab_size} differs from the sentencepiece model's "
-                          f"{sp.get_piece_size()}; leave vocab_size at 0 to take it from the tokenizer")
-    if (mcfg.pad_id, mcfg.bos_id, mcfg.eos_id) != (sp.pad_id(), sp.bos_id(), sp.eos_id()):
-        raise ConfigError(f"pad/bos/eos ids {mcfg.pad_id}/{mcfg.bos_id}/{mcfg.eos_id} differ from the sentencepiece "
-                          f"model's {sp.pad_id()}/{sp.bos_id()}/{sp.eos_id()}; leave them at their defaults")
-    train_ids = encode(sp, train_src, train_tgt, cfg.data.max_len)
-    valid_src, valid_ref = split_lines(cfg.data, "valid")
-    valid_ids = encode(sp, valid_src, valid_ref, mcfg.max_positions - 1)
-    loader = TokenBatchLoader(*train_ids, cfg.data.max_tokens, cfg.data.max_sentences, d.rank, d.world_size,
-                              seed=cfg.run.seed)
-    val_loader = TokenBatchLoader(*valid_ids, cfg.data.max_tokens, 0, d.rank, d.world_size, shuffle=False)
-    max_steps = o.max_steps or o.epochs * len(loader)
-
-    model = Transformer(mcfg).to(d.device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=o.betas, eps=o.eps)
-    start_step, tokens = 0, 0
-    if ckpt is not None:
-        start_step = resume_training(ckpt, dataclasses.asdict(mcfg), d.world_size, d.rank, model, optimizer, loader)
-        tokens = ckpt["tokens"]
-    log = RunLog(cfg.run.out_dir, d.master, resume_step=start_step if ckpt else None, tensorboard=cfg.run.tensorboard)
-    log.write_run_info(to_dict(cfg), environment(d))
-    if d.master:
-        where = f"resuming {ckpt_path} at step {start_step}" if ckpt else "starting from scratch"
-        print(f"{model.num_params() / 1e6:.2f}M parameters | act {mcfg.act} (plain top {mcfg.plain_top_k}) | "
-              f"{mcfg.norm} {mcfg.enc_layers}-{mcfg.dec_layers} | vocab {mcfg.vocab_size} | "
-              f"{len(train_ids[0])} train pairs (of {len(train_src)}, max len {cfg.data.max_len}) | "
-              f"{len(loader)} steps/epoch | {max_steps} steps | world {d.world_size} | {precision} | {where}",
-              flush=True)
-
-    raw_model = model
-    if use_compile:
-        model = torch.compile(model, dynamic=True)  # batch shapes vary with sentence lengths
-    if d.ddp:
-        model = DDP(model, device_ids=[d.local_rank] if d.device_type == "cuda" else None)
-    stop = GracefulStop()
-    try:
-        step, val, bleu, stopping = start_step, None, None, False
-        while True:
-            last = step == max_steps
-            if step % cfg.run.eval_interval == 0 or last:
-                val, bleu = periodic_eval(step, raw_model, sp, val_loader, (valid_src, valid_ref), tokens, cfg, d,
-                                          autocast, log)
-            if last:
-                break
-
-            t0 = time.time()
-            lr = inverse_sqrt(step, o.warmup_steps, o.lr)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            x, y_in, y_out = loader.next_batch(d.device)
-            with autocast:
-                loss = raw_model.loss(model(x, y_in), y_out, o.label_smoothing)
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
-            stats = distributed.all_reduce_mean(torch.stack([loss.detach(), (y_out != mcfg.pad_id).sum().float()]), d)
-            loss_value, step_tokens = stats[0].item(), round(stats[1].item() * d.world_size)
-            stop_if_not_finite(step, loss_value, norm.item(), lr, raw_model, cfg.run.out_dir, "--lr")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if d.device_type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.time() - t0
-            tokens += step_tokens
-            if d.master and step % cfg.run.log_interval == 0:
-                print(f"step {step:5d} | epoch {loader.epoch} | loss {loss_value:.4f} | lr {lr:.4e} | "
-                      f"norm {norm.item():.3f} | dt {1000 * dt:.0f}ms | tgt tok/sec {step_tokens / dt:.0f}", flush=True)
-            log.scalar(step, "train", loss_value)
-            log.record(step, kind="train", loss=loss_value, lr=lr, grad_norm=norm.item(), dt_ms=1000 * dt,
-                       tok_per_s=step_tokens / dt, tokens=tokens, epoch=loader.epoch)
-            step += 1
-
-            stopping = distributed.any_rank(stop.requested, d)
-            if step % cfg.run.checkpoint_interval == 0 or step == max_steps or stopping:
-                state = {"kind": "translation", "model": raw_model.state_dict(),
-                         "model_config": dataclasses.asdict(mcfg), "config": to_dict(cfg),
-                         "optimizer": optimizer.state_dict(), "tokens": tokens, "val_loss": val, "bleu": bleu,
-                         "spm": spm_bytes}
-                save_training_checkpoint(state, loader, d, cfg.run.out_dir, step, cfg.run.keep_checkpoints)
-            if stopping:
-                break
-        if cfg.eval.test_at_end and not stopping:
-            try:
-                results = split_bleu(raw_model, sp, cfg.data, cfg.eval, d, cfg.run.out_dir, "test")
-                log.record(step, kind="test", **{f"bleu_{k}": v["bleu"] for k, v in results.items()})
-            except DataError as e:
-                if d.master:
-                    print(f"no test BLEU: {e}", flush=True)
-    finally:  # also on a NaN stop or an exception: leave signal handlers and the process group as found
-        stop.close()
-        log.close()
-        distributed.cleanup(d)
-    return raw_model
+    return TranslationTrainer(cfg).fit()
 
 
 def load_translation_model(path, device="cpu"):
@@ -310,14 +272,7 @@ def evaluate(cfg):
 
 
 def main(argv):
-    if "-h" in argv or "--help" in argv:
-        print(__doc__ + "\noptions (default):\n" + help_text(TrainConfig))
-        return
-    try:
-        cfg = load_config(TrainConfig, argv)
-        return evaluate(cfg) if cfg.eval.eval_only else train(cfg)
-    except (ConfigError, CheckpointError, DataError, FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
+    return run_cli(__doc__, TrainConfig, argv, lambda cfg: evaluate(cfg) if cfg.eval.eval_only else train(cfg))
 
 
 if __name__ == "__main__":

@@ -116,7 +116,8 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
     assert lines == (tmp_path / "straight" / "log.txt").read_text()
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+def test_sigterm_saves_a_checkpoint_and_exits_unfinished(tmp_path):
+    """A preempted job saves, then exits 128 + SIGTERM = 143, so a scheduler does not take it for finished."""
     data = write_corpus(tmp_path / "data")
     log = tmp_path / "out.log"
     proc = run_trainer(args(data, tmp_path / "out", max_steps=100000, checkpoint_interval=100000), background_log=log)
@@ -127,9 +128,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
     out = log.read_text()
-    assert proc.returncode == 0, out
+    assert proc.returncode == 128 + signal.SIGTERM, out
     saved = list((tmp_path / "out").glob("model_*.pt"))
-    assert len(saved) == 1 and "saved" in out
+    assert len(saved) == 1 and "saved" in out and "continue with --resume" in out
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -143,6 +144,24 @@ def test_clear_errors(tmp_path, overrides, message):
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last, result.stderr
+
+
+def test_config_is_checked_before_the_data(tmp_path):
+    result = run_trainer(args(tmp_path / "no_data", tmp_path / "out", act="gleu"), check=False)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode != 0 and "unknown activation 'gleu'" in last, result.stderr
+
+
+def test_resume_needs_a_checkpoint_and_auto_resume_does_not(tmp_path):
+    data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
+    result = run_trainer(args(data, tmp_path / "out", resume="true"), check=False)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode != 0 and "--resume: no checkpoint" in last and "--auto-resume" in last
+    first = run_trainer(args(data, tmp_path / "out", auto_resume="true", max_steps=4))
+    assert "starting from scratch" in first.stdout and "step     3/4" in first.stdout and "eta" in first.stdout
+    assert "done: steps 0-4" in first.stdout and "final val loss" in first.stdout
+    again = run_trainer(args(data, tmp_path / "out", auto_resume="true", max_steps=6))
+    assert "resuming" in again.stdout and "model_00004.pt" in again.stdout and "done: steps 4-6" in again.stdout
 
 
 def test_corrupt_shard_and_missing_shards_are_clear_errors(tmp_path):

@@ -195,15 +195,33 @@ def help_text(cls, defaults=None):
 
 @dataclasses.dataclass
 class RunConfig:
-    """What every training run has, whatever the model: where it writes, how it runs, when it evaluates."""
+    """What every training run has, whatever the model: where it writes, how it runs, when it saves."""
     out_dir: str = "log"
     seed: int = 1337
     device: str = "auto"  # auto: cuda, then mps, then cpu
     dtype: str = "auto"  # auto: bfloat16 autocast on CUDA, float32 elsewhere; or float32 / bfloat16
     compile: typing.Optional[bool] = None  # None: on for CUDA, off elsewhere
-    resume: bool = False  # continue from the newest checkpoint in out_dir
+    resume: bool = False  # continue from the newest checkpoint in out_dir; an error if there is none
+    auto_resume: bool = False  # continue from the newest checkpoint if there is one, else start fresh (schedulers)
     log_interval: int = 1
-    eval_interval: int = 250
     checkpoint_interval: int = 1000
     keep_checkpoints: int = 3
     tensorboard: bool = False
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    """The evaluation section both trainers share; each trainer extends it with its own evaluations."""
+    eval_interval: int = 250  # validation loss (and the trainer's evaluations) every N steps and at the end
+
+
+def run_cli(doc, cls, argv, run):
+    """A trainer's command line: --help lists every option; otherwise build `cls` (defaults, --config TOML,
+    --key value) and call run(cfg). Bad input (ValueError: config, checkpoint, data) ends in one line."""
+    if "-h" in argv or "--help" in argv:
+        print(doc + "\noptions (default):\n" + help_text(cls))
+        return None
+    try:
+        return run(load_config(cls, argv))
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}") from None

@@ -1,6 +1,5 @@
 """Numerics shared by the trainers: which precision a run uses and the autocast context for it."""
 import contextlib
-import math
 
 import torch
 
@@ -23,16 +22,3 @@ def autocast_context(device_type, precision):
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, dtype=PRECISIONS[precision])
 
-
-def stop_if_not_finite(step, loss, grad_norm, lr, model, out_dir, lr_flag):
-    """A NaN/inf loss or gradient norm ends the run before the optimizer step can spread it into the
-    weights, so the newest checkpoint on disk is still a good one; say which, and which grads broke."""
-    if math.isfinite(loss) and math.isfinite(grad_norm):
-        return
-    from training.checkpoint import latest_checkpoint
-
-    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
-    listed = f"{bad[:5]}{' ...' if len(bad) > 5 else ''}"
-    raise SystemExit(f"step {step}: loss {loss} / grad norm {grad_norm} is not finite (lr {lr:.3e}; non-finite "
-                     f"grads in {listed}). Stopped without saving; last good checkpoint: "
-                     f"{latest_checkpoint(out_dir) or 'none'} (lower {lr_flag} or check the data, then --resume)")

@@ -1,10 +1,11 @@
-"""SIGTERM/SIGINT -> finish the current step, save a checkpoint, exit cleanly."""
+"""SIGTERM/SIGINT -> finish the current step, save a checkpoint, then exit with 128 + the signal number."""
 import signal
 
 
 class GracefulStop:
     def __init__(self):
         self.requested = False
+        self.signum = None
         self._previous = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handle)
@@ -17,6 +18,6 @@ class GracefulStop:
         if self.requested:  # a second Ctrl-C means "now"
             signal.signal(signum, self._previous[signum])
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signum = True, signum
         print(f"\nsignal {signal.Signals(signum).name}: saving a checkpoint after this step, then exiting "
               "(send it again to abort at once)", flush=True)

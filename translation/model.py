@@ -160,12 +160,7 @@ class DecoderLayer(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        if cfg.norm not in NORMS:
-            raise ValueError(f"unknown norm {cfg.norm!r}; choose one of {', '.join(NORMS)}")
-        if cfg.positions not in ("sinusoidal", "learned"):
-            raise ValueError(f"unknown positions {cfg.positions!r}; choose sinusoidal or learned")
-        if cfg.d_model % cfg.n_head:
-            raise ValueError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
+        self.check_config(cfg)
         if cfg.vocab_size <= 0:
             raise ValueError("vocab_size must be set (the trainer takes it from the sentencepiece model)")
         self.cfg = cfg
@@ -188,6 +183,20 @@ class Transformer(nn.Module):
         self.dec_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
         self.reset_parameters()
+
+    @staticmethod
+    def check_config(cfg):
+        """Everything but the vocabulary (which comes from the tokenizer): usable before any data is read."""
+        if cfg.norm not in NORMS:
+            raise ValueError(f"unknown norm {cfg.norm!r}; choose one of {', '.join(NORMS)}")
+        if cfg.positions not in ("sinusoidal", "learned"):
+            raise ValueError(f"unknown positions {cfg.positions!r}; choose sinusoidal or learned")
+        if cfg.d_model % cfg.n_head:
+            raise ValueError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
+        with torch.random.fork_rng(devices=[]):  # a trial build: the init RNG stream stays as it was
+            for n in (cfg.enc_layers, cfg.dec_layers):
+                layer_activation(cfg.act, cfg.act_kwargs, 0, n, cfg.plain_top_k)
+                layer_activation(cfg.act, cfg.act_kwargs, n - 1, n, cfg.plain_top_k)
 
     def reset_parameters(self):
         for layers, beta in ((self.encoder, self.enc_beta), (self.decoder, self.dec_beta)):

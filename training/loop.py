@@ -1,0 +1,222 @@
+"""The training loop both trainers share (train_gpt2.py, train_translation.py).
+
+A trainer subclasses Trainer and writes only what is its own: the model, optimizer and data (`build`),
+the learning rate, one optimizer step's forward/backward passes, and its evaluations. `fit` does the rest,
+in this order: process group, seed and precision; the checkpoint to resume; the run log; compile and DDP;
+then evaluate / step / log / checkpoint until max_steps; the trainer's closing work and a summary.
+SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
+a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
+handlers and the process group are released on every exit.
+"""
+import contextlib
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from training import distributed
+from training.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training,
+                                 save_training_checkpoint)
+from training.config import to_dict
+from training.precision import autocast_context, resolve_precision
+from training.runlog import RunLog, environment
+from training.stop import GracefulStop
+
+
+class Trainer:
+    kind = None  # written into checkpoints: --resume refuses another trainer's
+    lr_flag = "--lr"  # the option a non-finite loss message suggests lowering
+    compile_dynamic = False  # torch.compile(dynamic=...): False where the trainer keeps batch shapes fixed
+    token_unit = "tok"  # what the tokens/s of the step line count
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    # What each trainer writes ------------------------------------------------------------------------------
+    def build(self, ckpt):
+        """Set self.model, self.optimizer, self.loader (with state_dict/load_state_dict), self.max_steps and
+        self.model_config (a dict compared on resume); `ckpt` is the checkpoint being resumed, or None."""
+        raise NotImplementedError
+
+    def describe(self):
+        """The trainer's part of the first line printed (model size, data)."""
+        raise NotImplementedError
+
+    def learning_rate(self, step):
+        raise NotImplementedError
+
+    def forward_backward(self, model):
+        """Forward and backward passes of one optimizer step on this rank: (mean loss tensor, tokens)."""
+        raise NotImplementedError
+
+    def evaluate(self, step, last):
+        """Evaluations at this step: (fields for metrics.jsonl, text for the stdout line); may log scalars."""
+        raise NotImplementedError
+
+    def step_fields(self, tok_per_s):
+        """Extra numbers for the step's record and stdout line (e.g. MFU, epoch)."""
+        return {}
+
+    def checkpoint_state(self):
+        """Extra entries of this trainer's checkpoints."""
+        return {}
+
+    def finish(self, step):
+        """After the last step (not after a signal): final evaluations, samples."""
+
+    # The shared loop ----------------------------------------------------------------------------------------
+    def fit(self):
+        cfg, run = self.cfg, self.cfg.run
+        self.dist = d = distributed.setup(run.device)
+        stop = None
+        try:
+            torch.manual_seed(run.seed)
+            self.precision = resolve_precision(run.dtype, d.device_type)
+            self.autocast = autocast_context(d.device_type, self.precision)
+            if d.device_type == "cuda":
+                torch.backends.cuda.matmul.allow_tf32 = True
+                torch.backends.cudnn.allow_tf32 = True
+            ckpt = self.checkpoint_to_resume()
+            self.build(ckpt)
+            start_step, self.tokens = 0, 0
+            if ckpt is not None:
+                start_step = resume_training(ckpt, self.model_config, d.world_size, d.rank, self.model,
+                                             self.optimizer, self.loader)
+                self.tokens = ckpt.get("tokens", 0)
+            self.log = RunLog(run.out_dir, d.master, resume_step=start_step if ckpt else None,
+                              tensorboard=run.tensorboard)
+            self.log.write_run_info(to_dict(cfg), environment(d))
+            use_compile = d.device_type == "cuda" if run.compile is None else run.compile
+            if d.master:
+                where = f"resuming {ckpt['path']} at step {start_step}" if ckpt else "starting from scratch"
+                print(f"{self.describe()} | {self.max_steps} steps | world {d.world_size} | {self.precision} | "
+                      f"compile {use_compile} | {where}", flush=True)
+            self.compiled = torch.compile(self.model, dynamic=self.compile_dynamic) if use_compile else self.model
+            train_model = self.compiled
+            if d.ddp:
+                train_model = DDP(self.compiled, device_ids=[d.local_rank] if d.device_type == "cuda" else None)
+            stop = GracefulStop()
+            step = self.loop(train_model, start_step, stop)
+            if not stop.requested:
+                self.finish(step)
+                if d.master:
+                    print(self.summary(step, start_step), flush=True)
+        finally:  # also on a NaN stop or an exception: leave signal handlers and the process group as found
+            if stop is not None:
+                stop.close()
+            if getattr(self, "log", None) is not None:
+                self.log.close()
+            distributed.cleanup(d)
+        if stop.requested:
+            raise SystemExit(128 + stop.signum)
+        return self.model
+
+    def checkpoint_to_resume(self):
+        """--resume: the newest checkpoint in out_dir, which must exist; --auto-resume: it, if there is one."""
+        run = self.cfg.run
+        if not (run.resume or run.auto_resume):
+            return None
+        path = latest_checkpoint(run.out_dir)
+        if path is None:
+            if run.resume:
+                raise CheckpointError(f"--resume: no checkpoint (model_*.pt) in {run.out_dir}; check --out-dir, or "
+                                      "use --auto-resume to continue when there is one and start fresh otherwise")
+            return None
+        return load_checkpoint(path, kind=self.kind)
+
+    def loop(self, train_model, step, stop):
+        """Evaluate, step, log, checkpoint until max_steps or a signal; returns the last step."""
+        cfg, d, log = self.cfg, self.dist, self.log
+        self.evals, self.started, first_step_done = [], time.time(), None
+        while True:
+            last = step == self.max_steps
+            if step % cfg.eval.eval_interval == 0 or last:
+                fields, text = self.evaluate(step, last)
+                self.evals.append(fields)
+                log.record(step, kind="eval", tokens=self.tokens, **fields)
+                if d.master:
+                    print(f"step {step:5d}/{self.max_steps} | {text}", flush=True)
+            if last:
+                return step
+
+            t0 = time.time()
+            lr = self.learning_rate(step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            loss, tokens = self.forward_backward(train_model)
+            norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), cfg.optim.grad_clip).item()
+            stats = distributed.all_reduce_mean(torch.stack([loss.detach().float(), torch.as_tensor(
+                tokens, dtype=torch.float32, device=loss.device)]), d)
+            loss_value, step_tokens = stats[0].item(), round(stats[1].item() * d.world_size)
+            stop_if_not_finite(step, loss_value, norm, lr, self.model, cfg.run.out_dir, self.lr_flag)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if d.device_type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.time() - t0
+            self.tokens += step_tokens
+            extra = self.step_fields(step_tokens / dt)
+            log.scalar(step, "train", loss_value)
+            log.record(step, kind="train", loss=loss_value, lr=lr, grad_norm=norm, dt_ms=1000 * dt,
+                       tok_per_s=step_tokens / dt, tokens=self.tokens, **extra)
+            step += 1
+            # ETA from the mean wall time per step (evaluations included) after the first, compiling, step
+            first_step_done = first_step_done or (time.time(), step)
+            if d.master and (step - 1) % cfg.run.log_interval == 0:
+                done_since = step - first_step_done[1]
+                eta = (time.time() - first_step_done[0]) / done_since * (self.max_steps - step) if done_since else None
+                extra_text = "".join(f" | {k} {v:.1%}" if k == "mfu" else f" | {k} {v}" for k, v in extra.items()
+                                     if v is not None)
+                print(f"step {step - 1:5d}/{self.max_steps} | loss {loss_value:.4f} | lr {lr:.3e} | norm {norm:.3f} | "
+                      f"dt {1000 * dt:.0f}ms | {self.token_unit}/s {step_tokens / dt:,.0f}{extra_text} | eta {clock(eta)}",
+                      flush=True)
+
+            stopping = distributed.any_rank(stop.requested, d)
+            if step % cfg.run.checkpoint_interval == 0 or step == self.max_steps or stopping:
+                state = {"kind": self.kind, "model": self.model.state_dict(), "model_config": self.model_config,
+                         "config": to_dict(cfg), "optimizer": self.optimizer.state_dict(), "tokens": self.tokens,
+                         "val_loss": self.evals[-1].get("val_loss") if self.evals else None,
+                         **self.checkpoint_state()}
+                save_training_checkpoint(state, self.loader, d, cfg.run.out_dir, step, cfg.run.keep_checkpoints)
+            if stopping:
+                stop.requested = True  # every rank exits non-zero, not only the one signalled
+                stop.signum = stop.signum or 15
+                if d.master:
+                    print(f"stopped by signal at step {step}; continue with --resume (same --out-dir)", flush=True)
+                return step
+
+    def summary(self, step, start_step):
+        """The closing line: what ran, how long, the final validation, where the files are."""
+        val = [e["val_loss"] for e in self.evals if e.get("val_loss") is not None]
+        out = Path(self.cfg.run.out_dir)
+        ckpt = latest_checkpoint(out)
+        best = f" (best {min(val):.4f})" if len(val) > 1 else ""
+        return (f"done: steps {start_step}-{step} in {clock(time.time() - self.started)} | final val loss "
+                f"{val[-1]:.4f}{best} | {out}/: log.txt, metrics.jsonl, run.json"
+                + (f", {ckpt.name}" if ckpt else ""))
+
+
+def clock(seconds):
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def stop_if_not_finite(step, loss, grad_norm, lr, model, out_dir, lr_flag):
+    """A NaN/inf loss or gradient norm ends the run before the optimizer step can spread it into the
+    weights, so the newest checkpoint on disk is still a good one; say which, and which grads broke."""
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        return
+    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    listed = f"{bad[:5]}{' ...' if len(bad) > 5 else ''}"
+    raise SystemExit(f"step {step}: loss {loss} / grad norm {grad_norm} is not finite (lr {lr:.3e}; non-finite "
+                     f"grads in {listed}). Stopped without saving; last good checkpoint: "
+                     f"{latest_checkpoint(out_dir) or 'none'} (lower {lr_flag} or check the data, then --resume)")
+
+
+def no_sync_unless(last, model):
+    """Gradient accumulation under DDP: all-reduce only on the last micro-step."""
+    return model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext()
