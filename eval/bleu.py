@@ -7,11 +7,13 @@ IWSLT14 numbers (~34.4) are tokenized and lowercased, so they read higher than s
 """
 import sys
 
+from sacrebleu.metrics import BLEU
+
+from data.parallel_corpus import read_lines
 
 
 def corpus_bleu(hypotheses, references, lowercase=False):
     """(BLEU score, sacrebleu signature string) of detokenized hypotheses against one reference each."""
-    from sacrebleu.metrics import BLEU
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; they must align")
     bleu = BLEU(tokenize="13a", lowercase=lowercase)
@@ -23,7 +25,6 @@ def main(argv):
     args = [a for a in argv if a != "--lowercase"]
     if len(args) != 2 or "-h" in argv or "--help" in argv:
         raise SystemExit(__doc__)
-    from data.parallel_corpus import read_lines
     try:
         score, signature = corpus_bleu(read_lines(args[0]), read_lines(args[1]), "--lowercase" in argv)
     except (OSError, ValueError) as e:

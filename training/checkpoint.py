@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from training import distributed
+
 NAME = re.compile(r"^model_(\d+)\.pt$")
 
 
@@ -83,7 +85,6 @@ def load_checkpoint(path, kind=None, map_location="cpu"):
 def save_training_checkpoint(state, loader, d, out_dir, step, keep_last=None):
     """Add every rank's loader and RNG states to `state` (collective: all ranks call it), save it on the
     master rank, and wait until it is on disk everywhere. Returns the path on the master, else None."""
-    from training import distributed
     state = {**state, "step": step, "world_size": d.world_size,
              "loader": distributed.gather_objects(loader.state_dict(), d),
              "rng": distributed.gather_objects(rng_state(), d)}
