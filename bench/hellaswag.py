@@ -18,9 +18,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eval.hellaswag import build_requests, download, evaluate_model, load_items  # noqa: E402
 from eval.scoring import bucket, gpt2_tokenizer, row_length, score_rows  # noqa: E402
+from training.checkpoint import load_gpt  # noqa: E402
 from training.distributed import pick_device  # noqa: E402
 from training.precision import autocast_context, resolve_precision  # noqa: E402
-from model import GPT, GPTConfig, load_gpt  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "assets" / "hellaswag" / "hellaswag_val.jsonl"
 

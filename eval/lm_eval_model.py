@@ -34,7 +34,8 @@ def as_bool(value):
 class NanoactLM(TemplateLM):
     def __init__(self, checkpoint=None, hf=None, device="auto", batch_size=16, dtype="auto", compile=False,
                  max_gen_toks=256, max_batch_size=None):
-        from model import GPT, load_gpt
+        from model import GPT
+        from training.checkpoint import load_gpt
 
         super().__init__()
         if (checkpoint is None) == (hf is None):

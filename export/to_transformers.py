@@ -94,7 +94,7 @@ def save_tokenizer(tokenizer_dir, out_dir):
 
 def export(checkpoint, out_dir, tokenizer_dir=None):
     """Write the transformers directory; returns "gpt2" or "remote" (which kind was written)."""
-    from model import load_gpt
+    from training.checkpoint import load_gpt
 
     model, _ = load_gpt(checkpoint, "cpu")
     hf_names = {None if options else HF_ACTS.get(name) for name, options in layer_activations(model.config)}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from export import to_transformers
-from model import load_gpt
+from training.checkpoint import load_gpt
 
 transformers = pytest.importorskip("transformers")
 TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "assets" / "tokenizer"
