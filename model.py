@@ -213,12 +213,3 @@ def nanoact_to_hf(state, vocab_size=50257):
         out[key] = value.t().contiguous() if key.endswith(TRANSPOSED) else value
     return out
 
-
-def load_gpt(path, device="cpu"):
-    """A nanoact GPT-2 checkpoint (file, or run directory -> newest) as (model in eval mode, checkpoint dict)."""
-    from training.checkpoint import load_checkpoint
-
-    ckpt = load_checkpoint(path, kind="gpt2")
-    model = GPT(GPTConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), ckpt

@@ -55,11 +55,16 @@ def layer_activation(name, options, layer, n_layers, plain_top_k=0):
     return build(name, **options)
 
 
-def build(name, **kwargs):
-    """Instantiate activation `name`; unknown names and bad kwargs raise ValueError with the choices."""
+def activation_class(name):
+    """The class registered as `name`; an unknown name raises ValueError with the choices."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown activation {name!r}; choose one of: {', '.join(available())}")
-    cls = _REGISTRY[name]
+    return _REGISTRY[name]
+
+
+def build(name, **kwargs):
+    """Instantiate activation `name`; unknown names and bad kwargs raise ValueError with the choices."""
+    cls = activation_class(name)
     params = inspect.signature(cls.__init__).parameters
     # Skip self and nn.Module.__init__'s *args/**kwargs (the fixed activations have no options).
     valid = [n for n, p in params.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]

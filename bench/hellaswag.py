@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 
-from eval.hellaswag import build_requests, download, evaluate_model, load_items
 from data.tokenizer import gpt2_tokenizer
+from eval.hellaswag import build_requests, download, evaluate_model, load_items
 from eval.scoring import bucket, row_length, score_rows
+from model import GPT, GPTConfig
+from training.checkpoint import load_gpt
 from training.distributed import pick_device
 from training.precision import autocast_context, resolve_precision
-from model import GPT, GPTConfig, load_gpt
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "assets" / "hellaswag" / "hellaswag_val.jsonl"
 

@@ -217,9 +217,9 @@ def result_path(args, ckpt):
 
 def main(argv=None):
     from training import distributed
-    from training.checkpoint import CheckpointError
+    from training.checkpoint import CheckpointError, load_gpt
     from training.precision import autocast_context, resolve_precision
-    from model import GPT, load_gpt
+    from model import GPT
 
     p = argparse.ArgumentParser(description="HellaSwag zero-shot accuracy (validation set) of a nanoact GPT-2.")
     p.add_argument("checkpoint", nargs="?", help="checkpoint file, or run directory (its newest checkpoint)")

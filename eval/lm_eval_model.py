@@ -18,6 +18,8 @@ from tqdm import tqdm
 
 from data.tokenizer import EOT, VOCAB_SIZE, gpt2_tokenizer
 from eval.scoring import bucket, row_length, score_rows
+from model import GPT
+from training.checkpoint import load_gpt
 from training.distributed import pick_device
 from training.precision import autocast_context, resolve_precision
 
@@ -30,8 +32,6 @@ def as_bool(value):
 class NanoactLM(TemplateLM):
     def __init__(self, checkpoint=None, hf=None, device="auto", batch_size=16, dtype="auto", compile=False,
                  max_gen_toks=256, max_batch_size=None):
-        from model import GPT, load_gpt
-
         super().__init__()
         if (checkpoint is None) == (hf is None):
             raise ValueError("nanoact model_args need checkpoint=PATH (file or run directory) or hf=DIR, not both")

@@ -8,42 +8,38 @@
 
 Activations GPT-2 has (gelu -> "gelu_new", gelu_exact -> "gelu", relu, relu2, silu) export as a plain
 GPT2LMHeadModel: any GPT-2 tooling reads it. AGLU/APA/NSwish/NReLU (learned parameters, running
-statistics) export with the standalone modeling code of export/hf_remote/, copied into the directory.
+statistics), and any other registered activation, export with remote code copied from the real model.py and
+activations/ at export time (export/remote_code.py), with the small wrapper export/transformers_wrapper.py.
 The vocabulary is cut back from 50304 to GPT-2's 50257. --tokenizer-dir takes a directory holding
 OpenAI's encoder.json + vocab.bpe and saves the equivalent transformers GPT-2 tokenizer.
 """
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
+import transformers
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
+from activations.basic import GELU, GELUExact, ReLU, ReLU2, SiLU
 from data.tokenizer import EOT, VOCAB_SIZE
+from export.remote_code import AUTO_MAP, write_remote_code
+from export.transformers_wrapper import NanoactConfig, NanoactForCausalLM
+from model import nanoact_to_hf
+from training.checkpoint import CheckpointError, load_gpt
 
-HF_ACTS = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "relu2": "relu2", "silu": "silu",
-           "swish": "silu"}
-
-
-def layer_activations(config):
-    """Each layer's activation name and options (the top plain_top_k layers use the plain form)."""
-    import activations
-    first_plain = config.n_layer - config.plain_top_k
-    plain = activations.plain_name(config.act)
-    return [(plain, {}) if i >= first_plain and plain != config.act else (config.act, dict(config.act_kwargs))
-            for i in range(config.n_layer)]
+# The activations GPT-2 has, by class, and their names in GPT2Config.activation_function.
+GPT2_ACTIVATIONS = {GELU: "gelu_new", GELUExact: "gelu", ReLU: "relu", ReLU2: "relu2", SiLU: "silu"}
 
 
-def export_gpt2(model, out_dir):
+def export_gpt2(model, out_dir, activation_function):
     """A GPT2LMHeadModel; missing biases (bias=False models) become zeros, which is what bias=False means."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from model import nanoact_to_hf
-
     c = model.config
     hf = GPT2LMHeadModel(GPT2Config(
         vocab_size=VOCAB_SIZE, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
-        activation_function=HF_ACTS[layer_activations(c)[0][0]], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        activation_function=activation_function, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         layer_norm_epsilon=1e-5, bos_token_id=EOT, eos_token_id=EOT))
     state = nanoact_to_hf(model.state_dict(), VOCAB_SIZE)
     for key, value in hf.state_dict().items():
@@ -58,26 +54,18 @@ def export_gpt2(model, out_dir):
 
 
 def export_remote(model, out_dir):
-    """The standalone NanoactForCausalLM of export/hf_remote with our state dict (vocabulary cut to 50257)."""
-    from export.hf_remote.configuration_nanoact import NanoactConfig
-    from export.hf_remote.modeling_nanoact import NanoactForCausalLM
-
-    c = model.config
-    acts = [{"name": name, **options} for name, options in layer_activations(c)]
-    NanoactConfig.register_for_auto_class()
-    NanoactForCausalLM.register_for_auto_class("AutoModelForCausalLM")
-    hf = NanoactForCausalLM(NanoactConfig(vocab_size=VOCAB_SIZE, n_positions=c.block_size, n_embd=c.n_embd,
-                                          n_layer=c.n_layer, n_head=c.n_head, bias=c.bias, layer_acts=acts))
-    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight" and "num_batches_tracked" not in k}
-    state["transformer.wte.weight"] = state["transformer.wte.weight"][:VOCAB_SIZE]
-    hf.load_state_dict(state, strict=True)
+    """Our GPT in the NanoactForCausalLM wrapper, with remote code copied from the real sources (vocabulary
+    cut to 50257)."""
+    write_remote_code(model.config, out_dir)
+    hf = NanoactForCausalLM(NanoactConfig(**{**asdict(model.config), "vocab_size": VOCAB_SIZE}, auto_map=AUTO_MAP))
+    state = model.state_dict()
+    for key in ("transformer.wte.weight", "lm_head.weight"):
+        state[key] = state[key][:VOCAB_SIZE]
+    hf.gpt.load_state_dict(state)
     hf.save_pretrained(out_dir)
 
 
 def save_tokenizer(tokenizer_dir, out_dir):
-    import transformers
-    from transformers import GPT2TokenizerFast
-
     vocab, merges = Path(tokenizer_dir) / "encoder.json", Path(tokenizer_dir) / "vocab.bpe"
     if not (vocab.is_file() and merges.is_file()):
         raise FileNotFoundError(f"{tokenizer_dir}: needs OpenAI's GPT-2 encoder.json and vocab.bpe")
@@ -92,21 +80,20 @@ def save_tokenizer(tokenizer_dir, out_dir):
 
 def export(checkpoint, out_dir, tokenizer_dir=None):
     """Write the transformers directory; returns "gpt2" or "remote" (which kind was written)."""
-    from model import load_gpt
-
     model, _ = load_gpt(checkpoint, "cpu")
-    hf_names = {None if options else HF_ACTS.get(name) for name, options in layer_activations(model.config)}
-    plain = len(hf_names) == 1 and None not in hf_names  # one activation, and GPT-2 has it
+    gpt2_names = {GPT2_ACTIVATIONS.get(type(block.mlp.act)) for block in model.transformer.h}
+    plain = len(gpt2_names) == 1 and None not in gpt2_names  # one activation in every layer, and GPT-2 has it
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    (export_gpt2 if plain else export_remote)(model, out_dir)
+    if plain:
+        export_gpt2(model, out_dir, gpt2_names.pop())
+    else:
+        export_remote(model, out_dir)
     if tokenizer_dir:
         save_tokenizer(tokenizer_dir, out_dir)
     return "gpt2" if plain else "remote"
 
 
 def main(argv=None):
-    from training.checkpoint import CheckpointError
-
     p = argparse.ArgumentParser(description="Export a nanoact GPT-2 checkpoint as a transformers model directory.")
     p.add_argument("checkpoint", help="checkpoint file, or run directory (its newest checkpoint)")
     p.add_argument("out_dir")

@@ -1,16 +1,20 @@
 """export/to_transformers.py: exported transformers models give our logits (GPT2LMHeadModel for GPT-2's own
-activations, standalone remote code for AGLU/NSwish/NReLU), and bad input fails clearly."""
+activations, remote code copied from model.py and activations/ for every other registered activation), and bad
+input fails clearly."""
 import re
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import activations
 from export import to_transformers
-from model import load_gpt
+from training.checkpoint import load_gpt
 
 transformers = pytest.importorskip("transformers")
-TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "assets" / "tokenizer"
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = ROOT.parent / "shared" / "assets" / "tokenizer"
 
 
 def exported_logits_match(ckpt, out_dir, trust_remote_code=False, steps=0):
@@ -63,32 +67,92 @@ def trained_stats_checkpoint(make_checkpoint, act, **overrides):
     return save_checkpoint(ckpt, path.parent, ckpt["step"] + 1)
 
 
-@pytest.mark.parametrize("act, overrides", [
-    ("aglu", {}),
+GPT2_NAMES = {"gelu", "gelu_exact", "relu", "relu2", "silu", "swish"}  # GPT-2 has these: GPT2LMHeadModel
+EVERY_ACTIVATION = [(name, {}) for name in activations.available()] + [
     ("aglu", {"act_kwargs": {"channelwise": True, "num_channels": 128}}),
     ("nswish", {"plain_top_k": 1}),  # NSwish below, plain SiLU in the top layer
+    ("nswish", {"act_kwargs": {"per_instance": True}}),
+    ("nswish", {"act_kwargs": {"per_instance": True}, "plain_top_k": 1}),
+    ("nrelu", {"plain_top_k": 1}),
     ("nrelu", {"act_kwargs": {"per_instance": True}}),
-])
-def test_learned_activations_export_with_standalone_remote_code(make_checkpoint, tmp_path, act, overrides):
+]
+
+
+def assert_remote_code_is_self_contained(out):
+    """transformers copies exactly our files, also the versions before 5.x that copy only the modeling file's
+    own relative imports, and they import only torch, transformers and the standard library: they load
+    without nanoact installed."""
+    from transformers.dynamic_module_utils import get_imports, get_relative_imports
+
+    modeling = out / "modeling_nanoact.py"
+    assert set(out.glob("*.py")) == {modeling, *(out / f"{name}.py" for name in get_relative_imports(modeling))}
+    for source in out.glob("*.py"):
+        assert set(get_imports(source)) <= {"torch", "transformers", *sys.stdlib_module_names}, source.name
+
+
+def assert_copied_from_the_real_sources(out):
+    """The wrapper, model.py and the activation files are the repository's own, only their imports made relative."""
+    def code(path):
+        return [line for line in path.read_text().splitlines() if not re.match(r"\s*(from|import) ", line)]
+
+    copies = {out / "model.py": ROOT / "model.py", out / "activations.py": ROOT / "activations" / "__init__.py",
+              out / "export_transformers_wrapper.py": ROOT / "export" / "transformers_wrapper.py"}
+    copies.update({f: ROOT / "activations" / f"{f.stem.removeprefix('activations_')}.py"
+                   for f in out.glob("activations_*.py")})
+    assert len(copies) == 6
+    for copy, real in copies.items():
+        assert code(copy) == code(real), copy.name
+
+
+def case_id(case):
+    act, overrides = case
+    options = {**overrides.get("act_kwargs", {}), **{k: v for k, v in overrides.items() if k != "act_kwargs"}}
+    return "-".join([act, *(f"{k}={v}" for k, v in options.items())])
+
+
+@pytest.mark.parametrize("act, overrides", [pytest.param(*case, id=case_id(case)) for case in
+                                            EVERY_ACTIVATION + [("nswish", {"plain_top_k": 2})]])
+def test_every_activation_exports_with_our_logits(make_checkpoint, tmp_path, act, overrides):
     ckpt = trained_stats_checkpoint(make_checkpoint, act, **overrides)
     out = tmp_path / "hf"
+    plain = (act in GPT2_NAMES and not overrides) or overrides.get("plain_top_k") == 2  # every layer plain SiLU
+    assert to_transformers.export(ckpt, out) == ("gpt2" if plain else "remote")
+    diff, _, hf = exported_logits_match(ckpt, out, trust_remote_code=True)
+    assert diff < 1e-5
+    assert type(hf).__name__ == ("GPT2LMHeadModel" if plain else "NanoactForCausalLM")
+    if not plain:
+        assert_remote_code_is_self_contained(out)
+        assert_copied_from_the_real_sources(out)
+
+
+def test_remote_code_generates_like_our_greedy_loop(make_checkpoint, tmp_path):
+    ckpt = trained_stats_checkpoint(make_checkpoint, "nswish", plain_top_k=1)
+    to_transformers.export(ckpt, tmp_path / "hf")
+    _, ours, hf = exported_logits_match(ckpt, tmp_path / "hf", trust_remote_code=True)
+    stats = ours.transformer.h[0].mlp.act.telemetry()
+    assert stats["rho"] != pytest.approx(0.313083, abs=1e-3) and stats["alpha"] == pytest.approx(0.7)
+    idx = torch.randint(0, 50257, (1, 6), generator=torch.Generator().manual_seed(2))
+    seq = idx
+    for _ in range(5):
+        seq = torch.cat([seq, ours(seq)[0][:, -1, :50257].argmax(-1, keepdim=True)], 1)
+    got = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=5, do_sample=False)
+    assert torch.equal(got, seq)
+
+
+def test_activation_registered_at_run_time_exports_with_no_change_to_export(make_checkpoint, tmp_path, monkeypatch):
+    """Adding an activation = its file + a registration: export copies the file (tests/custom_activation.py,
+    which itself imports from activations/) and registers the class by name in the remote code."""
+    from custom_activation import TanhGate
+
+    monkeypatch.setattr(activations, "_REGISTRY", dict(activations._REGISTRY))  # unregistered after the test
+    activations.register("tanh_gate", TanhGate)
+    ckpt = trained_stats_checkpoint(make_checkpoint, "tanh_gate", act_kwargs={"scale_init": 1.7})
+    out = tmp_path / "hf"
     assert to_transformers.export(ckpt, out) == "remote"
-    for source in out.glob("*.py"):  # runs without nanoact installed: imports only torch/transformers/itself
-        imports = re.findall(r"^(?:from|import) (\S+)", source.read_text(), re.M)
-        assert set(imports) <= {"torch", "torch.nn", "torch.nn.functional", "transformers",
-                                "transformers.modeling_outputs", ".configuration_nanoact"}, imports
-    diff, ours, hf = exported_logits_match(ckpt, out, trust_remote_code=True)
-    assert type(hf).__name__ == "NanoactForCausalLM" and diff < 1e-5
-    if act == "nswish":
-        stats = ours.transformer.h[0].mlp.act.telemetry()
-        assert stats["rho"] != pytest.approx(0.313083, abs=1e-3) and stats["alpha"] == pytest.approx(0.7)
-        # greedy generation through transformers' generate() equals our own greedy loop
-        idx = torch.randint(0, 50257, (1, 6), generator=torch.Generator().manual_seed(2))
-        seq = idx
-        for _ in range(5):
-            seq = torch.cat([seq, ours(seq)[0][:, -1, :50257].argmax(-1, keepdim=True)], 1)
-        got = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=5, do_sample=False)
-        assert torch.equal(got, seq)
+    assert (out / "custom_activation.py").is_file()
+    assert_remote_code_is_self_contained(out)
+    diff, _, hf = exported_logits_match(ckpt, out, trust_remote_code=True)
+    assert diff < 1e-5 and hf.gpt.transformer.h[1].mlp.act.scale.item() == pytest.approx(1.7)
 
 
 @pytest.mark.skipif(not (TOKENIZER / "encoder.json").is_file(), reason="../shared GPT-2 tokenizer files not present")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from eval import hellaswag
 from eval.hellaswag import DataError, evaluate_model, load_items, score_items
 from eval.stats import wilson
-from model import load_gpt
+from training.checkpoint import load_gpt
 REAL = Path(__file__).resolve().parents[2] / "shared" / "assets" / "hellaswag" / "hellaswag_val.jsonl"
 
 

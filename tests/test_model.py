@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, load_gpt, nanoact_to_hf
+from model import GPT, GPTConfig, nanoact_to_hf
+from training.checkpoint import load_gpt
 
 TINY = dict(block_size=32, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
 

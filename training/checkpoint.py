@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model import GPT, GPTConfig
 from training import distributed
 
 NAME = re.compile(r"^model_(\d+)\.pt$")
@@ -80,6 +81,14 @@ def load_checkpoint(path, kind=None, map_location="cpu"):
         raise CheckpointError(f"{path}: a {state['kind']!r} checkpoint, but this command needs a {kind!r} one")
     state["path"] = str(path)
     return state
+
+
+def load_gpt(path, device="cpu"):
+    """A nanoact GPT-2 checkpoint (file, or run directory -> newest) as (model in eval mode, checkpoint dict)."""
+    ckpt = load_checkpoint(path, kind="gpt2")
+    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), ckpt
 
 
 def save_training_checkpoint(state, loader, d, out_dir, step, keep_last=None):

@@ -1,1 +1,0 @@
-"""Templates of the standalone transformers code written next to exported AGLU/ANAct models."""
