@@ -6,8 +6,10 @@ Every parametric activation takes impl="auto" | "triton" | "torch":
     torch   the PyTorch path (autograd.Function, torch.compile fuses it)
 Both give the same results to fp32 rounding (tests/test_kernels.py).
 """
-try:
-    from activations import kernels
+import importlib
+
+try:  # Triton is optional; imported by name so that code copied without kernels.py (an export) runs too
+    kernels = importlib.import_module("activations.kernels")
 except ImportError:  # no Triton: the PyTorch path everywhere
     kernels = None
 
