@@ -112,14 +112,15 @@ class _NormalizedActivation(nn.Module):
         keep = dim is not None
         var_y, mu = torch.var_mean(y, dim=dim, correction=0, keepdim=keep)
         var_x = torch.var(xf, dim=dim, correction=0, keepdim=keep)
-        return mu, *self._ratios(var_y, var_x, _ACTS[self.kind][1](xf).square().mean(dim=dim, keepdim=keep))
+        rho = self._rho(var_y, var_x)
+        rho_prime = _ACTS[self.kind][1](xf).square().mean(dim=dim, keepdim=keep).clamp_min(self.eps)
+        return mu, rho, rho_prime
 
-    def _ratios(self, var_y, var_x, mean_grad_sq):
-        """rho = Var[y] / Var[x] and rho' = E[act'(x)^2] (Eq. 31, 35); kernels.py's rows kernel does the same.
+    def _rho(self, var_y, var_x):
+        """rho = Var[y] / Var[x] (Eq. 31); kernels.py's rows kernel computes it, and rho', the same way.
         var_x only floored against 0/0 (rho is a ratio, fine at any scale); rho and rho' are
         floored at eps, which caps lam_n at eps^-1/2 (an all-negative NReLU token has rho' = 0)."""
-        rho = (var_y / var_x.clamp_min(torch.finfo(torch.float32).tiny)).clamp_min(self.eps)
-        return rho, mean_grad_sq.clamp_min(self.eps)
+        return (var_y / var_x.clamp_min(torch.finfo(torch.float32).tiny)).clamp_min(self.eps)
 
     def _track(self, mu_b, rho_b, rho_prime_b):
         """Eq. 16-18, branch-free (torch.where) so it compiles to one graph. Returns the new
@@ -164,7 +165,7 @@ class _NormalizedActivation(nn.Module):
         with torch.no_grad():
             if self.training:
                 mu, var_y, var_x, mean_grad_sq = kernels.anact_stats(x, swish).unbind()
-                mu, rho, rho_prime = self._track(mu, *self._ratios(var_y, var_x, mean_grad_sq))
+                mu, rho, rho_prime = self._track(mu, self._rho(var_y, var_x), mean_grad_sq.clamp_min(self.eps))
             else:
                 mu, rho, rho_prime = self.running_mu.clone(), self.running_rho, self.running_rho_prime
         return kernels.anact(x, self._scale(rho, rho_prime), mu, swish)

@@ -144,7 +144,7 @@ def _anact_kernel(x_ptr, grad_ptr, out_ptr, partial_ptr, scale_ptr, mu_ptr, n,
 @triton.jit
 def _anact_rows_kernel(x_ptr, grad_ptr, out_ptr, partial_ptr, adj_ptr, n_cols, eps,
                        SWISH: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
-    """per_instance: mu, rho, rho' over this row (anact.py's _ratios), scale = lam_n + adj with
+    """per_instance: mu, rho, rho' over this row (anact.py's _stats, _rho), scale = lam_n + adj with
     adj = beta tanh(alpha). Forward: out = scale (y - mu). Backward: out = grad scale act'(x),
     partial[row] = sum grad (y - mu) (the adj gradient)."""
     row = tl.program_id(0)
