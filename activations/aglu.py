@@ -18,6 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from activations.impl import check_impl, kernels, use_kernels
+
 LAM_MIN = 1e-4  # the authors' clamp keeping lam > 0; below it lam gets no gradient (like torch.clamp)
 LOG2_E, LN_2 = 1.4426950408889634, 0.6931471805599453
 
@@ -87,6 +89,8 @@ class APA(nn.Module):
             Defaults U(0,1) for both (paper Table 8, APA column; attention used U(-1,0), Table 12).
         channelwise: one (kappa, lam) per channel (last dim) instead of one pair per layer
             (the paper found shared scalars better, App. C.4). Needs num_channels.
+        impl: "auto" (the fused Triton kernel on CUDA, else PyTorch), "triton" or "torch"
+            (activations/impl.py). Channelwise parameters always take the PyTorch path.
     Parameters are 0-dim (1-D if channelwise) so that they never get weight decay in a
     ">= 2-D params decay" optimizer and do not promote bf16 activations. lam is clamped at
     LAM_MIN = 1e-4 in the forward, as the authors do; below it lam's gradient is zero.
@@ -95,15 +99,19 @@ class APA(nn.Module):
 
     gated = False
 
-    def __init__(self, kappa_init=(0.0, 1.0), lam_init=(0.0, 1.0), channelwise=False, num_channels=None):
+    def __init__(self, kappa_init=(0.0, 1.0), lam_init=(0.0, 1.0), channelwise=False, num_channels=None,
+                 impl="auto"):
         super().__init__()
         if channelwise and not num_channels:
             raise ValueError("channelwise=True needs num_channels (the size of the last dim)")
+        self.impl = check_impl(impl)
         shape = (num_channels,) if channelwise else ()
         self.kappa = nn.Parameter(_init(kappa_init, shape))
         self.lam = nn.Parameter(_init(lam_init, shape))
 
     def forward(self, z):
+        if self.kappa.dim() == 0 and use_kernels(self.impl, z):
+            return kernels.apa(z, self.kappa, self.lam, LAM_MIN, self.gated)
         return _APAFunction.apply(z, self.kappa, self.lam, self.gated)
 
     def telemetry(self):
@@ -121,5 +129,6 @@ class AGLU(APA):
 
     gated = True
 
-    def __init__(self, kappa_init=(0.8, 1.2), lam_init=(0.0, 1.0), channelwise=False, num_channels=None):
-        super().__init__(kappa_init, lam_init, channelwise, num_channels)
+    def __init__(self, kappa_init=(0.8, 1.2), lam_init=(0.0, 1.0), channelwise=False, num_channels=None,
+                 impl="auto"):
+        super().__init__(kappa_init, lam_init, channelwise, num_channels, impl)

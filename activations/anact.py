@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from activations.aglu import _up
+from activations.impl import check_impl, kernels, use_kernels
 
 
 def _swish_grad(x):
@@ -68,6 +69,8 @@ class _NormalizedActivation(nn.Module):
         per_instance: mean/variance per token over the last dim, in training and evaluation,
             with no running statistics (what the paper used for translation, §3.4).
         eps: floor for rho and rho', so lam_n <= eps^-1/2 and a constant input stays finite.
+        impl: "auto" (the fused Triton kernels on CUDA, else PyTorch), "triton" or "torch"
+            (activations/impl.py). per_instance rows longer than kernels.MAX_ROW take PyTorch.
 
     Batch mode (default), training: mu_M, rho_M, rho'_M are taken over the whole batch in fp32,
     without gradient; the running buffers are updated by Eq. 16-18 (the first batch
@@ -89,12 +92,12 @@ class _NormalizedActivation(nn.Module):
 
     kind = None
 
-    def __init__(self, momentum=0.1, lower=0.5, upper=2.0, beta=0.3, per_instance=False, eps=1e-5):
+    def __init__(self, momentum=0.1, lower=0.5, upper=2.0, beta=0.3, per_instance=False, eps=1e-5, impl="auto"):
         super().__init__()
         if not (0.0 < momentum <= 1.0 and 0.0 <= lower < 1.0 < upper):
             raise ValueError(f"need 0 < momentum <= 1 and lower < 1 < upper, got {momentum}, {lower}, {upper}")
         self.momentum, self.lower, self.upper, self.beta = momentum, lower, upper, beta
-        self.per_instance, self.eps = per_instance, eps
+        self.per_instance, self.eps, self.impl = per_instance, eps, check_impl(impl)
         self.alpha = nn.Parameter(torch.zeros(()))
         if not per_instance:
             mu, rho, rho_prime = _ACTS[self.kind][2]
@@ -109,11 +112,15 @@ class _NormalizedActivation(nn.Module):
         keep = dim is not None
         var_y, mu = torch.var_mean(y, dim=dim, correction=0, keepdim=keep)
         var_x = torch.var(xf, dim=dim, correction=0, keepdim=keep)
-        # var_x only floored against 0/0 (rho is a ratio, fine at any scale); rho and rho' are
-        # floored at eps, which caps lam_n at eps^-1/2 (an all-negative NReLU token has rho' = 0).
-        rho = (var_y / var_x.clamp_min(torch.finfo(torch.float32).tiny)).clamp_min(self.eps)
+        rho = self._rho(var_y, var_x)
         rho_prime = _ACTS[self.kind][1](xf).square().mean(dim=dim, keepdim=keep).clamp_min(self.eps)
         return mu, rho, rho_prime
+
+    def _rho(self, var_y, var_x):
+        """rho = Var[y] / Var[x] (Eq. 31); kernels.py's rows kernel computes it, and rho', the same way.
+        var_x only floored against 0/0 (rho is a ratio, fine at any scale); rho and rho' are
+        floored at eps, which caps lam_n at eps^-1/2 (an all-negative NReLU token has rho' = 0)."""
+        return (var_y / var_x.clamp_min(torch.finfo(torch.float32).tiny)).clamp_min(self.eps)
 
     def _track(self, mu_b, rho_b, rho_prime_b):
         """Eq. 16-18, branch-free (torch.where) so it compiles to one graph. Returns the new
@@ -135,6 +142,8 @@ class _NormalizedActivation(nn.Module):
         return lam_n + self.beta * torch.tanh(self.alpha)
 
     def forward(self, x):
+        if use_kernels(self.impl, x) and not (self.per_instance and x.shape[-1] > kernels.MAX_ROW):
+            return self._forward_kernels(x)
         act = _ACTS[self.kind][0]
         with torch.no_grad():
             xf = _up(x)
@@ -147,6 +156,19 @@ class _NormalizedActivation(nn.Module):
                 else:  # mu is saved for backward: clone, or a later training step's in-place update breaks it
                     mu, rho, rho_prime = self.running_mu.clone(), self.running_rho, self.running_rho_prime
         return _NormalizedFunction.apply(x, y, self._scale(rho, rho_prime), mu, self.kind)
+
+    def _forward_kernels(self, x):
+        """forward() with kernels.py: the same statistics, tracking and scale."""
+        swish = self.kind == "swish"
+        if self.per_instance:
+            return kernels.anact_rows(x, self.beta * torch.tanh(self.alpha), self.eps, swish)
+        with torch.no_grad():
+            if self.training:
+                mu, var_y, var_x, mean_grad_sq = kernels.anact_stats(x, swish).unbind()
+                mu, rho, rho_prime = self._track(mu, self._rho(var_y, var_x), mean_grad_sq.clamp_min(self.eps))
+            else:
+                mu, rho, rho_prime = self.running_mu.clone(), self.running_rho, self.running_rho_prime
+        return kernels.anact(x, self._scale(rho, rho_prime), mu, swish)
 
     def telemetry(self):
         out = {"alpha": self.alpha.item()}

@@ -4,13 +4,17 @@ GPT-2 MLP shape (rows x 3072), eager and torch.compile'd, with ratios to GELU fr
     python bench/activation_speed.py                                  # CPU 2048x3072 fp32 (+ CUDA 65536x3072 bf16 if present)
     python bench/activation_speed.py --device cuda --rows 65536 --dtype bfloat16 --json out.json
 
-Timings are medians over rounds; each round times every activation once, in turn, so a
-transient load on a shared machine hits all of them alike. Parametric modules run in training
-mode (NSwish/NReLU update their running statistics, as in a training step); the backward
-computes the input gradient and every parameter gradient.
+The parametric activations (AGLU, APA, NSwish, NReLU) run once per implementation: `torch` (the
+PyTorch path) and, on CUDA with Triton, `triton` (the fused kernels of activations/kernels.py); the
+last column compares every row with compiled GELU, the target of issue 9. Timings are medians over
+rounds; each round times every case once, in turn, so a transient load on a shared machine hits all
+of them alike. Parametric modules run in training mode (NSwish/NReLU update their running
+statistics, as in a training step); the backward computes the input gradient and every parameter
+gradient.
 """
 import argparse
 import datetime
+import inspect
 import json
 import os
 import platform
@@ -21,6 +25,7 @@ import time
 import torch
 
 import activations
+from activations.impl import kernels
 
 WIDTH = 3072  # GPT-2 small MLP hidden size, 4 * 768
 
@@ -34,6 +39,19 @@ def unique_names():
             seen.add(cls)
             names.append(name)
     return names
+
+
+def variants(impls):
+    """(name, impl) pairs: the fixed activations once (impl None), the parametric ones per impl."""
+    out = []
+    for name in unique_names():
+        takes_impl = "impl" in inspect.signature(type(activations.build(name)).__init__).parameters
+        out += [(name, impl) for impl in impls] if takes_impl else [(name, None)]
+    return out
+
+
+def build(name, impl):
+    return activations.build(name, **({"impl": impl} if impl else {}))
 
 
 def cpu_model():
@@ -62,16 +80,16 @@ def step(fn, module, x, grad):
     return torch.autograd.grad(out, [x, *module.parameters()], grad)
 
 
-def bench_device(device, rows, dtype, rounds, warmup):
+def bench_device(device, rows, dtype, rounds, warmup, impls):
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     x = torch.randn(rows, WIDTH, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn(rows, WIDTH, device=device, dtype=dtype)
     cases = {}
-    for name in unique_names():
-        module = activations.build(name).to(device)
-        cases[(name, "eager")] = (module, module)
-        compiled = activations.build(name).to(device)
-        cases[(name, "compiled")] = (torch.compile(compiled), compiled)
+    for name, impl in variants(impls):
+        module = build(name, impl).to(device)
+        cases[(name, impl, "eager")] = (module, module)
+        compiled = build(name, impl).to(device)
+        cases[(name, impl, "compiled")] = (torch.compile(compiled), compiled)
     for fn, module in cases.values():  # warm-up, and compilation, outside the timings
         for _ in range(warmup):
             step(fn, module, x, grad)
@@ -85,31 +103,35 @@ def bench_device(device, rows, dtype, rounds, warmup):
             sync()
             times[key].append(time.perf_counter() - t0)
     results = []
-    for name in unique_names():
-        row = {"name": name}
+    for name, impl in variants(impls):
+        row = {"name": name, "impl": impl}
         for mode in ("eager", "compiled"):
-            fn, module = cases[(name, mode)]
-            row[f"{mode}_ms"] = 1e3 * statistics.median(times[(name, mode)])
-            row[f"{mode}_ms_min"] = 1e3 * min(times[(name, mode)])
+            fn, module = cases[(name, impl, mode)]
+            row[f"{mode}_ms"] = 1e3 * statistics.median(times[(name, impl, mode)])
+            row[f"{mode}_ms_min"] = 1e3 * min(times[(name, impl, mode)])
             row[f"{mode}_saved_bytes"] = saved_bytes(fn, x)
         results.append(row)
     gelu = next(r for r in results if r["name"] == "gelu")
     for row in results:
         for key in ("eager_ms", "eager_ms_min", "compiled_ms", "compiled_ms_min", "eager_saved_bytes", "compiled_saved_bytes"):
             row[key + "_x_gelu"] = row[key] / gelu[key]
+        row["best_ms_x_gelu_compiled"] = min(row["eager_ms"], row["compiled_ms"]) / gelu["compiled_ms"]
     return results
 
 
 def print_table(device, rows, dtype, results):
-    print(f"\n{device}  {rows}x{WIDTH} {str(dtype).replace('torch.', '')}  fwd+bwd ms: median (ratio to gelu), "
-          "min-ratio = ratio of the fastest rounds; saved for backward: MiB (ratio to gelu)")
-    head = (f"{'activation':<11}{'eager ms':>14}{'min-ratio':>10}{'compiled ms':>15}{'min-ratio':>10}"
-            f"{'saved eager':>15}{'saved compiled':>16}")
+    print(f"\n{device}  {rows}x{WIDTH} {str(dtype).replace('torch.', '')}  fwd+bwd ms: median (ratio to gelu, same "
+          "mode), min-ratio = ratio of the fastest rounds; best/gelu-c = faster mode / compiled gelu; "
+          "saved for backward: MiB (ratio to gelu)")
+    head = (f"{'activation':<20}{'eager ms':>14}{'min-ratio':>10}{'compiled ms':>15}{'min-ratio':>10}"
+            f"{'best/gelu-c':>12}{'saved eager':>15}{'saved compiled':>16}")
     print(head)
     print("-" * len(head))
     for r in results:
-        print(f"{r['name']:<11}{r['eager_ms']:>7.1f} ({r['eager_ms_x_gelu']:.2f}){r['eager_ms_min_x_gelu']:>10.2f}"
+        label = f"{r['name']} [{r['impl']}]" if r["impl"] else r["name"]
+        print(f"{label:<20}{r['eager_ms']:>7.1f} ({r['eager_ms_x_gelu']:.2f}){r['eager_ms_min_x_gelu']:>10.2f}"
               f"{r['compiled_ms']:>8.1f} ({r['compiled_ms_x_gelu']:.2f}){r['compiled_ms_min_x_gelu']:>10.2f}"
+              f"{r['best_ms_x_gelu_compiled']:>12.2f}"
               f"{r['eager_saved_bytes'] / 2**20:>8.1f} ({r['eager_saved_bytes_x_gelu']:.2f})"
               f"{r['compiled_saved_bytes'] / 2**20:>9.1f} ({r['compiled_saved_bytes_x_gelu']:.2f})")
 
@@ -121,6 +143,8 @@ def main():
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default float32 on cpu, bfloat16 on cuda")
     p.add_argument("--rounds", type=int, default=21)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--impl", help="comma-separated implementations of the parametric activations; default "
+                   "torch on cpu, torch,triton on cuda with Triton (triton on cpu needs TRITON_INTERPRET=1)")
     p.add_argument("--json", metavar="OUT", help="write the results here")
     args = p.parse_args()
 
@@ -140,9 +164,12 @@ def main():
     for device in devices:
         rows = args.rows or (65536 if device == "cuda" else 2048)
         dtype = getattr(torch, args.dtype or ("bfloat16" if device == "cuda" else "float32"))
-        results = bench_device(device, rows, dtype, args.rounds, args.warmup)
-        print_table(device if device == "cpu" else torch.cuda.get_device_name(), rows, dtype, results)
-        report["runs"].append({"device": device, "rows": rows, "dtype": str(dtype), "results": results})
+        impls = args.impl.split(",") if args.impl else ["torch"] + (["triton"] if device == "cuda" and kernels else [])
+        results = bench_device(device, rows, dtype, args.rounds, args.warmup, impls)
+        name = device if device == "cpu" else torch.cuda.get_device_name()
+        print_table(name, rows, dtype, results)
+        report["runs"].append({"device": device, "device_name": name, "rows": rows, "dtype": str(dtype),
+                               "results": results})
     report["loadavg_after"] = os.getloadavg()[0]
     print(f"\nload average (1 min) before / after: {report['loadavg_before']:.2f} / {report['loadavg_after']:.2f}")
     if args.json:

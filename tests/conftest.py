@@ -1,10 +1,17 @@
-"""Fixtures shared by the evaluation tests: the real GPT-2 tokenizer (offline cache) and tiny checkpoints."""
+"""Fixtures shared by the evaluation tests: the real GPT-2 tokenizer (offline cache) and tiny checkpoints.
+
+Also switches Triton's interpreter on when there is no GPU, so tests/test_kernels.py runs the kernels on
+the CPU. It has to happen here: triton reads TRITON_INTERPRET once, when it is first imported (it decorates
+tl.sum, tl.sigmoid, ... then), and test modules collected earlier import it through torch._dynamo."""
 import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 

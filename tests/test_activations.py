@@ -357,6 +357,24 @@ def test_every_registered_activation_builds_and_runs():
             assert tel and all(isinstance(v, float) for v in tel.values()), name
 
 
+def test_impl_option(monkeypatch):
+    """impl picks the code path (activations/impl.py); tests/test_kernels.py checks the kernels themselves."""
+    import activations.impl
+
+    for name in ("aglu", "apa", "nswish", "nrelu"):
+        with pytest.raises(ValueError, match="auto, triton, torch"):
+            activations.build(name, impl="cuda")
+        torch.manual_seed(0)
+        auto, plain = activations.build(name), activations.build(name, impl="torch")
+        plain.load_state_dict(auto.state_dict())
+        x = torch.randn(4, 9)
+        assert torch.equal(auto(x), plain(x))  # a CPU tensor takes the PyTorch path
+    monkeypatch.setattr(activations.impl, "kernels", None)  # as without Triton installed
+    torch.testing.assert_close(activations.build("aglu", kappa_init=1.0, lam_init=1.0)(x), F.silu(x))
+    with pytest.raises(RuntimeError, match="needs Triton.*impl='auto' or 'torch'"):
+        activations.build("nswish", impl="triton")(x)
+
+
 def test_plain_name():
     assert activations.plain_name("nswish") == "silu"
     assert activations.plain_name("nrelu") == "relu"

@@ -99,7 +99,7 @@ def assert_copied_from_the_real_sources(out):
               out / "export_transformers_wrapper.py": ROOT / "export" / "transformers_wrapper.py"}
     copies.update({f: ROOT / "activations" / f"{f.stem.removeprefix('activations_')}.py"
                    for f in out.glob("activations_*.py")})
-    assert len(copies) == 6
+    assert {f.stem for f in out.glob("activations_*.py")} >= {"activations_aglu", "activations_anact", "activations_basic"}
     for copy, real in copies.items():
         assert code(copy) == code(real), copy.name
 

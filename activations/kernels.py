@@ -1,0 +1,364 @@
+"""Fused Triton kernels for AGLU/APA and NSwish/NReLU, registered as torch custom ops (issue 9).
+
+Same math as the PyTorch path (activations/aglu.py, activations/anact.py): fp32 inside, bf16/fp16/fp32
+in and out, lam clamped at lam_min, ln eta = -softplus(ln lam - kappa z) / lam. Memory passes:
+
+    apa            forward reads z, writes out; backward reads z and grad, writes grad_z and reduces
+                   the kappa, lam gradients per block (one pass, then a sum over the block partials)
+    anact_stats    one read of x: per-block (mean, M2) of act(x) and x and sum act'(x)^2, merged in
+                   float64 (Chan et al.), so no E[y^2] - E[y]^2 cancellation
+    anact          forward reads x, writes out; backward as apa (grad_x, and the scale gradient)
+    anact_rows     per_instance: one program per row, the row's statistics in registers, so the forward
+                   is one pass and the backward one pass (it recomputes the row statistics)
+
+lam's gradient takes softplus(v) - sigmoid(v) from a series where the two cancel, so it stays accurate
+near the clamp (aglu.py's fp32 path is up to 0.5% off there). Only the input is saved for backward. Each op is a torch.library custom op with a fake (shape) kernel,
+so torch.compile keeps it in its graph; its autograd formula is the matching backward op. Double
+backward is not supported (a clear error; the PyTorch path, impl="torch", has it).
+
+On a CPU tensor the kernels run in Triton's interpreter, which needs TRITON_INTERPRET=1 set before
+triton is first imported: triton decorates its own tl.sum, tl.sigmoid, ... at import (tests/conftest.py).
+"""
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+from triton.runtime.interpreter import InterpretedFunction
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_ROW = 16384  # anact_rows holds a whole row in registers; longer rows take the PyTorch path
+BLOCK = 1024  # elements per program of the pointwise kernels (not tuned on a GPU yet)
+STATS_BLOCK = 4096  # fewer, larger blocks: fewer partials for the float64 merge
+TINY = tl.constexpr(1.1754943508222875e-38)  # torch.finfo(torch.float32).tiny, anact.py's floor for Var[x]
+# True when TRITON_INTERPRET=1 was set before triton's first import (tl.sum & co. are then interpreted
+# too); a compile-time constant for the kernels.
+INTERPRETED = tl.constexpr(isinstance(tl.sum, InterpretedFunction))
+
+
+@triton.jit
+def _log1p(e):
+    if INTERPRETED:  # no libdevice in the interpreter: Goldberg's log1p, exact up to log's rounding
+        u = 1.0 + e
+        d = u - 1.0  # 0 where e is below half an ulp of 1, and there log1p(e) = e
+        return tl.where(d == 0.0, e, tl.log(u) * (e / tl.where(d == 0.0, 1.0, d)))
+    else:
+        return libdevice.log1p(e)
+
+
+@triton.jit
+def _apa_kernel(z_ptr, grad_ptr, out_ptr, partial_ptr, kappa_ptr, lam_ptr, n, lam_min,
+                GATED: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
+    """Forward: out = z eta (GATED) or eta. Backward: out = grad_z and, per block, the sums
+    partial[pid] = (sum t z, sum w D), from which d kappa = sum t z and d lam = sum w D / lam^2.
+    aglu.py's docstring: w = grad d out / d ln eta, t = w q, q = sigmoid(v) / lam, v = ln lam - kappa z;
+    D = softplus(v) - sigmoid(v) = -lam (q + ln eta)."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    kappa = tl.load(kappa_ptr).to(tl.float32)
+    lam = tl.maximum(tl.load(lam_ptr).to(tl.float32), lam_min)
+    inv_lam = 1.0 / lam  # one division per program, not per element
+    v = tl.log(lam) - kappa * z
+    e = tl.exp(-tl.abs(v))  # shared by softplus(v) = max(v, 0) + log1p(e) and sigmoid(v)
+    softplus = tl.maximum(v, 0.0) + _log1p(e)
+    ln_eta = -softplus * inv_lam
+    eta = tl.exp(ln_eta)
+    if not BACKWARD:
+        out = z * eta if GATED else eta
+        tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # 0 off the end: no partials
+        ge = g * eta
+        w = ge * z if GATED else ge
+        sigmoid = tl.where(v >= 0, 1.0, e) / (1.0 + e)
+        t = w * sigmoid * inv_lam
+        grad_z = ge + t * kappa if GATED else t * kappa
+        tl.store(out_ptr + offs, grad_z.to(out_ptr.dtype.element_ty), mask=mask)
+        # For v << 0 softplus and sigmoid are both ~e^v and D ~ e^{2v}/2: their fp32 difference loses
+        # up to 0.5% of lam's gradient near lam_min (aglu.py's torch path does). There take D from
+        # s = e / (2 + e), with log1p(e) = 2 atanh(s) and sigmoid = 2s / (1 + s): all terms positive,
+        # truncated at s^15 (s <= 1/3: relative error < 1e-8).
+        s = e / (2.0 + e)
+        s2 = s * s
+        series = 1 / 3 + s2 * (1 / 5 + s2 * (1 / 7 + s2 * (1 / 9 + s2 * (1 / 11 + s2 * (1 / 13 + s2 / 15)))))
+        d = tl.where(v >= 0, softplus - sigmoid, 2.0 * s2 / (1.0 + s) + 2.0 * s * s2 * series)
+        tl.store(partial_ptr + 2 * pid, tl.sum(t * z, axis=0))
+        tl.store(partial_ptr + 2 * pid + 1, tl.sum(w * d, axis=0))
+
+
+@triton.jit
+def _act(x, SWISH: tl.constexpr):
+    """act(x) and act'(x) (anact.py): SiLU and sigma(x)(1 + x(1 - sigma(x))), or ReLU and 1[x > 0]."""
+    if SWISH:
+        s = tl.sigmoid(x)
+        return x * s, s * (1.0 + x * (1.0 - s))
+    else:
+        return tl.maximum(x, 0.0), tl.where(x > 0, 1.0, 0.0)
+
+
+@triton.jit
+def _anact_stats_kernel(x_ptr, partial_ptr, n, SWISH: tl.constexpr, BLOCK: tl.constexpr):
+    """partial[pid] = (mean y, mean x, M2 y, M2 x, sum act'^2) over this block, y = act(x);
+    M2 about the block's own mean, taken from registers (a two-pass variance at one memory pass)."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y, d = _act(x, SWISH)
+    count = tl.minimum(n - pid.to(tl.int64) * BLOCK, BLOCK).to(tl.float32)
+    mean_y = tl.sum(tl.where(mask, y, 0.0), axis=0) / count
+    mean_x = tl.sum(x, axis=0) / count
+    dy = tl.where(mask, y - mean_y, 0.0)
+    dx = tl.where(mask, x - mean_x, 0.0)
+    p = partial_ptr + 5 * pid
+    tl.store(p, mean_y)
+    tl.store(p + 1, mean_x)
+    tl.store(p + 2, tl.sum(dy * dy, axis=0))
+    tl.store(p + 3, tl.sum(dx * dx, axis=0))
+    tl.store(p + 4, tl.sum(tl.where(mask, d * d, 0.0), axis=0))
+
+
+@triton.jit
+def _anact_kernel(x_ptr, grad_ptr, out_ptr, partial_ptr, scale_ptr, mu_ptr, n,
+                  SWISH: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
+    """Forward: out = scale (act(x) - mu). Backward: out = grad scale act'(x),
+    partial[pid] = sum grad (act(x) - mu) (the scale gradient, anact.py)."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.load(scale_ptr).to(tl.float32)
+    mu = tl.load(mu_ptr).to(tl.float32)
+    y, d = _act(x, SWISH)
+    if not BACKWARD:
+        tl.store(out_ptr + offs, (scale * (y - mu)).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs, (g * scale * d).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(partial_ptr + pid, tl.sum(g * (y - mu), axis=0))
+
+
+@triton.jit
+def _anact_rows_kernel(x_ptr, grad_ptr, out_ptr, partial_ptr, adj_ptr, n_cols, eps,
+                       SWISH: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
+    """per_instance: mu, rho, rho' over this row (anact.py's _stats, _rho), scale = lam_n + adj with
+    adj = beta tanh(alpha). Forward: out = scale (y - mu). Backward: out = grad scale act'(x),
+    partial[row] = sum grad (y - mu) (the adj gradient)."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    offs = row.to(tl.int64) * n_cols + cols
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y, d = _act(x, SWISH)
+    mu = tl.sum(tl.where(mask, y, 0.0), axis=0) / n_cols
+    dy = tl.where(mask, y - mu, 0.0)
+    dx = tl.where(mask, x - tl.sum(x, axis=0) / n_cols, 0.0)
+    var_y = tl.sum(dy * dy, axis=0) / n_cols
+    var_x = tl.maximum(tl.sum(dx * dx, axis=0) / n_cols, TINY)
+    rho = tl.maximum(var_y / var_x, eps)
+    rho_prime = tl.maximum(tl.sum(tl.where(mask, d * d, 0.0), axis=0) / n_cols, eps)
+    scale = tl.sqrt((rho + rho_prime) / (2.0 * rho * rho_prime)) + tl.load(adj_ptr).to(tl.float32)
+    if not BACKWARD:
+        tl.store(out_ptr + offs, (scale * dy).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs, (g * scale * d).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(partial_ptr + row, tl.sum(g * dy, axis=0))
+
+
+# ---------------------------------------------------------------- launching
+def _on_device(t):
+    """Triton launches on the current CUDA device: make it t's (a no-op for CPU tensors)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _dense(t):
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+def _no_double_backward(*tensors):
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise RuntimeError("double backward (create_graph=True) through the Triton activation kernels is not "
+                           "supported; build the activation with impl='torch'")
+
+
+# ---------------------------------------------------------------- AGLU / APA
+@torch.library.custom_op("nanoact::apa", mutates_args=())
+def apa(z: torch.Tensor, kappa: torch.Tensor, lam: torch.Tensor, lam_min: float, gated: bool) -> torch.Tensor:
+    """AGLU (gated) or APA of z with 0-dim kappa, lam."""
+    z = z.contiguous()
+    out = torch.empty_like(z)
+    with _on_device(z):
+        _apa_kernel[(triton.cdiv(z.numel(), BLOCK),)](z, z, out, out, kappa, lam, z.numel(), lam_min,
+                                                      GATED=gated, BACKWARD=False, BLOCK=BLOCK)
+    return out
+
+
+@apa.register_fake
+def _(z, kappa, lam, lam_min, gated):
+    return _dense(z)
+
+
+@torch.library.custom_op("nanoact::apa_backward", mutates_args=())
+def apa_backward(grad: torch.Tensor, z: torch.Tensor, kappa: torch.Tensor, lam: torch.Tensor, lam_min: float,
+                 gated: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_z, grad_kappa, grad_lam); lam below lam_min gets no gradient (the clamp's)."""
+    z, grad = z.contiguous(), grad.contiguous()
+    grad_z = torch.empty_like(z)
+    blocks = triton.cdiv(z.numel(), BLOCK)
+    partial = torch.empty(blocks, 2, device=z.device, dtype=torch.float32)
+    with _on_device(z):
+        _apa_kernel[(blocks,)](z, grad, grad_z, partial, kappa, lam, z.numel(), lam_min,
+                               GATED=gated, BACKWARD=True, BLOCK=BLOCK)
+    sums = partial.sum(0)
+    lam32 = lam.float()
+    grad_lam = torch.where(lam32 >= lam_min, sums[1] / lam32.clamp_min(lam_min).square(), 0.0)
+    return grad_z, sums[0].to(kappa.dtype, copy=True), grad_lam.to(lam.dtype)
+
+
+@apa_backward.register_fake
+def _(grad, z, kappa, lam, lam_min, gated):
+    return _dense(z), torch.empty_like(kappa), torch.empty_like(lam)
+
+
+def _apa_setup(ctx, inputs, output):
+    z, kappa, lam, ctx.lam_min, ctx.gated = inputs
+    ctx.save_for_backward(z, kappa, lam)
+
+
+def _apa_grad(ctx, grad):
+    z, kappa, lam = ctx.saved_tensors
+    _no_double_backward(grad, z, kappa, lam)
+    return *apa_backward(grad, z, kappa, lam, ctx.lam_min, ctx.gated), None, None
+
+
+apa.register_autograd(_apa_grad, setup_context=_apa_setup)
+
+
+# ---------------------------------------------------------------- NSwish / NReLU, batch statistics
+@torch.library.custom_op("nanoact::anact_stats", mutates_args=())
+def anact_stats(x: torch.Tensor, swish: bool) -> torch.Tensor:
+    """fp32 (mu, Var[y], Var[x], E[act'(x)^2]) over all of x, y = act(x), population variances."""
+    x = x.contiguous()
+    n = x.numel()
+    blocks = triton.cdiv(n, STATS_BLOCK)
+    partial = torch.empty(blocks, 5, device=x.device, dtype=torch.float32)
+    with _on_device(x):
+        _anact_stats_kernel[(blocks,)](x, partial, n, SWISH=swish, BLOCK=STATS_BLOCK, num_warps=8)
+    # Chan et al.'s merge: mean = sum n_b mean_b / n, M2 = sum M2_b + sum n_b (mean_b - mean)^2
+    p = partial.double()
+    counts = (n - STATS_BLOCK * torch.arange(blocks, device=x.device, dtype=torch.float64)).clamp_max(STATS_BLOCK)
+    means = counts @ p[:, :2] / n
+    m2 = p[:, 2:4].sum(0) + counts @ (p[:, :2] - means).square()
+    return torch.stack([means[0], m2[0] / n, m2[1] / n, p[:, 4].sum() / n]).float()
+
+
+@anact_stats.register_fake
+def _(x, swish):
+    return x.new_empty(4, dtype=torch.float32)
+
+
+@torch.library.custom_op("nanoact::anact", mutates_args=())
+def anact(x: torch.Tensor, scale: torch.Tensor, mu: torch.Tensor, swish: bool) -> torch.Tensor:
+    """scale (act(x) - mu) with 0-dim scale, mu."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    with _on_device(x):
+        _anact_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, x, out, out, scale, mu, x.numel(),
+                                                        SWISH=swish, BACKWARD=False, BLOCK=BLOCK)
+    return out
+
+
+@anact.register_fake
+def _(x, scale, mu, swish):
+    return _dense(x)
+
+
+@torch.library.custom_op("nanoact::anact_backward", mutates_args=())
+def anact_backward(grad: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, mu: torch.Tensor,
+                   swish: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_scale); mu carries no gradient (ANAct treats the statistics as constants)."""
+    x, grad = x.contiguous(), grad.contiguous()
+    grad_x = torch.empty_like(x)
+    blocks = triton.cdiv(x.numel(), BLOCK)
+    partial = torch.empty(blocks, device=x.device, dtype=torch.float32)
+    with _on_device(x):
+        _anact_kernel[(blocks,)](x, grad, grad_x, partial, scale, mu, x.numel(),
+                                 SWISH=swish, BACKWARD=True, BLOCK=BLOCK)
+    return grad_x, partial.sum().to(scale.dtype)
+
+
+@anact_backward.register_fake
+def _(grad, x, scale, mu, swish):
+    return _dense(x), torch.empty_like(scale)
+
+
+def _anact_setup(ctx, inputs, output):
+    x, scale, mu, ctx.swish = inputs
+    ctx.save_for_backward(x, scale, mu)
+
+
+def _anact_grad(ctx, grad):
+    x, scale, mu = ctx.saved_tensors
+    _no_double_backward(grad, x, scale)
+    return *anact_backward(grad, x, scale, mu, ctx.swish), None, None
+
+
+anact.register_autograd(_anact_grad, setup_context=_anact_setup)
+
+
+# ---------------------------------------------------------------- NSwish / NReLU, per_instance
+def _row_launch(x, grad, out, partial, adj, eps, swish, backward):
+    n_cols = x.shape[-1]
+    block = triton.next_power_of_2(n_cols)
+    with _on_device(x):
+        _anact_rows_kernel[(x.numel() // n_cols,)](x, grad, out, partial, adj, n_cols, eps, SWISH=swish,
+                                                   BACKWARD=backward, BLOCK=block,
+                                                   num_warps=min(max(block // 256, 1), 8))
+
+
+@torch.library.custom_op("nanoact::anact_rows", mutates_args=())
+def anact_rows(x: torch.Tensor, adj: torch.Tensor, eps: float, swish: bool) -> torch.Tensor:
+    """(lam_n + adj) (act(x) - mu) with mu, lam_n per row (last dim); 0-dim adj = beta tanh(alpha)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _row_launch(x, x, out, out, adj, eps, swish, backward=False)
+    return out
+
+
+@anact_rows.register_fake
+def _(x, adj, eps, swish):
+    return _dense(x)
+
+
+@torch.library.custom_op("nanoact::anact_rows_backward", mutates_args=())
+def anact_rows_backward(grad: torch.Tensor, x: torch.Tensor, adj: torch.Tensor, eps: float,
+                        swish: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_adj); the row statistics carry no gradient."""
+    x, grad = x.contiguous(), grad.contiguous()
+    grad_x = torch.empty_like(x)
+    partial = torch.empty(x.numel() // x.shape[-1], device=x.device, dtype=torch.float32)
+    _row_launch(x, grad, grad_x, partial, adj, eps, swish, backward=True)
+    return grad_x, partial.sum().to(adj.dtype)
+
+
+@anact_rows_backward.register_fake
+def _(grad, x, adj, eps, swish):
+    return _dense(x), torch.empty_like(adj)
+
+
+def _rows_setup(ctx, inputs, output):
+    x, adj, ctx.eps, ctx.swish = inputs
+    ctx.save_for_backward(x, adj)
+
+
+def _rows_grad(ctx, grad):
+    x, adj = ctx.saved_tensors
+    _no_double_backward(grad, x, adj)
+    return *anact_rows_backward(grad, x, adj, ctx.eps, ctx.swish), None, None
+
+
+anact_rows.register_autograd(_rows_grad, setup_context=_rows_setup)
