@@ -78,7 +78,7 @@ def _apa_kernel(z_ptr, grad_ptr, out_ptr, partial_ptr, kappa_ptr, lam_ptr, n, la
         grad_z = ge + t * kappa if GATED else t * kappa
         tl.store(out_ptr + offs, grad_z.to(out_ptr.dtype.element_ty), mask=mask)
         # For v << 0 softplus and sigmoid are both ~e^v and D ~ e^{2v}/2: their fp32 difference loses
-        # up to 0.5% of lam's gradient near lam_min (aglu.py's torch path does). There take D from
+        # about 0.5% of lam's gradient at lam_min (aglu.py's fp32 path does, against float64). There take D from
         # s = e / (2 + e), with log1p(e) = 2 atanh(s) and sigmoid = 2s / (1 + s): all terms positive,
         # truncated at s^15 (s <= 1/3: relative error < 1e-8).
         s = e / (2.0 + e)
