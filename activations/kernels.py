@@ -12,9 +12,12 @@ in and out, lam clamped at lam_min, ln eta = -softplus(ln lam - kappa z) / lam. 
                    is one pass and the backward one pass (it recomputes the row statistics)
 
 lam's gradient takes softplus(v) - sigmoid(v) from a series where the two cancel, so it stays accurate
-near the clamp (aglu.py's fp32 path is up to 0.5% off there). Only the input is saved for backward. Each op is a torch.library custom op with a fake (shape) kernel,
-so torch.compile keeps it in its graph; its autograd formula is the matching backward op. Double
-backward is not supported (a clear error; the PyTorch path, impl="torch", has it).
+near the clamp (aglu.py's fp32 path is about 0.5% off there). Only the input is saved for backward.
+
+Each op is a torch.library custom op with a fake (shape) kernel, so torch.compile keeps it in its graph;
+its autograd formula is the matching backward op. Double backward is not supported (a clear error; the
+PyTorch path, impl="torch", has it). torch.library.triton_op would let inductor see the kernels, but
+under TRITON_INTERPRET its wrap_triton cannot be traced, and the compile tests run in the interpreter.
 
 On a CPU tensor the kernels run in Triton's interpreter, which needs TRITON_INTERPRET=1 set before
 triton is first imported: triton decorates its own tl.sum, tl.sigmoid, ... at import (tests/conftest.py).
@@ -78,7 +81,7 @@ def _apa_kernel(z_ptr, grad_ptr, out_ptr, partial_ptr, kappa_ptr, lam_ptr, n, la
         grad_z = ge + t * kappa if GATED else t * kappa
         tl.store(out_ptr + offs, grad_z.to(out_ptr.dtype.element_ty), mask=mask)
         # For v << 0 softplus and sigmoid are both ~e^v and D ~ e^{2v}/2: their fp32 difference loses
-        # up to 0.5% of lam's gradient near lam_min (aglu.py's torch path does). There take D from
+        # about 0.5% of lam's gradient at lam_min (aglu.py's fp32 path does, against float64). There take D from
         # s = e / (2 + e), with log1p(e) = 2 atanh(s) and sigmoid = 2s / (1 + s): all terms positive,
         # truncated at s^15 (s <= 1/3: relative error < 1e-8).
         s = e / (2.0 + e)
