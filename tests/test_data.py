@@ -171,12 +171,42 @@ def test_huggingface_source(fineweb, enc, tmp_path, monkeypatch, streaming):
         return ds.to_iterable_dataset() if streaming else ds
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(fineweb, "hub_unreachable", lambda endpoint: "")  # no network in tests
     args = ["--out", str(tmp_path), "--shard-size", "100", "--max-docs", "20", "--workers", "1"]
     fineweb.main(args + (["--streaming"] if streaming else []))
     m, arrays = read_shards(tmp_path)
     assert m["source"] == "HuggingFaceFW/fineweb-edu/sample-10BT" and m["documents"] == 20
     assert m["shards"][0]["file"] == "fineweb_edu_val_000000.npy"
     np.testing.assert_array_equal(np.concatenate(arrays), expected_stream(enc, docs[:20]))
+
+
+def test_offline_hub_is_one_line_and_leaves_no_directory(fineweb, tmp_path, monkeypatch):
+    import urllib.error
+    datasets = pytest.importorskip("datasets")
+    out = tmp_path / "fw"
+
+    def no_network(request, timeout):
+        assert timeout <= 10  # fail fast, not after datasets' ~30 s of retries
+        raise urllib.error.URLError(OSError(-2, "Name or service not known"))
+
+    def load_dataset(*args, **kwargs):
+        raise AssertionError("the hub was probed unreachable: datasets must not be asked")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(fineweb.urllib.request, "urlopen", no_network)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    with pytest.raises(SystemExit, match=r"Name or service not known.*--input FILES.*HF_HUB_OFFLINE=1") as e:
+        fineweb.main(["--streaming", "--out", str(out), "--workers", "1"])
+    assert "\n" not in str(e.value) and not out.exists()
+
+    def not_cached(*args, **kwargs):  # what datasets raises offline without a cached copy
+        raise ConnectionError("Couldn't reach 'HuggingFaceFW/fineweb-edu' on the Hub (OfflineModeIsEnabled)\nmore")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # set: no probe, datasets looks in its cache
+    monkeypatch.setattr(datasets, "load_dataset", not_cached)
+    with pytest.raises(SystemExit, match=r"OfflineModeIsEnabled\)\); offline, .*--input FILES") as e:
+        fineweb.main(["--out", str(out), "--workers", "1"])
+    assert "\n" not in str(e.value) and "HF_HUB_OFFLINE=1" not in str(e.value) and not out.exists()
 
 
 def test_bad_inputs_give_one_line_errors(fineweb, tmp_path):
@@ -189,7 +219,7 @@ def test_bad_inputs_give_one_line_errors(fineweb, tmp_path):
     for path, message in cases:
         with pytest.raises(SystemExit, match=message) as e:
             prep(fineweb, [path], tmp_path / "out")
-        assert "\n" not in str(e.value)
+        assert "\n" not in str(e.value) and not (tmp_path / "out").exists()  # no empty directory left
 
     good = tmp_path / "good.txt"
     good.write_text("a small document " * 40)
