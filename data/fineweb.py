@@ -210,6 +210,39 @@ def write_manifest(out, manifest):
     os.replace(tmp, out / "manifest.json")
 
 
+PREPARE_AGAIN = "prepare the shards again with data/fineweb.py (into a new or emptied --out)"
+EXPECTED = "expected a 1-D uint16 array of GPT-2 tokens as data/fineweb.py writes"
+
+
+def read_shard(path):
+    """Memory-map a .npy token shard, or a ValueError that names the file and what is wrong with it.
+
+    The header is checked here rather than left to np.load, whose errors for random bytes or a cut-off
+    file speak of pickles and mmap lengths."""
+    try:
+        with open(path, "rb") as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, _, dtype = read_header(f)
+            except OSError:
+                raise
+            except Exception:  # numpy's header parser raises ValueError, SyntaxError, TokenError ...
+                raise ValueError(f"{path}: not a .npy array (missing or damaged NUMPY header); {EXPECTED}; "
+                                 f"{PREPARE_AGAIN}") from None
+            data_start = f.tell()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
+    if dtype != np.uint16 or len(shape) != 1:
+        raise ValueError(f"{path}: a {len(shape)}-D {dtype} array; {EXPECTED}; {PREPARE_AGAIN}")
+    size = path.stat().st_size - data_start
+    if size < 2 * shape[0]:
+        raise ValueError(f"{path}: truncated: its header promises {shape[0]:,} tokens ({2 * shape[0]:,} bytes) "
+                         f"but {size:,} bytes follow; {PREPARE_AGAIN}")
+    return np.load(path, mmap_mode="r")
+
+
 def open_manifest(out, options):
     """The manifest to continue: the existing one if its defining options match, else a fresh one."""
     path = out / "manifest.json"
@@ -226,7 +259,7 @@ def open_manifest(out, options):
                          "rerun with the same options, or use another --out")
     for shard in manifest["shards"]:
         file = out / shard["file"]
-        if not file.exists() or np.load(file, mmap_mode="r").shape != (shard["tokens"],):
+        if not file.exists() or read_shard(file).shape != (shard["tokens"],):
             raise ValueError(f"{file} is missing or not the size {path} records; delete {out} and prepare again")
     return manifest
 

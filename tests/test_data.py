@@ -305,26 +305,66 @@ def test_val_reset_repeats(tmp_path):
     assert first[0][0][:, 0].tolist() == [0, 8]
 
 
-@pytest.mark.parametrize("tokens, message", [
-    (np.arange(100, dtype=np.int32), "expected 1-D uint16"),
-    (np.zeros(0, dtype=np.uint16), "empty shard"),
-    (np.arange(5, dtype=np.uint16), "fewer than seq_len"),
-    (np.full(100, 50257, dtype=np.uint16), "token id 50257 >= vocab_size 50257"),
-])
-def test_bad_shard_is_named(tmp_path, tokens, message):
+def npy_bytes(tokens):
+    import io
+    buf = io.BytesIO()
+    np.save(buf, tokens)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("content, message", [
+    (npy_bytes(np.arange(100, dtype=np.int32)), "a 1-D int32 array; expected a 1-D uint16 array"),
+    (npy_bytes(np.zeros((10, 10), dtype=np.uint16)), "a 2-D uint16 array; expected a 1-D uint16 array"),
+    (npy_bytes(np.zeros(0, dtype=np.uint16)), "empty shard"),
+    (npy_bytes(np.arange(5, dtype=np.uint16)), "fewer than seq_len"),
+    (npy_bytes(np.full(100, 50257, dtype=np.uint16)), "token id 50257 >= the model's vocab_size 50257"),
+    (np.random.default_rng(0).bytes(1000), r"not a .npy array \(missing or damaged NUMPY header\)"),
+    (b"", "not a .npy array"),
+    (npy_bytes(np.arange(100, dtype=np.uint16))[:60], "not a .npy array"),  # cut inside the header
+    (npy_bytes(np.arange(100, dtype=np.uint16))[:-7], r"truncated: its header promises 100 tokens \(200 bytes\) but "
+                                                      "193 bytes follow"),
+], ids=["int32", "2-D", "empty", "short", "beyond-vocab", "random-bytes", "zero-bytes", "cut-in-header", "truncated"])
+def test_bad_shard_is_named_in_one_line(tmp_path, content, message):
     write_shards(tmp_path, [100])
-    np.save(tmp_path / "syn_train_000001.npy", tokens)
+    (tmp_path / "syn_train_000001.npy").write_bytes(content)
     with pytest.raises(ValueError, match=message) as e:
         ShardLoader(tmp_path, "train", B=2, T=8)
-    assert "syn_train_000001.npy" in str(e.value)
+    text = str(e.value)
+    assert str(tmp_path / "syn_train_000001.npy") in text and "data/fineweb.py" in text
+    assert "\n" not in text and "pickle" not in text  # our words, not np.load's
+
+
+def test_shards_must_match_their_manifest(fineweb, tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("a small document " * 100)
+    out = tmp_path / "shards"
+    prep(fineweb, [good], out, "--shard-size", "100", "--max-tokens", "300")
+    ShardLoader(out, "train", B=2, T=8)
+    shard = out / "local_train_000001.npy"
+    tokens = np.load(shard)
+    np.save(shard, tokens[:50])  # a valid .npy, but not the shard data/fineweb.py wrote
+    with pytest.raises(ValueError, match="local_train_000001.npy: 50 tokens but manifest.json records 100; "
+                                         "prepare the shards again"):
+        ShardLoader(out, "train", B=2, T=8)
+    with pytest.raises(SystemExit, match="local_train_000001.npy is missing or not the size"):
+        prep(fineweb, [good], out, "--shard-size", "100", "--max-tokens", "300")  # rerunning data/fineweb.py finds it too
+    shard.write_bytes(np.random.default_rng(0).bytes(300))
+    with pytest.raises(SystemExit, match="local_train_000001.npy: not a .npy array") as e:
+        prep(fineweb, [good], out, "--shard-size", "100", "--max-tokens", "300")
+    assert "pickle" not in str(e.value)
+    shard.unlink()
+    with pytest.raises(ValueError, match="local_train_000001.npy is missing .*manifest.json lists it"):
+        ShardLoader(out, "train", B=2, T=8)
 
 
 def test_missing_or_unfinished_data_is_explained(tmp_path):
-    with pytest.raises(FileNotFoundError, match="python data/fineweb.py") as e:
+    with pytest.raises(FileNotFoundError, match="data directory .*/nowhere/ does not exist; .*python data/fineweb.py"):
+        ShardLoader(tmp_path / "nowhere", "train", B=2, T=8)
+    with pytest.raises(FileNotFoundError, match="no '\\*_train_\\*.npy' token shards in .*python data/fineweb.py") as e:
         ShardLoader(tmp_path, "train", B=2, T=8)
     assert str(tmp_path) in str(e.value)
     (tmp_path / "syn_train_000000.npy").write_bytes(b"not numpy")
-    with pytest.raises(ValueError, match="not a readable .npy"):
+    with pytest.raises(ValueError, match="not a .npy array"):
         ShardLoader(tmp_path, "train", B=2, T=8)
     write_shards(tmp_path, [100])
     (tmp_path / "syn_train_000001.npy.tmp").write_bytes(b"half-written")  # ignored: not *.npy
