@@ -48,7 +48,8 @@ def run_trainer(argv, nproc=1, check=True, background_log=None):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                str(ROOT / "train_gpt2.py"), *argv]
     if background_log:  # a file, not a pipe: a pipe nobody reads would block the trainer once full
-        return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(background_log, "w"), stderr=subprocess.STDOUT)
+        with open(background_log, "w") as log:  # the child keeps its own copy of the descriptor
+            return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     result = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
