@@ -164,7 +164,12 @@ def test_cli_entry_registers_model_and_runs_offline(make_checkpoint, hellaswag_f
     ckpt = make_checkpoint()
     write_tasks(tmp_path, hellaswag_file(n=4))
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
-    cmd = [sys.executable, "-m", "eval.lm_eval_model", "--model", "nanoact", "--model_args",
+    # `python -m eval.lm_eval_model ...`, except that lm-eval's TaskManager skips indexing its ~14,700 bundled
+    # task yamls (~40 s on 2 cores); the local task needs none of them.
+    local_tasks_only = ("import functools, runpy, lm_eval.tasks as t; t.TaskManager.__init__ = functools.partialmethod("
+                        "t.TaskManager.__init__, include_defaults=False); "
+                        "runpy.run_module('eval.lm_eval_model', run_name='__main__', alter_sys=True)")
+    cmd = [sys.executable, "-c", local_tasks_only, "--model", "nanoact", "--model_args",
            f"checkpoint={ckpt.parent}", "--batch_size", "8", "--tasks", "hellaswag_local", "--include_path", str(tmp_path),
            "--device", "cpu", "--output_path", str(tmp_path / "results")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
