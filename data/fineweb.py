@@ -10,6 +10,9 @@ into shards `{name}_{split}_{idx:06d}.npy` (1-D uint16), shard 0 `val` and the r
 train shard exactly --shard-size tokens except the last. Shards cut through documents.
 Local inputs: a .txt file is one document; each line of a .jsonl/.json file (JSON lines) and each
 row of a .parquet file is one document, read from its `text` field; .txt/.jsonl/.json may be gzipped.
+The hub is probed once before datasets is asked, so offline the FineWeb-Edu source fails in seconds
+(HF_HUB_OFFLINE=1 skips the probe and reads datasets' cache). The output directory appears with the
+first shard: a run that fails before it leaves nothing behind.
 
 Validation split: shard 0 takes the first --val-tokens tokens (default: --shard-size, i.e. exactly
 build-nanogpt's layout). With the default and a corpus of fewer than 2 * shard-size tokens, that
@@ -31,6 +34,8 @@ import itertools
 import json
 import multiprocessing as mp
 import os
+import urllib.error
+import urllib.request
 from bisect import bisect_right
 from pathlib import Path
 
@@ -105,9 +110,30 @@ def _parquet_documents(path):
 
 
 def hf_documents(config, streaming, first):
-    from datasets import load_dataset  # slow import, only needed for the HF source
-    ds = load_dataset(HF_DATASET, name=config, split="train", streaming=streaming).select_columns(["text"])
-    return (row["text"] for row in ds.skip(first))
+    offline = bool(os.environ.get("HF_HUB_OFFLINE"))
+    # One quick request first: offline, datasets retries for ~30 s and then raises a long traceback.
+    problem = "" if offline else hub_unreachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    if not problem:
+        from datasets import load_dataset  # slow import, only needed for the HF source
+        try:
+            ds = load_dataset(HF_DATASET, name=config, split="train", streaming=streaming).select_columns(["text"])
+            return (row["text"] for row in ds.skip(first))
+        except ConnectionError as e:
+            problem = str(e).splitlines()[0]
+    raise ValueError(f"cannot load {HF_DATASET} from the Hugging Face hub ({problem}); offline, tokenize local "
+                     "text instead: --input FILES (.txt, .jsonl, .json, .parquet; e.g. --input corpus/*.txt)"
+                     + ("" if offline else ", or set HF_HUB_OFFLINE=1 to use a cached download"))
+
+
+def hub_unreachable(endpoint, timeout=10):
+    """Why `endpoint` cannot be reached, or "" if it answers at all (any HTTP status will do)."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        pass
+    except (urllib.error.URLError, OSError) as e:
+        return str(getattr(e, "reason", e))
+    return ""
 
 
 class ShardWriter:
@@ -163,6 +189,7 @@ class ShardWriter:
         split = "val" if idx == 0 else "train"
         path = self.out / f"{self.m['name']}_{split}_{idx:06d}.npy"
         tmp = path.with_name(path.name + ".tmp")  # not *.npy: the loader's glob must never see it
+        self.out.mkdir(parents=True, exist_ok=True)  # only now: a failed start leaves no empty directory
         with open(tmp, "wb") as f:
             np.save(f, tokens[:n])
         os.replace(tmp, path)
@@ -183,6 +210,39 @@ def write_manifest(out, manifest):
     os.replace(tmp, out / "manifest.json")
 
 
+PREPARE_AGAIN = "prepare the shards again with data/fineweb.py (into a new or emptied --out)"
+EXPECTED = "expected a 1-D uint16 array of GPT-2 tokens as data/fineweb.py writes"
+
+
+def read_shard(path):
+    """Memory-map a .npy token shard, or a ValueError that names the file and what is wrong with it.
+
+    The header is checked here rather than left to np.load, whose errors for random bytes or a cut-off
+    file speak of pickles and mmap lengths."""
+    try:
+        with open(path, "rb") as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, _, dtype = read_header(f)
+            except OSError:
+                raise
+            except Exception:  # numpy's header parser raises ValueError, SyntaxError, TokenError ...
+                raise ValueError(f"{path}: not a .npy array (missing or damaged NUMPY header); {EXPECTED}; "
+                                 f"{PREPARE_AGAIN}") from None
+            data_start = f.tell()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
+    if dtype != np.uint16 or len(shape) != 1:
+        raise ValueError(f"{path}: a {len(shape)}-D {dtype} array; {EXPECTED}; {PREPARE_AGAIN}")
+    size = path.stat().st_size - data_start
+    if size < 2 * shape[0]:
+        raise ValueError(f"{path}: truncated: its header promises {shape[0]:,} tokens ({2 * shape[0]:,} bytes) "
+                         f"but {size:,} bytes follow; {PREPARE_AGAIN}")
+    return np.load(path, mmap_mode="r")
+
+
 def open_manifest(out, options):
     """The manifest to continue: the existing one if its defining options match, else a fresh one."""
     path = out / "manifest.json"
@@ -199,7 +259,7 @@ def open_manifest(out, options):
                          "rerun with the same options, or use another --out")
     for shard in manifest["shards"]:
         file = out / shard["file"]
-        if not file.exists() or np.load(file, mmap_mode="r").shape != (shard["tokens"],):
+        if not file.exists() or read_shard(file).shape != (shard["tokens"],):
             raise ValueError(f"{file} is missing or not the size {path} records; delete {out} and prepare again")
     return manifest
 
@@ -216,7 +276,6 @@ def prepare(args):
     options = {"source": source, "tokenizer": "gpt2", "name": name, "shard_size": args.shard_size,
                "val_tokens": args.val_tokens, "max_docs": args.max_docs, "max_tokens": args.max_tokens}
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     manifest = open_manifest(out, options)
     if manifest["finished"]:
         print(f"{out}: already prepared ({len(manifest['shards'])} shards, {manifest['total_tokens']:,} tokens); "

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data.fineweb import EXPECTED, PREPARE_AGAIN, read_shard
 from data.tokenizer import VOCAB_SIZE
 
 
@@ -39,11 +40,13 @@ class ShardLoader:
         data_dir = Path(data_dir)
         paths = sorted(data_dir.glob(f"*_{split}_*.npy"))
         if not paths:
-            raise FileNotFoundError(f"no '*_{split}_*.npy' token shards in {data_dir}/; prepare them with "
-                                    f"`python data/fineweb.py --out {data_dir}` (add --input FILES for local text)")
-        _check_manifest(data_dir)
+            problem = f"no '*_{split}_*.npy' token shards in {data_dir}/" if data_dir.is_dir() else \
+                f"data directory {data_dir}/ does not exist"
+            raise FileNotFoundError(f"{problem}; prepare the shards with `python data/fineweb.py --out {data_dir}` "
+                                    "(add --input FILES for local text)")
+        recorded = _check_manifest(data_dir, split)
         self.names = [p.name for p in paths]
-        self.shards = [_open_shard(p, T, vocab_size) for p in paths]
+        self.shards = [_open_shard(p, T, vocab_size, recorded.get(p.name)) for p in paths]
         self.n_windows = [(len(s) - 1) // T for s in self.shards]
         self._perm_key, self._perm = None, None
         self.reset()
@@ -107,28 +110,39 @@ class ShardLoader:
         return pieces
 
 
-def _check_manifest(data_dir):
-    """Refuse a directory whose preparation was interrupted: training would silently see part of the data."""
+def _check_manifest(data_dir, split):
+    """Refuse a directory whose preparation was interrupted or whose shards are missing: training would
+    silently see part of the data. Returns {shard file: tokens} of the split as data/fineweb.py recorded them."""
     path = data_dir / "manifest.json"
-    if path.exists() and not json.loads(path.read_text()).get("finished", False):
+    if not path.exists():
+        return {}
+    try:
+        manifest = json.loads(path.read_text())
+        recorded = {s["file"]: s["tokens"] for s in manifest["shards"] if s["split"] == split}
+    except (ValueError, TypeError, KeyError):
+        raise ValueError(f"{path}: not a manifest written by data/fineweb.py; {PREPARE_AGAIN}") from None
+    if not manifest.get("finished", False):
         raise ValueError(f"{path} says preparation is unfinished; rerun the same `python data/fineweb.py ...` "
                          "command to complete it")
+    missing = [file for file in recorded if not (data_dir / file).exists()]
+    if missing:
+        raise ValueError(f"{data_dir / missing[0]} is missing ({path} lists it); {PREPARE_AGAIN}")
+    return recorded
 
 
-def _open_shard(path, T, vocab_size):
+def _open_shard(path, T, vocab_size, recorded_tokens=None):
     """Memory-map one shard after checking it can feed the model: uint16, 1-D, >= T+1 tokens, ids < vocab."""
-    try:
-        tokens = np.load(path, mmap_mode="r")
-    except (ValueError, OSError) as e:
-        raise ValueError(f"{path}: not a readable .npy token shard ({e})") from None
-    if tokens.dtype != np.uint16 or tokens.ndim != 1:
-        raise ValueError(f"{path}: {tokens.ndim}-D {tokens.dtype} array, expected 1-D uint16 tokens "
-                         "(write shards with data/fineweb.py)")
+    tokens = read_shard(path)
+    if recorded_tokens is not None and tokens.size != recorded_tokens:
+        raise ValueError(f"{path}: {tokens.size:,} tokens but manifest.json records {recorded_tokens:,}; "
+                         f"{PREPARE_AGAIN}")
     if tokens.size == 0:
-        raise ValueError(f"{path}: empty shard (0 tokens)")
+        raise ValueError(f"{path}: empty shard (0 tokens); {PREPARE_AGAIN}")
     if tokens.size < T + 1:
-        raise ValueError(f"{path}: {tokens.size} tokens, fewer than seq_len + 1 = {T + 1}")
+        raise ValueError(f"{path}: {tokens.size} tokens, fewer than seq_len + 1 = {T + 1}; lower seq_len, "
+                         "or prepare bigger shards (data/fineweb.py --shard-size)")
     top = int(tokens.max())  # reads the whole shard once, so a bad file fails at start-up, not hours in
     if top >= vocab_size:
-        raise ValueError(f"{path}: token id {top} >= vocab_size {vocab_size}")
+        raise ValueError(f"{path}: token id {top} >= the model's vocab_size {vocab_size}; {EXPECTED}; "
+                         f"{PREPARE_AGAIN}")
     return tokens

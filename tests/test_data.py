@@ -171,12 +171,42 @@ def test_huggingface_source(fineweb, enc, tmp_path, monkeypatch, streaming):
         return ds.to_iterable_dataset() if streaming else ds
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(fineweb, "hub_unreachable", lambda endpoint: "")  # no network in tests
     args = ["--out", str(tmp_path), "--shard-size", "100", "--max-docs", "20", "--workers", "1"]
     fineweb.main(args + (["--streaming"] if streaming else []))
     m, arrays = read_shards(tmp_path)
     assert m["source"] == "HuggingFaceFW/fineweb-edu/sample-10BT" and m["documents"] == 20
     assert m["shards"][0]["file"] == "fineweb_edu_val_000000.npy"
     np.testing.assert_array_equal(np.concatenate(arrays), expected_stream(enc, docs[:20]))
+
+
+def test_offline_hub_is_one_line_and_leaves_no_directory(fineweb, tmp_path, monkeypatch):
+    import urllib.error
+    datasets = pytest.importorskip("datasets")
+    out = tmp_path / "fw"
+
+    def no_network(request, timeout):
+        assert timeout <= 10  # fail fast, not after datasets' ~30 s of retries
+        raise urllib.error.URLError(OSError(-2, "Name or service not known"))
+
+    def load_dataset(*args, **kwargs):
+        raise AssertionError("the hub was probed unreachable: datasets must not be asked")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(fineweb.urllib.request, "urlopen", no_network)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    with pytest.raises(SystemExit, match=r"Name or service not known.*--input FILES.*HF_HUB_OFFLINE=1") as e:
+        fineweb.main(["--streaming", "--out", str(out), "--workers", "1"])
+    assert "\n" not in str(e.value) and not out.exists()
+
+    def not_cached(*args, **kwargs):  # what datasets raises offline without a cached copy
+        raise ConnectionError("Couldn't reach 'HuggingFaceFW/fineweb-edu' on the Hub (OfflineModeIsEnabled)\nmore")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # set: no probe, datasets looks in its cache
+    monkeypatch.setattr(datasets, "load_dataset", not_cached)
+    with pytest.raises(SystemExit, match=r"OfflineModeIsEnabled\)\); offline, .*--input FILES") as e:
+        fineweb.main(["--out", str(out), "--workers", "1"])
+    assert "\n" not in str(e.value) and "HF_HUB_OFFLINE=1" not in str(e.value) and not out.exists()
 
 
 def test_bad_inputs_give_one_line_errors(fineweb, tmp_path):
@@ -189,7 +219,7 @@ def test_bad_inputs_give_one_line_errors(fineweb, tmp_path):
     for path, message in cases:
         with pytest.raises(SystemExit, match=message) as e:
             prep(fineweb, [path], tmp_path / "out")
-        assert "\n" not in str(e.value)
+        assert "\n" not in str(e.value) and not (tmp_path / "out").exists()  # no empty directory left
 
     good = tmp_path / "good.txt"
     good.write_text("a small document " * 40)
@@ -275,26 +305,66 @@ def test_val_reset_repeats(tmp_path):
     assert first[0][0][:, 0].tolist() == [0, 8]
 
 
-@pytest.mark.parametrize("tokens, message", [
-    (np.arange(100, dtype=np.int32), "expected 1-D uint16"),
-    (np.zeros(0, dtype=np.uint16), "empty shard"),
-    (np.arange(5, dtype=np.uint16), "fewer than seq_len"),
-    (np.full(100, 50257, dtype=np.uint16), "token id 50257 >= vocab_size 50257"),
-])
-def test_bad_shard_is_named(tmp_path, tokens, message):
+def npy_bytes(tokens):
+    import io
+    buf = io.BytesIO()
+    np.save(buf, tokens)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("content, message", [
+    (npy_bytes(np.arange(100, dtype=np.int32)), "a 1-D int32 array; expected a 1-D uint16 array"),
+    (npy_bytes(np.zeros((10, 10), dtype=np.uint16)), "a 2-D uint16 array; expected a 1-D uint16 array"),
+    (npy_bytes(np.zeros(0, dtype=np.uint16)), "empty shard"),
+    (npy_bytes(np.arange(5, dtype=np.uint16)), "fewer than seq_len"),
+    (npy_bytes(np.full(100, 50257, dtype=np.uint16)), "token id 50257 >= the model's vocab_size 50257"),
+    (np.random.default_rng(0).bytes(1000), r"not a .npy array \(missing or damaged NUMPY header\)"),
+    (b"", "not a .npy array"),
+    (npy_bytes(np.arange(100, dtype=np.uint16))[:60], "not a .npy array"),  # cut inside the header
+    (npy_bytes(np.arange(100, dtype=np.uint16))[:-7], r"truncated: its header promises 100 tokens \(200 bytes\) but "
+                                                      "193 bytes follow"),
+], ids=["int32", "2-D", "empty", "short", "beyond-vocab", "random-bytes", "zero-bytes", "cut-in-header", "truncated"])
+def test_bad_shard_is_named_in_one_line(tmp_path, content, message):
     write_shards(tmp_path, [100])
-    np.save(tmp_path / "syn_train_000001.npy", tokens)
+    (tmp_path / "syn_train_000001.npy").write_bytes(content)
     with pytest.raises(ValueError, match=message) as e:
         ShardLoader(tmp_path, "train", B=2, T=8)
-    assert "syn_train_000001.npy" in str(e.value)
+    text = str(e.value)
+    assert str(tmp_path / "syn_train_000001.npy") in text and "data/fineweb.py" in text
+    assert "\n" not in text and "pickle" not in text  # our words, not np.load's
+
+
+def test_shards_must_match_their_manifest(fineweb, tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("a small document " * 100)
+    out = tmp_path / "shards"
+    prep(fineweb, [good], out, "--shard-size", "100", "--max-tokens", "300")
+    ShardLoader(out, "train", B=2, T=8)
+    shard = out / "local_train_000001.npy"
+    tokens = np.load(shard)
+    np.save(shard, tokens[:50])  # a valid .npy, but not the shard data/fineweb.py wrote
+    with pytest.raises(ValueError, match="local_train_000001.npy: 50 tokens but manifest.json records 100; "
+                                         "prepare the shards again"):
+        ShardLoader(out, "train", B=2, T=8)
+    with pytest.raises(SystemExit, match="local_train_000001.npy is missing or not the size"):
+        prep(fineweb, [good], out, "--shard-size", "100", "--max-tokens", "300")  # rerunning data/fineweb.py finds it too
+    shard.write_bytes(np.random.default_rng(0).bytes(300))
+    with pytest.raises(SystemExit, match="local_train_000001.npy: not a .npy array") as e:
+        prep(fineweb, [good], out, "--shard-size", "100", "--max-tokens", "300")
+    assert "pickle" not in str(e.value)
+    shard.unlink()
+    with pytest.raises(ValueError, match="local_train_000001.npy is missing .*manifest.json lists it"):
+        ShardLoader(out, "train", B=2, T=8)
 
 
 def test_missing_or_unfinished_data_is_explained(tmp_path):
-    with pytest.raises(FileNotFoundError, match="python data/fineweb.py") as e:
+    with pytest.raises(FileNotFoundError, match="data directory .*/nowhere/ does not exist; .*python data/fineweb.py"):
+        ShardLoader(tmp_path / "nowhere", "train", B=2, T=8)
+    with pytest.raises(FileNotFoundError, match="no '\\*_train_\\*.npy' token shards in .*python data/fineweb.py") as e:
         ShardLoader(tmp_path, "train", B=2, T=8)
     assert str(tmp_path) in str(e.value)
     (tmp_path / "syn_train_000000.npy").write_bytes(b"not numpy")
-    with pytest.raises(ValueError, match="not a readable .npy"):
+    with pytest.raises(ValueError, match="not a .npy array"):
         ShardLoader(tmp_path, "train", B=2, T=8)
     write_shards(tmp_path, [100])
     (tmp_path / "syn_train_000001.npy.tmp").write_bytes(b"half-written")  # ignored: not *.npy

@@ -2,6 +2,7 @@
 generations equal direct computations on our model, and local task yamls run offline end to end,
 through lm-eval's evaluator and through the `python -m eval.lm_eval_model` CLI entry."""
 import json
+import logging
 import math
 import os
 import subprocess
@@ -96,9 +97,19 @@ def test_generate_until_equals_greedy_generate(lm, gpt2_enc):
         lm.generate_until(instances("generate_until", [("x", {"do_sample": True})]))
 
 
+def readme_task_yaml(hellaswag_path):
+    """The README's offline hellaswag task yaml, pointed at `hellaswag_path`."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("# my_tasks/hellaswag_local.yaml")
+    text = readme[start:readme.index("```", start)]
+    assert "validation: /data/hellaswag_val.jsonl" in text
+    return text.replace("/data/hellaswag_val.jsonl", str(hellaswag_path))
+
+
 def write_tasks(directory, hellaswag_path):
-    """Three offline task yamls: lm-eval's hellaswag recipe on a local jsonl, a rolling-perplexity
-    task and a generation task (dataset_path: json + data_files, the way to run lm-eval offline)."""
+    """Three offline task yamls: the README's (lm-eval's hellaswag recipe on a local jsonl), a
+    rolling-perplexity task and a generation task (dataset_path: json + data_files, the way to run
+    lm-eval offline)."""
     docs = directory / "docs.jsonl"
     docs.write_text("".join(json.dumps(d) + "\n" for d in [
         {"text": "The cat sat on the mat. " * 12, "prompt": "Q: What is 2+2?\nA:", "answer": " 4"},
@@ -106,20 +117,16 @@ def write_tasks(directory, hellaswag_path):
     ]))
     (directory / "utils.py").write_text("from lm_eval.tasks.hellaswag.utils import process_docs  # noqa: F401\n")
     common = "dataset_path: json\ndataset_name: null\n"
-    (directory / "hs_local.yaml").write_text(
-        f"task: hs_local\n{common}dataset_kwargs:\n  data_files:\n    validation: {hellaswag_path}\n"
-        "output_type: multiple_choice\nvalidation_split: validation\nprocess_docs: !function utils.process_docs\n"
-        'doc_to_text: "{{query}}"\ndoc_to_target: "{{label}}"\ndoc_to_choice: "choices"\n'
-        "metric_list:\n  - metric: acc\n  - metric: acc_norm\n")
+    (directory / "hellaswag_local.yaml").write_text(readme_task_yaml(hellaswag_path))
     (directory / "text_local.yaml").write_text(
         f"task: text_local\n{common}dataset_kwargs:\n  data_files:\n    test: {docs}\n"
         'output_type: loglikelihood_rolling\ntest_split: test\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
-        "metric_list:\n  - metric: bits_per_byte\n")
+        "metric_list:\n  - metric: bits_per_byte\n    aggregation: bits_per_byte\n    higher_is_better: false\n")
     (directory / "gen_local.yaml").write_text(
         f"task: gen_local\n{common}dataset_kwargs:\n  data_files:\n    test: {docs}\n"
         'output_type: generate_until\ntest_split: test\ndoc_to_text: "{{prompt}}"\ndoc_to_target: "{{answer}}"\n'
         'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 6\n  do_sample: false\n'
-        "metric_list:\n  - metric: exact_match\n")
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
     return [json.loads(line) for line in docs.read_text().splitlines()]
 
 
@@ -129,19 +136,21 @@ def offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-def test_local_tasks_through_lm_eval_evaluator(lm, gpt2_enc, hellaswag_file, tmp_path, offline):
+def test_local_tasks_through_lm_eval_evaluator(lm, gpt2_enc, hellaswag_file, tmp_path, offline, caplog):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     hs = hellaswag_file(n=10)
     docs = write_tasks(tmp_path, hs)
     tasks = TaskManager(include_path=str(tmp_path), include_defaults=False)  # skip indexing lm-eval's 10k yamls
-    out = simple_evaluate(model=lm, tasks=["hs_local", "text_local", "gen_local"], task_manager=tasks,
-                          log_samples=True, bootstrap_iters=0)
+    with caplog.at_level(logging.WARNING, logger="lm_eval"):
+        out = simple_evaluate(model=lm, tasks=["hellaswag_local", "text_local", "gen_local"], task_manager=tasks,
+                              log_samples=True, bootstrap_iters=0)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # the README's yaml too
     res = out["results"]
     ours = evaluate_model(lm.model, "cpu", hs, scoring="lm_eval", progress=False, batch_items=4)["lm_eval"]
-    assert res["hs_local"]["acc,none"] == pytest.approx(ours["acc"])
-    assert res["hs_local"]["acc_norm,none"] == pytest.approx(ours["acc_norm"])
+    assert res["hellaswag_local"]["acc,none"] == pytest.approx(ours["acc"])
+    assert res["hellaswag_local"]["acc_norm,none"] == pytest.approx(ours["acc_norm"])
     rolling = lm.loglikelihood_rolling(instances("loglikelihood_rolling", [(d["text"],) for d in docs]))
     n_bytes = sum(len(d["text"].encode()) for d in docs)
     assert res["text_local"]["bits_per_byte,none"] == pytest.approx(-sum(rolling) / n_bytes / math.log(2), rel=1e-6)
@@ -155,14 +164,19 @@ def test_cli_entry_registers_model_and_runs_offline(make_checkpoint, hellaswag_f
     ckpt = make_checkpoint()
     write_tasks(tmp_path, hellaswag_file(n=4))
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
-    cmd = [sys.executable, "-m", "eval.lm_eval_model", "--model", "nanoact", "--model_args",
-           f"checkpoint={ckpt.parent}", "--batch_size", "8", "--tasks", "hs_local", "--include_path", str(tmp_path),
+    # `python -m eval.lm_eval_model ...`, except that lm-eval's TaskManager skips indexing its ~14,700 bundled
+    # task yamls (~40 s on 2 cores); the local task needs none of them.
+    local_tasks_only = ("import functools, runpy, lm_eval.tasks as t; t.TaskManager.__init__ = functools.partialmethod("
+                        "t.TaskManager.__init__, include_defaults=False); "
+                        "runpy.run_module('eval.lm_eval_model', run_name='__main__', alter_sys=True)")
+    cmd = [sys.executable, "-c", local_tasks_only, "--model", "nanoact", "--model_args",
+           f"checkpoint={ckpt.parent}", "--batch_size", "8", "--tasks", "hellaswag_local", "--include_path", str(tmp_path),
            "--device", "cpu", "--output_path", str(tmp_path / "results")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = list((tmp_path / "results").rglob("results_*.json"))
     assert len(written) == 1
-    assert json.loads(written[0].read_text())["results"]["hs_local"]["acc,none"] in [k / 4 for k in range(5)]
+    assert json.loads(written[0].read_text())["results"]["hellaswag_local"]["acc,none"] in [k / 4 for k in range(5)]
 
 
 def test_bad_model_args(make_checkpoint):

@@ -48,11 +48,35 @@ def run_trainer(argv, nproc=1, check=True, background_log=None):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                str(ROOT / "train_gpt2.py"), *argv]
     if background_log:  # a file, not a pipe: a pipe nobody reads would block the trainer once full
-        return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(background_log, "w"), stderr=subprocess.STDOUT)
+        with open(background_log, "w") as log:  # the child keeps its own copy of the descriptor
+            return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     result = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
     return result
+
+
+def train_in_process(argv):
+    """train_gpt2.train in this process (a subprocess costs a torch import: seconds on a busy machine)."""
+    import train_gpt2
+    from training.config import load_config
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 in run_trainer: the same kernels, bit-equal results
+    try:
+        return train_gpt2.train(load_config(train_gpt2.TrainConfig, argv))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def cli_error(argv):
+    """The one-line error `python train_gpt2.py ARGV` ends with, from train_gpt2.main in this process."""
+    import train_gpt2
+
+    with pytest.raises(SystemExit) as e:
+        train_gpt2.main(argv)
+    assert isinstance(e.value.code, str), "main() exited without an error message"
+    return e.value.code
 
 
 def train_losses(out_dir):
@@ -65,13 +89,8 @@ def final_weights(out_dir, step=8):
 
 
 def test_tiny_model_learns_in_process(tmp_path):
-    import train_gpt2
-    from training.config import load_config
-
-    torch.set_num_threads(1)
     data = write_corpus(tmp_path / "data")
-    cfg = load_config(train_gpt2.TrainConfig, args(data, tmp_path / "out", max_steps=40, eval_interval=20, act="aglu"))
-    train_gpt2.train(cfg)
+    train_in_process(args(data, tmp_path / "out", max_steps=40, eval_interval=20, act="aglu"))
     train, val = train_losses(tmp_path / "out")
     assert len(train) == 40 and len(val) == 3
     assert val[-1] < val[0] - 1.0, val  # from ~ln(64)=4.16 down: the phrases are learnable
@@ -83,7 +102,7 @@ def test_tiny_model_learns_in_process(tmp_path):
 
 def test_two_gloo_processes_match_grad_accumulation(tmp_path):
     data = write_corpus(tmp_path / "data")
-    run_trainer(args(data, tmp_path / "single"))  # 1 process: B=4 x 2 micro-steps
+    train_in_process(args(data, tmp_path / "single"))  # 1 process: B=4 x 2 micro-steps
     run_trainer(args(data, tmp_path / "ddp"), nproc=2)  # 2 processes: B=4 each, no accumulation
     single, ddp = train_losses(tmp_path / "single"), train_losses(tmp_path / "ddp")
     np.testing.assert_allclose(ddp[0], single[0], rtol=1e-5, atol=1e-6)
@@ -97,7 +116,7 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
     data = write_corpus(tmp_path / "data")
     # dropout: the RNG state must resume too; 60 steps so the kill lands mid-run (asserted below)
     extra = dict(act="nswish", dropout=0.1, checkpoint_interval=3, max_steps=60, eval_interval=10)
-    run_trainer(args(data, tmp_path / "straight", **extra))
+    train_in_process(args(data, tmp_path / "straight", **extra))
     proc = run_trainer(args(data, tmp_path / "killed", **extra), background_log=tmp_path / "killed.log")
     deadline = time.time() + 120
     while not (tmp_path / "killed" / "model_00003.pt").exists():
@@ -140,47 +159,42 @@ def test_sigterm_saves_a_checkpoint_and_exits_unfinished(tmp_path):
 ])
 def test_clear_errors(tmp_path, overrides, message):
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=200)
-    result = run_trainer(args(data, tmp_path / "out", **overrides), check=False)
-    assert result.returncode != 0
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and message in last, result.stderr
+    error = cli_error(args(data, tmp_path / "out", **overrides))
+    assert error.startswith("error: ") and message in error and "\n" not in error, error
 
 
 def test_config_is_checked_before_the_data(tmp_path):
-    result = run_trainer(args(tmp_path / "no_data", tmp_path / "out", act="gleu"), check=False)
-    last = result.stderr.strip().splitlines()[-1]
-    assert result.returncode != 0 and "unknown activation 'gleu'" in last, result.stderr
+    error = cli_error(args(tmp_path / "no_data", tmp_path / "out", act="gleu"))
+    assert "unknown activation 'gleu'" in error, error
 
 
-def test_resume_needs_a_checkpoint_and_auto_resume_does_not(tmp_path):
+def test_resume_needs_a_checkpoint_and_auto_resume_does_not(tmp_path, capsys):
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
-    result = run_trainer(args(data, tmp_path / "out", resume="true"), check=False)
-    last = result.stderr.strip().splitlines()[-1]
-    assert result.returncode != 0 and "--resume: no checkpoint" in last and "--auto-resume" in last
-    first = run_trainer(args(data, tmp_path / "out", auto_resume="true", max_steps=4))
-    assert "starting from scratch" in first.stdout and "step     3/4" in first.stdout and "eta" in first.stdout
-    assert "done: steps 0-4" in first.stdout and "final val loss" in first.stdout
-    again = run_trainer(args(data, tmp_path / "out", auto_resume="true", max_steps=6))
-    assert "resuming" in again.stdout and "model_00004.pt" in again.stdout and "done: steps 4-6" in again.stdout
+    error = cli_error(args(data, tmp_path / "out", resume="true"))
+    assert "--resume: no checkpoint" in error and "--auto-resume" in error
+    train_in_process(args(data, tmp_path / "out", auto_resume="true", max_steps=4))
+    first = capsys.readouterr().out
+    assert "starting from scratch" in first and "step     3/4" in first and "eta" in first
+    assert "done: steps 0-4" in first and "final val loss" in first
+    train_in_process(args(data, tmp_path / "out", auto_resume="true", max_steps=6))
+    again = capsys.readouterr().out
+    assert "resuming" in again and "model_00004.pt" in again and "done: steps 4-6" in again
 
 
 def test_corrupt_shard_and_missing_shards_are_clear_errors(tmp_path):
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=200)
     np.save(data / "synth_train_000001.npy", np.full(200, 60000, dtype=np.uint16))  # ids beyond the vocab
-    result = run_trainer(args(data, tmp_path / "out"), check=False)
-    last = result.stderr.strip().splitlines()[-1]
-    assert result.returncode != 0 and last.startswith("error: ") and "synth_train_000001.npy" in last
+    error = cli_error(args(data, tmp_path / "out"))
+    assert error.startswith("error: ") and "synth_train_000001.npy" in error and "\n" not in error
+    # once through the real command line: a non-zero exit whose last stderr line is that one-line error
     result = run_trainer(args(tmp_path / "empty", tmp_path / "out"), check=False)
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode != 0 and last.startswith("error: ") and "data/fineweb.py" in last
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    import train_gpt2
-    from training.config import load_config
     from model import GPT
 
-    torch.set_num_threads(1)
     calls = {"n": 0}
     forward = GPT.forward
 
@@ -194,9 +208,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
 
     monkeypatch.setattr(GPT, "forward", poisoned)
     data = write_corpus(tmp_path / "data")
-    cfg = load_config(train_gpt2.TrainConfig, args(data, tmp_path / "out", checkpoint_interval=2))
     with pytest.raises(SystemExit, match=r"step 5: loss nan .* last good checkpoint: .*model_00004\.pt"):
-        train_gpt2.train(cfg)
+        train_in_process(args(data, tmp_path / "out", checkpoint_interval=2))
     saved = sorted(p.name for p in (tmp_path / "out").glob("model_*.pt"))
     assert saved == ["model_00002.pt", "model_00004.pt"]
     weights = torch.load(tmp_path / "out" / "model_00004.pt", weights_only=False)["model"]
@@ -206,8 +219,13 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
 def test_compiled_training_keeps_evaluating(tmp_path):
     """build-nanogpt had to switch compile off because evaluation broke it; here eval runs on the compiled model."""
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
-    run_trainer(args(data, tmp_path / "c", compile="true", max_steps=3, eval_interval=1, act="aglu"))
-    run_trainer(args(data, tmp_path / "e", compile="false", max_steps=3, eval_interval=1, act="aglu"))
+    # One layer: inductor compiles every kernel with a C++ compiler (the test's cost: ~20 kernels, not 25).
+    small = dict(max_steps=3, eval_interval=1, act="aglu", n_layer=1)
+    try:
+        train_in_process(args(data, tmp_path / "c", compile="true", **small))
+    finally:
+        torch._dynamo.reset()  # leave no compiled graphs behind for later tests
+    train_in_process(args(data, tmp_path / "e", compile="false", **small))
     compiled, eager = train_losses(tmp_path / "c"), train_losses(tmp_path / "e")
     assert len(compiled[1]) == 4  # validation at steps 0, 1, 2 and 3, between compiled training steps
     np.testing.assert_allclose(compiled[0], eager[0], rtol=1e-4)
@@ -217,8 +235,8 @@ def test_compiled_training_keeps_evaluating(tmp_path):
 def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc):
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
     hella = hellaswag_file(8)
-    run_trainer(args(data, tmp_path / "out", vocab_size=50304, block_size=128, max_steps=2, eval_interval=2, hellaswag_interval=2,
-                     hellaswag_data=hella))
+    train_in_process(args(data, tmp_path / "out", vocab_size=50304, block_size=128, max_steps=2, eval_interval=2,
+                          hellaswag_interval=2, hellaswag_data=hella))
     lines = (tmp_path / "out" / "log.txt").read_text().splitlines()
     assert [line.split()[:2] for line in lines if " hella " in line] == [["0", "hella"], ["2", "hella"]]
     evals = [json.loads(r) for r in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
