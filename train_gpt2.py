@@ -25,7 +25,7 @@ from harness.runlog import RunLog, environment
 from harness.schedule import warmup_cosine
 from harness.stop import GracefulStop
 from harness.training import autocast_context, resolve_precision, stop_if_not_finite
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, sdpa_backends
 
 
 @dataclass
@@ -55,12 +55,25 @@ class OptimConfig:
     grad_clip: float = 1.0
 
 
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+
+
+@dataclass
+class SpeedConfig:
+    """How fast, not what: each option keeps the loss equal to the plain path (tests/test_speed.py),
+    none is stored in the model config, so a resumed run may change them. DDP safety: README."""
+    loss_chunks: int = 0  # 0: off; else LM head + cross-entropy in N row chunks, never the full fp32 logits
+    attention_backend: str = "auto"  # SDPA kernel(s) on CUDA: auto, flash, cudnn, efficient, math or e.g. cudnn,flash
+    compile_mode: str = "default"  # torch.compile mode (when compile is on): one of COMPILE_MODES
+
+
 @dataclass
 class TrainConfig:
     model: GPTConfig = field(default_factory=GPTConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
 
 
 def steps_per_rank(total, batch_size, seq_len, world_size, name="total_batch_size"):
@@ -112,7 +125,17 @@ def run_hellaswag(model, d, cfg, autocast):
     return result["completion"]
 
 
+def check_speed(speed):
+    """Bad speed options fail before any data or device is touched."""
+    if speed.compile_mode not in COMPILE_MODES:
+        raise ConfigError(f"unknown compile_mode {speed.compile_mode!r}; choose {', '.join(COMPILE_MODES)}")
+    if speed.loss_chunks < 0:
+        raise ConfigError(f"loss_chunks {speed.loss_chunks} must be >= 0 (0: off)")
+    sdpa_backends(speed.attention_backend)  # a ValueError that names the choices
+
+
 def train(cfg):
+    check_speed(cfg.speed)
     d = distributed.setup(cfg.run.device)
     torch.manual_seed(cfg.run.seed)
     o = cfg.optim
@@ -129,7 +152,7 @@ def train(cfg):
                                seed=cfg.run.seed, shuffle=cfg.data.shuffle, vocab_size=cfg.model.vocab_size)
     val_loader = ShardLoader(cfg.data.data_dir, "val", o.batch_size, o.seq_len, d.rank, d.world_size, shuffle=False,
                              vocab_size=cfg.model.vocab_size)
-    model = GPT(cfg.model).to(d.device)
+    model = GPT(cfg.model, cfg.speed.loss_chunks, cfg.speed.attention_backend).to(d.device)
     optimizer = model.configure_optimizers(o.weight_decay, o.max_lr, o.betas, o.eps, d.device_type)
 
     start_step, ckpt_path = 0, latest_checkpoint(cfg.run.out_dir) if cfg.run.resume else None
@@ -146,7 +169,8 @@ def train(cfg):
 
     raw_model = model
     if use_compile:
-        model = torch.compile(model, dynamic=False)  # static graphs: train, val and each HellaSwag length bucket
+        # static graphs: train, val and each HellaSwag length bucket
+        model = torch.compile(model, dynamic=False, mode=cfg.speed.compile_mode)
     if d.ddp:
         model = DDP(model, device_ids=[d.local_rank] if d.device_type == "cuda" else None)
     eval_model = unwrap_ddp(model)  # compiled when compile is on: evaluation keeps the compiled graph

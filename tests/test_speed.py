@@ -108,3 +108,14 @@ def test_attention_backend_choices_and_cpu_no_op():
     plain, fast, idx, targets = pair(chunks=0, attention_backend="cudnn")  # cuDNN does not exist on CPU
     assert torch.equal(fast(idx, targets)[1], plain(idx, targets)[1])
 
+
+def test_trainer_rejects_bad_speed_options_before_touching_data():
+    import train_gpt2
+    from harness.config import ConfigError, load_config
+
+    for argv, message in [(["--compile-mode", "fastest"], "unknown compile_mode 'fastest'; choose default"),
+                          (["--loss-chunks", "-2"], "loss_chunks -2 must be >= 0"),
+                          (["--attention-backend", "flsh"], "unknown attention_backend 'flsh'")]:
+        cfg = load_config(train_gpt2.TrainConfig, argv + ["--data-dir", "/nonexistent"])
+        with pytest.raises((ConfigError, ValueError), match=message):
+            train_gpt2.train(cfg)
