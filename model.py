@@ -3,7 +3,10 @@
 Architecture and init follow OpenAI's GPT-2 (and karpathy/build-nanogpt): learned positions,
 tied input/output embeddings, init std 0.02 with residual projections scaled by (2*n_layer)^-0.5.
 Only the MLP activation changes between runs; it comes from the `activations` registry.
+Two speed options are constructor arguments, not config fields: they change how fast the same model
+runs, so checkpoints do not record them and a resumed run may change them (tests/test_speed.py).
 """
+import contextlib
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from activations import layer_activation
 
@@ -46,8 +50,25 @@ class GPTConfig:
     plain_top_k: int = 0  # ANAct's "NSwish + k Swish": the top k MLPs use the unnormalized activation
 
 
+# SDPA kernels by name for `attention_backend`; "auto" leaves the choice to PyTorch.
+ATTENTION_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                      "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+
+
+def sdpa_backends(name):
+    """"auto" -> None; "cudnn" or "cudnn,flash" (tried in that order) -> a list of SDPBackend."""
+    if name == "auto":
+        return None
+    names = name.split(",")
+    bad = [n for n in names if n not in ATTENTION_BACKENDS]
+    if bad or not names:
+        raise ValueError(f"unknown attention_backend {name!r}; choose auto or one or more (comma-separated, "
+                         f"tried in order) of {', '.join(ATTENTION_BACKENDS)}")
+    return [ATTENTION_BACKENDS[n] for n in names]
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, backends=None):
         super().__init__()
         assert config.n_embd % config.n_head == 0, "n_embd must be divisible by n_head"
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
@@ -55,12 +76,16 @@ class CausalSelfAttention(nn.Module):
         self.c_proj.residual_scale = True
         self.n_head = config.n_head
         self.dropout = config.dropout
+        self.backends = backends
 
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        # the kernel choice is a CUDA matter; on CPU it would turn PyTorch's CPU flash kernel on or off
+        pick = sdpa_kernel(self.backends, set_priority=True) if self.backends and x.is_cuda else contextlib.nullcontext()
+        with pick:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -78,10 +103,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config, layer):
+    def __init__(self, config, layer, backends=None):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, backends)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config, layer)
 
@@ -91,14 +116,21 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, config):
+    """GPT-2. loss_chunks > 0: with targets, forward computes the LM head and the loss in that many row
+    chunks (linear_cross_entropy) and returns no logits. attention_backend: the SDPA kernel(s) on CUDA."""
+
+    def __init__(self, config, loss_chunks=0, attention_backend="auto"):
         super().__init__()
         self.config = config
+        if loss_chunks < 0:
+            raise ValueError(f"loss_chunks={loss_chunks} must be >= 0 (0: off)")
+        self.loss_chunks = loss_chunks
+        backends = sdpa_backends(attention_backend)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
+            h=nn.ModuleList(Block(config, i, backends) for i in range(config.n_layer)),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -126,7 +158,11 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        x = self.transformer.ln_f(x)
+        if targets is not None and self.loss_chunks:
+            return None, linear_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.reshape(-1),
+                                              self.loss_chunks)
+        logits = self.lm_head(x)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
@@ -187,6 +223,54 @@ class GPT(nn.Module):
         if missing or unexpected:
             raise ValueError(f"{name_or_dir} is not a GPT-2 checkpoint: missing {missing[:3]}, unexpected {unexpected[:3]}")
         return model
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """mean_i CE(hidden_i @ weight.T, target_i) over targets != -1, a chunk of rows at a time.
+
+    The gradients are computed in the forward, chunk by chunk, so neither pass ever holds more than one
+    chunk of logits (the plain path keeps the (N, V) logits and their fp32 gradient: 13 GB each at
+    64 x 1024 x 50304), and no logit is computed twice. Under autocast the matmuls run in its dtype and
+    the softmax in fp32, as in the plain path; the weight gradient is summed over chunks in fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, n_chunks, with_grad):
+        device = hidden.device.type
+        low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        high = torch.promote_types(low, torch.float32)  # fp32 softmax (float64 stays float64)
+        w = weight.to(low)
+        n_valid = (targets != -1).sum()
+        loss = torch.zeros((), dtype=high, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if with_grad else None
+        grad_weight = torch.zeros_like(weight, dtype=high) if with_grad else None
+        size = -(-hidden.size(0) // n_chunks)
+        for start in range(0, hidden.size(0), size):
+            h, t = hidden[start:start + size].to(low), targets[start:start + size]
+            logits = (h @ w.t()).to(high)  # the plain path's logits: the matmul in `low`, then upcast
+            lse = logits.logsumexp(-1)
+            valid = t != -1
+            index = t.clamp_min(0)[:, None]
+            loss = loss + torch.where(valid, lse - logits.gather(1, index)[:, 0], 0.0).sum()
+            if with_grad:  # d mean CE / d logits = (softmax - onehot) / n_valid on the valid rows
+                d_logits = torch.exp(logits - lse[:, None]).scatter_add_(1, index, -torch.ones_like(logits[:, :1]))
+                d_logits = (d_logits * (valid.to(high)[:, None] / n_valid)).to(low)
+                grad_hidden[start:start + size] = (d_logits @ w).to(hidden.dtype)
+                grad_weight += (d_logits.t() @ h).to(high)
+        ctx.weight_dtype = weight.dtype
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return loss / n_valid
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad, (grad_weight * grad).to(ctx.weight_dtype), None, None, None
+
+
+def linear_cross_entropy(hidden, weight, targets, n_chunks):
+    """F.cross_entropy(hidden @ weight.T, targets, ignore_index=-1) without the full (N, V) logits."""
+    with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    return _LinearCrossEntropy.apply(hidden, weight, targets, n_chunks, with_grad)
 
 
 # transformers' GPT-2 uses Conv1D layers whose weights are stored transposed relative to nn.Linear.

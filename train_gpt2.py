@@ -56,12 +56,22 @@ class GPTEvalConfig(EvalConfig):
 
 
 @dataclass
+class SpeedConfig:
+    """How fast, not what: each option keeps the loss equal to the plain path (tests/test_model.py,
+    tests/test_train_gpt2.py) and none is stored in the model config, so a resumed run may change them.
+    DDP safety: README. (torch.compile's mode is --compile-mode, shared with the translation trainer.)"""
+    loss_chunks: int = 0  # 0: off; else LM head + cross-entropy in N row chunks, never the full fp32 logits
+    attention_backend: str = "auto"  # SDPA kernel(s) on CUDA: auto, flash, cudnn, efficient, math or e.g. cudnn,flash
+
+
+@dataclass
 class TrainConfig:
     model: GPTConfig = field(default_factory=GPTConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: GPTEvalConfig = field(default_factory=GPTEvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
 
 
 def steps_per_rank(total, batch_size, seq_len, world_size, name="total_batch_size"):
@@ -82,7 +92,8 @@ class GPTTrainer(Trainer):
         cfg, d, o = self.cfg, self.dist, self.cfg.optim
         self.accum = steps_per_rank(o.total_batch_size, o.batch_size, o.seq_len, d.world_size)
         self.val_steps = steps_per_rank(cfg.data.val_tokens, o.batch_size, o.seq_len, d.world_size, "val_tokens")
-        self.model = GPT(cfg.model).to(d.device)  # before the data: a bad activation or option fails first
+        # the model before the data: a bad activation, option or speed setting fails first
+        self.model = GPT(cfg.model, cfg.speed.loss_chunks, cfg.speed.attention_backend).to(d.device)
         self.model_config = asdict(cfg.model)
         self.optimizer = self.model.configure_optimizers(o.weight_decay, o.max_lr, o.betas, o.eps, d.device_type)
         self.loader = ShardLoader(cfg.data.data_dir, "train", o.batch_size, o.seq_len, d.rank, d.world_size,

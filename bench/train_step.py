@@ -1,12 +1,22 @@
-"""Training-step throughput and memory of GPT-2 per activation, measured in one run so ratios are fair.
+"""Training-step throughput and memory of GPT-2: a plain reference against nanoact's activations, in one run.
 
-    python bench/train_step.py                                   # tiny CPU config, gelu/aglu/nswish
+    python bench/train_step.py                                   # tiny CPU config: reference,gelu,aglu,nswish
     python bench/train_step.py --preset gpt2_124m --batch-size 64 --seq-len 1024 --compile   # on a GPU
+    python bench/train_step.py --preset gpt2_124m --batch-size 64 --seq-len 1024 --compile \\
+        --acts 'reference,gelu,gelu{"loss_chunks": 8},gelu{"attention_backend": "cudnn"}'  # one option on/off
+    python bench/train_step.py --acts 'reference,aglu{"impl": "torch"},aglu{"impl": "triton"}' --compile
 
-Each step is forward + backward + AdamW on random tokens (data loading excluded). Activations are timed in
-interleaved rounds (gelu, aglu, nswish, gelu, ...) and each reports its median, so drift of a noisy machine
-hits all of them alike. Memory: the bytes autograd saves for backward in one eager forward (exact, any
-device), and the peak: CUDA max_memory_allocated, or on CPU the peak RSS of a fresh process per activation.
+Contenders (--acts, comma-separated): `reference` is bench/reference_gpt2.py, the textbook GPT-2 (GELU
+inline, full logits, PyTorch's SDPA choice, compile mode default). Any other name is nanoact's GPT with that
+activation, optionally followed by a JSON object: its keys loss_chunks, attention_backend, compile_mode set
+that contender's speed options (default: --loss-chunks, --attention-backend, --compile-mode), every other key
+is an activation option passed to the activation as is. Ratios are to the first contender.
+
+Each step is forward + backward + grad clip + AdamW on random tokens (data loading excluded). Contenders are
+timed in interleaved rounds (reference, gelu, aglu, ..., reference, ...) and each reports its median, so drift
+of a noisy machine hits all of them alike. Memory: the bytes autograd saves for backward in one eager forward
+(exact, any device), and the peak: CUDA max_memory_allocated, or on CPU the peak RSS of a fresh process per
+contender. MFU: model FLOPs (6N + attention, model.py) over the device's dense bf16 peak; n/a where unknown.
 """
 import argparse
 import json
@@ -19,21 +29,59 @@ from pathlib import Path
 
 import torch
 
-from training.precision import autocast_context
+from bench.reference_gpt2 import ReferenceConfig, ReferenceGPT
 from model import GPT, GPTConfig
+from training.precision import autocast_context
 
 PRESETS = {
     "tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),
     "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
     "gpt2_124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
 }
+SPEED_KEYS = ("loss_chunks", "attention_backend", "compile_mode")
 
 
-def build(args, act):
+def split_acts(text):
+    """'a,b{"x": 1, "y": 2},c' -> ['a', 'b{"x": 1, "y": 2}', 'c']: commas inside braces stay."""
+    items, depth, current = [], 0, ""
+    for ch in text:
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    return [item for item in items + [current.strip()] if item]
+
+
+def parse_contender(spec, args):
+    """'aglu{"impl": "triton", "loss_chunks": 8}' -> dict(label, act, act_kwargs, speed options)."""
+    name, _, rest = spec.partition("{")
+    try:
+        options = json.loads("{" + rest) if rest else {}
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"error: --acts entry {spec!r}: the part after the name is not a JSON object ({e})")
+    name = name.strip()
+    if name == "reference":  # the plain path: only its compile mode can change
+        if set(options) - {"compile_mode"}:
+            raise SystemExit(f"error: --acts entry {spec!r}: the reference takes only compile_mode")
+        return dict(label=spec, act=name, act_kwargs={}, loss_chunks=0, attention_backend="auto",
+                    compile_mode=options.get("compile_mode", "default"))
+    speed = {key: options.pop(key, getattr(args, key)) for key in SPEED_KEYS}
+    return dict(label=spec, act=name, act_kwargs=options, **speed)
+
+
+def build(args, c):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**PRESETS[args.preset], act=act)).to(args.device)
+    if c["act"] == "reference":
+        model = ReferenceGPT(ReferenceConfig(**PRESETS[args.preset]))
+    else:
+        config = GPTConfig(**PRESETS[args.preset], act=c["act"], act_kwargs=c["act_kwargs"])
+        model = GPT(config, loss_chunks=c["loss_chunks"], attention_backend=c["attention_backend"])
+    model = model.to(args.device)
     opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), 1e-8, args.device.split(":")[0])
-    return model, (torch.compile(model) if args.compile else model), opt
+    compiled = torch.compile(model, mode=c["compile_mode"]) if args.compile else model
+    return model, compiled, opt
 
 
 def step_fn(args, compiled, opt):
@@ -73,86 +121,117 @@ def saved_for_backward_bytes(model, args):
     return sum(n for (ptr, _), n in seen.items() if ptr not in params)  # weights are not activation memory
 
 
-def peak_memory_child(args, act):
-    """Run a few steps of one activation in a fresh process and return its peak RSS (bytes)."""
-    cmd = [sys.executable, __file__, "--child-memory", act, "--preset", args.preset, "--batch-size", str(args.batch_size),
-           "--seq-len", str(args.seq_len), "--device", args.device] + (["--compile"] if args.compile else [])
+def peak_rss():
+    """This process's peak resident memory (bytes). VmHWM, not getrusage's ru_maxrss: ru_maxrss survives
+    execve, so a child started by a big parent would report the parent's peak."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def peak_memory_child(args, spec):
+    """Run a few steps of one contender in a fresh process and return its peak RSS (bytes)."""
+    cmd = [sys.executable, __file__, "--child-memory", spec, "--preset", args.preset, "--batch-size",
+           str(args.batch_size), "--seq-len", str(args.seq_len), "--device", args.device, "--warmup", str(args.warmup),
+           "--loss-chunks", str(args.loss_chunks), "--attention-backend", args.attention_backend,
+           "--compile-mode", args.compile_mode] + (["--compile"] if args.compile else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--acts", default="gelu,aglu,nswish")
+    p.add_argument("--acts", default="reference,gelu,aglu,nswish", help="contenders (see above)")
     p.add_argument("--preset", default="tiny", choices=PRESETS)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--loss-chunks", type=int, default=0, help="nanoact contenders' default (0: off)")
+    p.add_argument("--attention-backend", default="auto", help="nanoact contenders' default SDPA kernel(s)")
+    p.add_argument("--compile-mode", default="default", help="nanoact contenders' default torch.compile mode")
     p.add_argument("--steps", type=int, default=5, help="timed steps per round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--no-peak", action="store_true", help="skip the peak memory (on CPU: a process per contender)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--child-memory", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.bf16 = args.device.startswith("cuda")
     if args.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
     if args.child_memory:
-        model, compiled, opt = build(args, args.child_memory)
+        model, compiled, opt = build(args, parse_contender(args.child_memory, args))
         step = step_fn(args, compiled, opt)
         for i in range(args.warmup + 2):
             step(i)
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux reports KiB
+        print(peak_rss())
         return
 
-    acts = args.acts.split(",")
+    contenders = [parse_contender(spec, args) for spec in split_acts(args.acts)]
+    labels = [c["label"] for c in contenders]
+    if len(set(labels)) != len(labels):
+        raise SystemExit(f"error: --acts lists a contender twice: {args.acts}")
     runners = {}
-    for act in acts:
-        model, compiled, opt = build(args, act)
-        runners[act] = (model, step_fn(args, compiled, opt))
+    for c in contenders:
+        model, compiled, opt = build(args, c)
+        runners[c["label"]] = (model, step_fn(args, compiled, opt))
         for i in range(args.warmup):  # compilation and allocator warm-up stay out of the timings
-            runners[act][1](i)
-    times = {act: [] for act in acts}
+            runners[c["label"]][1](i)
+    times = {label: [] for label in labels}
     for _ in range(args.rounds):
-        for act in acts:
-            step = runners[act][1]
+        for label in labels:
+            step = runners[label][1]
             for i in range(args.steps):
                 t0 = time.perf_counter()
                 step(i)
-                times[act].append(time.perf_counter() - t0)
+                times[label].append(time.perf_counter() - t0)
 
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
+    with torch.device("meta"):  # model FLOPs are the architecture's, the same for every contender
+        flops = GPT(GPTConfig(**PRESETS[args.preset]))
     tokens = args.batch_size * args.seq_len
     results = {}
-    for act in acts:
-        model = runners[act][0]
-        dt = statistics.median(times[act])
-        if args.device.startswith("cuda"):
+    for c in contenders:
+        model, step = runners[c["label"]]
+        dt = statistics.median(times[c["label"]])
+        peak = None
+        if args.no_peak:
+            pass
+        elif args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
             for i in range(2):
-                runners[act][1](i)
+                step(i)
             peak = torch.cuda.max_memory_allocated()
         else:
-            peak = peak_memory_child(args, act)
-        mfu = model.estimate_mfu(tokens / dt, args.seq_len, device_name)
-        results[act] = dict(ms_per_step=1000 * dt, tok_per_s=tokens / dt, mfu=mfu, peak_bytes=peak,
-                            saved_bytes=saved_for_backward_bytes(model, args))
+            peak = peak_memory_child(args, c["label"])
+        results[c["label"]] = dict(contender=c, ms_per_step=1000 * dt, tok_per_s=tokens / dt,
+                                   mfu=flops.estimate_mfu(tokens / dt, args.seq_len, device_name), peak_bytes=peak,
+                                   saved_bytes=saved_for_backward_bytes(model, args))
 
-    base = results[acts[0]]
+    base_label = labels[0]
+    base = results[base_label]
     print(f"preset {args.preset} | B={args.batch_size} T={args.seq_len} | device {device_name or args.device} | "
-          f"compile {args.compile} | {'bf16' if args.bf16 else 'fp32'} | median of {args.rounds}x{args.steps} steps")
-    print(f"{'act':8s} {'ms/step':>9s} {'tok/s':>10s} {'MFU':>6s} {'peak MiB':>9s} {'saved MiB':>9s} "
-          f"{'tok/s vs ' + acts[0]:>14s} {'peak vs ' + acts[0]:>12s} {'saved vs ' + acts[0]:>13s}")
-    for act, r in results.items():
+          f"compile {args.compile} | {'bf16' if args.bf16 else 'fp32'} | median of {args.rounds}x{args.steps} steps"
+          f" | torch {torch.__version__}")
+    width = max(len(label) for label in labels)
+    mib = lambda b: "n/a" if b is None else f"{b / 2**20:.0f}"
+    ratio = lambda a, b: "n/a" if a is None or b is None else f"{a / b:.3f}"
+    print(f"{'contender':{width}s} {'ms/step':>9s} {'tok/s':>10s} {'MFU':>6s} {'peak MiB':>9s} {'saved MiB':>9s} "
+          f"{'tok/s ratio':>11s} {'peak ratio':>10s}   (ratios to {base_label})")
+    for label, r in results.items():
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        print(f"{act:8s} {r['ms_per_step']:9.1f} {r['tok_per_s']:10.0f} {mfu:>6s} {r['peak_bytes'] / 2**20:9.0f} "
-              f"{r['saved_bytes'] / 2**20:9.1f} {r['tok_per_s'] / base['tok_per_s']:14.3f} "
-              f"{r['peak_bytes'] / base['peak_bytes']:12.3f} {r['saved_bytes'] / base['saved_bytes']:13.3f}")
+        print(f"{label:{width}s} {r['ms_per_step']:9.1f} {r['tok_per_s']:10.0f} {mfu:>6s} {mib(r['peak_bytes']):>9s} "
+              f"{r['saved_bytes'] / 2**20:9.1f} {r['tok_per_s'] / base['tok_per_s']:11.3f} "
+              f"{ratio(r['peak_bytes'], base['peak_bytes']):>10s}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "device": device_name or args.device,
-                                               "results": results}, indent=2))
+                                               "torch": torch.__version__, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

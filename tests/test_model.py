@@ -119,3 +119,29 @@ def test_load_gpt_rejects_other_files(tmp_path):
     torch.save({"kind": "translation", "model": {}}, tmp_path / "t.pt")
     with pytest.raises(CheckpointError, match="'translation' checkpoint"):
         load_gpt(tmp_path / "t.pt")
+
+
+def test_reference_gpt2_has_our_init_and_our_loss():
+    """bench/reference_gpt2.py is the yardstick of bench/train_step.py: the same seed gives it the same
+    weights as GPT with act gelu, and the same weights give the same logits, loss and gradients."""
+    from bench.reference_gpt2 import ReferenceConfig, ReferenceGPT
+
+    torch.manual_seed(0)
+    ref = ReferenceGPT(ReferenceConfig(**TINY))
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(**TINY, dropout=0.0))
+    ref_state = ref.state_dict()
+    assert ref_state.keys() == ours.state_dict().keys()
+    assert all(torch.equal(ref_state[k], v) for k, v in ours.state_dict().items())  # same init, same names
+    idx, targets = torch.randint(0, 96, (3, 17)), torch.randint(0, 96, (3, 17))
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
+        ref, ours = ref.to(dtype), ours.to(dtype)
+        ref_logits, ref_loss = ref(idx, targets)
+        logits, loss = ours(idx, targets)
+        torch.testing.assert_close(logits, ref_logits, rtol=tol, atol=tol)
+        # ours takes the cross-entropy in fp32 (`.float()`), so float64 agrees to fp32 precision
+        torch.testing.assert_close(loss.to(dtype), ref_loss, rtol=1e-6, atol=1e-6)
+        ref_grads = torch.autograd.grad(ref_loss, list(ref.parameters()))
+        grads = torch.autograd.grad(loss, list(ours.parameters()))
+        for g, r in zip(grads, ref_grads):
+            torch.testing.assert_close(g.to(dtype), r, rtol=1e-5, atol=1e-7)

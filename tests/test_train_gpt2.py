@@ -100,10 +100,15 @@ def test_tiny_model_learns_in_process(tmp_path):
     assert info["config"]["model"]["act"] == "aglu" and info["environment"]["world_size"] == 1
 
 
-def test_two_gloo_processes_match_grad_accumulation(tmp_path):
+@pytest.mark.parametrize("speed", [
+    {},
+    # the chunked loss, and an SDPA backend (a no-op on CPU); eager: a compiled pair of runs costs ~2 min here
+    dict(loss_chunks=3, attention_backend="cudnn,flash"),
+], ids=["plain", "speed-options"])
+def test_two_gloo_processes_match_grad_accumulation(tmp_path, speed):
     data = write_corpus(tmp_path / "data")
-    train_in_process(args(data, tmp_path / "single"))  # 1 process: B=4 x 2 micro-steps
-    run_trainer(args(data, tmp_path / "ddp"), nproc=2)  # 2 processes: B=4 each, no accumulation
+    train_in_process(args(data, tmp_path / "single", **speed))  # 1 process: B=4 x 2 micro-steps
+    run_trainer(args(data, tmp_path / "ddp", **speed), nproc=2)  # 2 processes: B=4 each, no accumulation
     single, ddp = train_losses(tmp_path / "single"), train_losses(tmp_path / "ddp")
     np.testing.assert_allclose(ddp[0], single[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ddp[1], single[1], rtol=1e-5, atol=1e-6)

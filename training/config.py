@@ -201,6 +201,7 @@ class RunConfig:
     device: str = "auto"  # auto: cuda, then mps, then cpu
     dtype: str = "auto"  # auto: bfloat16 autocast on CUDA, float32 elsewhere; or float32 / bfloat16
     compile: typing.Optional[bool] = None  # None: on for CUDA, off elsewhere
+    compile_mode: str = "default"  # torch.compile mode: default, max-autotune-no-cudagraphs, max-autotune, reduce-overhead
     resume: bool = False  # continue from the newest checkpoint in out_dir; an error if there is none
     auto_resume: bool = False  # continue from the newest checkpoint if there is one, else start fresh (schedulers)
     log_interval: int = 1

@@ -19,10 +19,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from training import distributed
 from training.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training,
                                  save_training_checkpoint)
-from training.config import to_dict
+from training.config import ConfigError, to_dict
 from training.precision import autocast_context, resolve_precision
 from training.runlog import RunLog, environment
 from training.stop import GracefulStop
+
+
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 
 
 class Trainer:
@@ -78,6 +81,8 @@ class Trainer:
             if d.device_type == "cuda":
                 torch.backends.cuda.matmul.allow_tf32 = True
                 torch.backends.cudnn.allow_tf32 = True
+            if run.compile_mode not in COMPILE_MODES:
+                raise ConfigError(f"unknown compile_mode {run.compile_mode!r}; choose {', '.join(COMPILE_MODES)}")
             ckpt = self.checkpoint_to_resume()
             self.build(ckpt)
             start_step, self.tokens = 0, 0
@@ -93,7 +98,9 @@ class Trainer:
                 where = f"resuming {ckpt['path']} at step {start_step}" if ckpt else "starting from scratch"
                 print(f"{self.describe()} | {self.max_steps} steps | world {d.world_size} | {self.precision} | "
                       f"compile {use_compile} | {where}", flush=True)
-            self.compiled = torch.compile(self.model, dynamic=self.compile_dynamic) if use_compile else self.model
+            self.compiled = self.model
+            if use_compile:
+                self.compiled = torch.compile(self.model, dynamic=self.compile_dynamic, mode=run.compile_mode)
             train_model = self.compiled
             if d.ddp:
                 train_model = DDP(self.compiled, device_ids=[d.local_rank] if d.device_type == "cuda" else None)

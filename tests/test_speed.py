@@ -1,0 +1,121 @@
+"""Speed options of the GPT-2 step keep the loss and every gradient of the plain path: the chunked
+LM head + cross-entropy (eager, bf16 autocast, torch.compile), the SDPA backend choice, bad values."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, linear_cross_entropy, sdpa_backends
+
+TINY = dict(block_size=16, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
+
+
+def loss_and_grads(model, idx, targets, autocast=None):
+    model.zero_grad(set_to_none=True)
+    with autocast or torch.autocast("cpu", enabled=False):
+        _, loss = model(idx, targets)
+    loss.backward()
+    prefix = "_orig_mod."  # torch.compile's wrapper
+    return loss.detach(), {n.removeprefix(prefix): p.grad.clone() for n, p in model.named_parameters()}
+
+
+def pair(dtype=torch.float32, chunks=3, **options):
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(**TINY)).to(dtype)
+    fast = GPT(GPTConfig(**TINY), loss_chunks=chunks, **options).to(dtype)
+    fast.load_state_dict(plain.state_dict())
+    idx, targets = torch.randint(0, 96, (3, 16)), torch.randint(0, 96, (3, 16))
+    targets[0, :5] = -1  # ignored positions, as the trainer's ignore_index
+    return plain, fast, idx, targets
+
+
+def test_linear_cross_entropy_equals_autograd_in_float64():
+    torch.manual_seed(0)
+    h = torch.randn(20, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 11, (20,))
+    t[[3, 17]] = -1
+    ref = F.cross_entropy(h @ w.t(), t, ignore_index=-1)
+    ref_grads = torch.autograd.grad(2.5 * ref, (h, w))
+    for chunks in (1, 3, 7, 40):  # one chunk, uneven chunks, more chunks than rows
+        out = linear_cross_entropy(h, w, t, chunks)
+        grads = torch.autograd.grad(2.5 * out, (h, w))  # an upstream gradient other than 1
+        torch.testing.assert_close(out, ref, rtol=1e-13, atol=1e-13)
+        for g, r in zip(grads, ref_grads):
+            torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-13)
+    with torch.no_grad():  # evaluation: no gradient work, same loss
+        torch.testing.assert_close(linear_cross_entropy(h, w, t, 4), ref.detach(), rtol=1e-13, atol=1e-13)
+
+
+def test_chunked_loss_equals_plain_path_fp32():
+    plain, fast, idx, targets = pair()
+    loss, grads = loss_and_grads(plain, idx, targets)
+    fast_loss, fast_grads = loss_and_grads(fast, idx, targets)
+    torch.testing.assert_close(fast_loss, loss, rtol=1e-6, atol=1e-6)
+    assert grads.keys() == fast_grads.keys()
+    for name in grads:  # the tied wte/lm_head weight gets both of its gradients
+        torch.testing.assert_close(fast_grads[name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
+    logits, _ = fast(idx, targets)
+    assert logits is None  # the point: the (B*T, V) logits are never built
+    plain_logits, _ = plain(idx)
+    torch.testing.assert_close(fast(idx)[0], plain_logits, rtol=0, atol=0)  # no targets: the plain path
+
+
+def test_chunked_loss_equals_float64_reference():
+    """The plain path computes its cross-entropy in fp32 (`.float()`); the float64 reference does not."""
+    _, fast, idx, targets = pair(torch.float64, chunks=4)
+    logits, _ = fast(idx)
+    ref = F.cross_entropy(logits.view(-1, 96), targets.view(-1), ignore_index=-1)
+    ref_grads = torch.autograd.grad(ref, list(fast.parameters()))
+    loss, grads = loss_and_grads(fast, idx, targets)
+    torch.testing.assert_close(loss, ref.detach(), rtol=1e-12, atol=1e-12)
+    for (name, _), g in zip(fast.named_parameters(), ref_grads):
+        torch.testing.assert_close(grads[name], g, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_chunked_loss_under_bf16_autocast():
+    """Same bf16 logits as the plain path; the weight gradient is summed over chunks in fp32 instead of one
+    bf16 product, so gradients agree to bf16 precision (1% of the largest entry), the loss to fp32."""
+    plain, fast, idx, targets = pair()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    loss, grads = loss_and_grads(plain, idx, targets, autocast)
+    fast_loss, fast_grads = loss_and_grads(fast, idx, targets, autocast)
+    torch.testing.assert_close(fast_loss, loss, rtol=1e-5, atol=1e-5)
+    for name in grads:
+        scale = grads[name].abs().max().item()
+        torch.testing.assert_close(fast_grads[name], grads[name], rtol=0, atol=1e-2 * scale, msg=name)
+
+
+def test_chunked_loss_under_torch_compile():
+    torch.set_num_threads(2)
+    plain, fast, idx, targets = pair()
+    loss, grads = loss_and_grads(plain, idx, targets)
+    compiled = torch.compile(fast, dynamic=False)
+    for _ in range(2):  # the second call reuses the graph
+        fast_loss, fast_grads = loss_and_grads(compiled, idx, targets)
+        torch.testing.assert_close(fast_loss, loss, rtol=1e-6, atol=1e-6)
+        for name in grads:
+            torch.testing.assert_close(fast_grads[name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_attention_backend_choices_and_cpu_no_op():
+    assert sdpa_backends("auto") is None
+    assert [b.name for b in sdpa_backends("cudnn,flash")] == ["CUDNN_ATTENTION", "FLASH_ATTENTION"]
+    for bad in ("fast", "cudnn,", ""):
+        with pytest.raises(ValueError, match="unknown attention_backend .* choose auto or one or more"):
+            GPT(GPTConfig(**TINY), attention_backend=bad)
+    with pytest.raises(ValueError, match="loss_chunks=-1 must be >= 0"):
+        GPT(GPTConfig(**TINY), loss_chunks=-1)
+    plain, fast, idx, targets = pair(chunks=0, attention_backend="cudnn")  # cuDNN does not exist on CPU
+    assert torch.equal(fast(idx, targets)[1], plain(idx, targets)[1])
+
+
+def test_trainer_rejects_bad_speed_options_before_touching_data():
+    import train_gpt2
+    from training.config import ConfigError, load_config
+
+    for argv, message in [(["--compile-mode", "fastest"], "unknown compile_mode 'fastest'; choose default"),
+                          (["--loss-chunks", "-2"], "loss_chunks=-2 must be >= 0"),
+                          (["--attention-backend", "flsh"], "unknown attention_backend 'flsh'")]:
+        cfg = load_config(train_gpt2.TrainConfig, argv + ["--data-dir", "/nonexistent"])
+        with pytest.raises((ConfigError, ValueError), match=message):
+            train_gpt2.train(cfg)
