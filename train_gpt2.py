@@ -119,10 +119,11 @@ def print_samples(raw_model, d, seed, autocast):
 
 def run_hellaswag(model, d, cfg, autocast):
     from eval.hellaswag import evaluate_model  # the same scorer as eval/hellaswag.py
+    t0 = time.time()  # the whole call: on the first one, tokenizing (then cached) and compiling the eval graphs
     result = evaluate_model(model, device=d.device, data_path=cfg.data.hellaswag_data or None,
                             limit=cfg.data.hellaswag_limit or None, scoring="completion", dist_info=d,
-                            autocast=autocast, progress=False)
-    return result["completion"]
+                            autocast=autocast, progress=False, cache=True)
+    return {**result["completion"], "call_seconds": time.time() - t0}
 
 
 def check_speed(speed):
@@ -189,9 +190,13 @@ def train(cfg):
                 if cfg.data.hellaswag_interval and (step % cfg.data.hellaswag_interval == 0 or last):
                     hella = run_hellaswag(eval_model, d, cfg, autocast)
                     log.scalar(step, "hella", hella["acc_norm"])
-                    fields.update(hellaswag_acc=hella["acc"], hellaswag_acc_norm=hella["acc_norm"])
+                    fields.update(hellaswag_acc=hella["acc"], hellaswag_acc_norm=hella["acc_norm"],
+                                  hellaswag_seconds=hella["call_seconds"])
                 if d.master:
-                    print(f"step {step:5d} | val loss {val:.4f}", flush=True)
+                    hella_text = "" if "hellaswag_acc" not in fields else (
+                        f" | hellaswag acc {fields['hellaswag_acc']:.4f} acc_norm {fields['hellaswag_acc_norm']:.4f} "
+                        f"({fields['hellaswag_seconds']:.1f}s)")
+                    print(f"step {step:5d} | val loss {val:.4f}{hella_text}", flush=True)
                 log.scalar(step, "val", val)
                 log.record(step, kind="eval", tokens=step * o.total_batch_size, **fields)
             if cfg.data.sample_interval and step % cfg.data.sample_interval == 0 and step > 0 and not last:
