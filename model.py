@@ -83,9 +83,11 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # the kernel choice is a CUDA matter; on CPU it would turn PyTorch's CPU flash kernel on or off
-        pick = sdpa_kernel(self.backends, set_priority=True) if self.backends and x.is_cuda else contextlib.nullcontext()
+        use = self.backends and x.is_cuda
+        pick = sdpa_kernel(self.backends, set_priority=True) if use else contextlib.nullcontext()
+        dropout = self.dropout if self.training else 0.0
         with pick:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 

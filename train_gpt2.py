@@ -9,6 +9,7 @@ The loop itself (resume, logs, compile/DDP, checkpoints, signals) is training/lo
 train_translation.py; this file holds what is GPT-2's own: the model, the token shards, the evaluations.
 """
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -140,12 +141,14 @@ class GPTTrainer(Trainer):
             fields["telemetry"] = telemetry.collect(self.model, self.val_loader.next_batch()[0].to(d.device),
                                                     self.autocast)
         if e.hellaswag_interval and (step % e.hellaswag_interval == 0 or last):
+            t0 = time.time()  # the whole call: the first one also tokenizes (then cached) and compiles
             hella = evaluate_model(self.compiled, device=d.device, data_path=e.hellaswag_data or None,
                                    limit=e.hellaswag_limit or None, scoring="completion", dist_info=d,
-                                   autocast=self.autocast, progress=False)["completion"]
+                                   autocast=self.autocast, progress=False, cache=True)["completion"]
+            seconds = time.time() - t0
             self.log.scalar(step, "hella", hella["acc_norm"])
-            fields.update(hellaswag_acc=hella["acc"], hellaswag_acc_norm=hella["acc_norm"])
-            text += f" | HellaSwag acc {hella['acc']:.4f} acc_norm {hella['acc_norm']:.4f} (n={hella['n']})"
+            fields.update(hellaswag_acc=hella["acc"], hellaswag_acc_norm=hella["acc_norm"], hellaswag_seconds=seconds)
+            text += f" | hellaswag acc {hella['acc']:.4f} acc_norm {hella['acc_norm']:.4f} ({seconds:.1f}s)"
         if e.sample_interval and step % e.sample_interval == 0 and 0 < step and not last:
             self.print_samples()
         return fields, text

@@ -5,7 +5,8 @@
     python -m analysis.compare log/aglu --telemetry           # also compare_telemetry.png: kappa, lam, rho ... per layer
     python analysis/compare.py ../build-nanogpt/log           # build-nanogpt's log.txt reads too
 
-Each RUN_DIR is a trainer's --out-dir (log.txt / metrics.jsonl / run.json) or a build-nanogpt log directory.
+Each RUN_DIR is a trainer's --out-dir (log.txt / metrics.jsonl / run.json, and hellaswag_*.json from
+eval/hellaswag.py, whose numbers get their own columns) or a build-nanogpt log directory.
 Runs still training, runs of different lengths and runs without HellaSwag or BLEU are fine.
 """
 import argparse
@@ -42,18 +43,30 @@ def _pct_ci(p, ci):
     return "-" if p is None else f"{100 * p:.2f} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
 
 
+def _hella_eval(record, scoring):
+    """'acc / acc_norm' in % of one scoring of an eval/hellaswag.py record."""
+    r = (record or {}).get("results", {}).get(scoring)
+    return "-" if r is None else f"{100 * r['acc']:.2f} / {100 * r['acc_norm']:.2f}"
+
+
 def table(runs):
-    """The comparison table (markdown); metric columns no run has are left out."""
+    """The comparison table (markdown); metric columns no run has are left out. The in-loop HellaSwag
+    (completion scoring, acc_norm) comes from the training log; the eval/hellaswag.py columns from the
+    run's hellaswag_*.json (which checkpoint step, how many items)."""
     headers = ["run", "act", "seed", "step", "tokens", "final val", "best val (step)", "hella acc % [95% CI]",
-               "hella acc_norm %", "BLEU (best)", "tok/s", "ANAct score"]
+               "hella acc_norm %", "hellaswag.py (step, n)", "completion acc / acc_norm %",
+               "lm_eval acc / acc_norm %", "BLEU (best)", "tok/s", "ANAct score"]
     rows = []
     for run in runs:
         s = summary(run)
+        ev = s["hella_eval"]
         step = "-" if s["step"] is None else (f"{s['step']}/{s['max_steps']}" if s["max_steps"] else str(s["step"]))
         rows.append([s["label"], s["act"] or "-", _fmt(s["seed"], "d"), step, _fmt(s["tokens"], ",d"),
                      _fmt(s["final_val"], ".4f"),
                      "-" if s["best_val"] is None else f"{s['best_val']:.4f} ({s['best_val_step']})",
                      _pct_ci(s["hella_acc"], s["hella_acc_ci95"]), _pct_ci(s["hella_acc_norm"], s["hella_acc_norm_ci95"]),
+                     "-" if ev is None else f"{ev.get('step')}, {ev['n']}",
+                     _hella_eval(ev, "completion"), _hella_eval(ev, "lm_eval"),
                      "-" if s["bleu"] is None else f"{s['bleu']:.2f} ({s['best_bleu']:.2f})",
                      _fmt(s["tok_per_s"], ",.0f"), _fmt(s["anact_score"], ".3f")])
     keep = [i for i, h in enumerate(headers) if i < 6 or any(row[i] != "-" for row in rows)]  # no empty metric columns

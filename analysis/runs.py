@@ -5,6 +5,8 @@ A run directory holds any of:
   metrics.jsonl  one JSON object per line with "step" and "kind": train records (loss, tok_per_s, tokens)
                  and eval records (val_loss, hellaswag_acc, hellaswag_acc_norm, bleu, telemetry, tokens)
   run.json       {"config": ..., "environment": ...}: activation, seed, max_steps, tokens per step
+  hellaswag_*.json  results of eval/hellaswag.py on the run's checkpoints (both scorings); the full one
+                 (no --limit) of the latest step is shown, else the largest limited one
 metrics.jsonl wins for every series it has; log.txt fills in the rest (build-nanogpt writes nothing else).
 A run still being written may end in a half-written line: that last line is skipped, any other bad line
 is an error naming the file and line.
@@ -36,6 +38,7 @@ class Run:
     series: dict = field(default_factory=dict)  # name -> sorted [(step, value, tokens or None)]
     telemetry: list = field(default_factory=list)  # [(step, tokens or None, telemetry dict)]
     tok_per_s: list = field(default_factory=list)
+    hellaswag_eval: dict | None = None  # the chosen hellaswag_*.json record, plus its "file"
 
     def setting(self, name):
         """A config leaf by name (config option names are unique across sections), or None."""
@@ -100,6 +103,24 @@ def read_metrics(path):
     return records
 
 
+def read_hellaswag_results(run_dir):
+    """The record of eval/hellaswag.py to show for a run: the full evaluation (no --limit) of the latest
+    step, else the limited one with the most items (then the latest step); None if there is none."""
+    records = []
+    for file in sorted(run_dir.glob("hellaswag_*.json")):
+        try:
+            record = json.loads(file.read_text())
+            results = record["results"]
+            n = max(int(r["n"]) for r in results.values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise RunError(f"{file}: not a result of eval/hellaswag.py (a JSON object with \"results\"); "
+                           "move it out of the run directory or rerun eval/hellaswag.py") from None
+        records.append({**record, "file": str(file), "n": n})
+    if not records:
+        return None
+    return max(records, key=lambda r: (r.get("limit") is None, r["n"] if r.get("limit") else 0, r.get("step") or 0))
+
+
 def load_run(path):
     path = Path(path)
     if path.is_file():  # `compare log/log.txt` works like `compare log`
@@ -115,7 +136,7 @@ def load_run(path):
             config = json.loads(run_json.read_text())["config"]
         except (ValueError, KeyError, TypeError, OSError):
             raise RunError(f"{run_json}: not a run.json with a \"config\" object") from None
-    run = Run(path=path, label=path.name, config=config)
+    run = Run(path=path, label=path.name, config=config, hellaswag_eval=read_hellaswag_results(path))
 
     per_step = {}  # series -> {step: (value, tokens)}
     if metrics.is_file():
@@ -186,6 +207,7 @@ def summary(run):
         "bleu": bleu[1] if bleu else None, "best_bleu": max(p[1] for p in run.series["bleu"]) if bleu else None,
         "tok_per_s": statistics.median(run.tok_per_s) if run.tok_per_s else None,
         "anact_score": scores[-1] if scores else None,
+        "hella_eval": run.hellaswag_eval,  # eval/hellaswag.py's numbers: {"step", "n", "results": {scoring: ...}}
     }
 
 

@@ -3,7 +3,7 @@
     python eval/hellaswag.py log/aglu/model_19072.pt      # both scorings, all 10,042 validation items
     python eval/hellaswag.py log/aglu --limit 1000        # a run directory means its newest checkpoint
     python eval/hellaswag.py --hf path/to/gpt2_dir        # transformers GPT2LMHeadModel weights
-    torchrun --nproc_per_node 8 eval/hellaswag.py log/aglu # items split over ranks, counts all-reduced
+    torchrun --nproc_per_node 8 eval/hellaswag.py log/aglu # rows split over ranks, log-likelihoods all-reduced
 
 completion (karpathy/build-nanogpt): tokens of `ctx`, then of `" " + ending`; the loss is summed over
     the ending tokens only. acc: lowest summed loss; acc_norm: lowest mean per-token loss.
@@ -13,28 +13,45 @@ lm_eval (lm-evaluation-harness 0.4 `hellaswag` task, lm_eval/tasks/hellaswag/uti
     log-likelihood; acc_norm: highest log-likelihood / len(preprocess(ending)) in characters (lm-eval's
     ConfigurableTask.process_results divides by the length of the choice, without the leading space).
 Intervals are 95% Wilson score intervals (at n = 10,042 and 30% about +-0.9 points).
+
+Both scorings come from ONE pass: every (context, continuation) row either needs, de-duplicated (the two
+scorings' contexts differ from the first token, `ctx` vs `activity_label: ...`, so they share no row; a
+few items repeat a row), sorted by length and packed into fixed-shape batches. Tokens and batches are
+made once per process (the next in-loop call reuses them) and the tokens are cached on disk under
+$NANOACT_CACHE/hellaswag_tokens, keyed by the data file's bytes and the tokenizer.
 """
 import argparse
+import hashlib
+import itertools
 import json
 import os
 import re
 import sys
 import time
 import urllib.request
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import tiktoken
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
 from data import DataError
 from data.tokenizer import TokenizerError, gpt2_tokenizer
-from eval.scoring import block_size_of, bucket, row_length, score_rows
+from eval.scoring import block_size_of, bucket, pack_rows, row_length, score_batch
 from eval.stats import wilson
+from model import GPT
+from training import distributed
+from training.checkpoint import CheckpointError, load_gpt
+from training.precision import autocast_context, resolve_precision
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 FIELDS = ("ctx", "ctx_a", "ctx_b", "activity_label", "endings", "label")
 SCORINGS = ("completion", "lm_eval")
+
 
 
 def cache_dir():
@@ -77,11 +94,16 @@ def check_item(item):
     return None
 
 
-def load_items(path, limit=None):
-    """The first `limit` items of a HellaSwag jsonl, each checked; labels become ints."""
+def require_file(path):
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file; pass --data path/to/hellaswag_val.jsonl or omit it to download")
+    return path
+
+
+def load_items(path, limit=None):
+    """The first `limit` items of a HellaSwag jsonl, each checked; labels become ints."""
+    path = require_file(path)
     items = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -140,69 +162,163 @@ def build_requests(enc, items, scoring):
     return requests
 
 
-def score_items(model, requests, device, batch_items=32, autocast=None, progress=True, rank=0, world_size=1):
-    """Summed log-likelihood and token count of every ending, for this rank's share of the items.
+TOKEN_CACHE_VERSION = 1
 
-    Items are sorted by length and cut into groups of batch_items * world_size; each rank scores its
-    slice of every group in one (4 * batch_items, L) forward, L bucketed from the group's longest row,
-    so every rank runs the same sequence of shapes (no rank waits on a different compile).
-    Returns (item indices, loglik (n, 4) float64, token counts (n, 4)).
-    """
-    block_size = block_size_of(model)
-    lengths = [max(row_length(ctx, c, block_size) for c in conts) for ctx, conts, _ in requests]
-    order = sorted(range(len(requests)), key=lambda i: -lengths[i])
-    group = batch_items * world_size
-    mine, logliks, counts = [], [], []
-    for start in tqdm(range(0, len(order), group), desc="hellaswag", unit="batch", disable=not progress, leave=False):
+
+def token_cache_file(data_path, enc, limit, scorings):
+    """Where a data file's tokens are kept: keyed by the file's bytes, the tokenizer, limit and scorings."""
+    digest = hashlib.sha256(Path(data_path).read_bytes()).hexdigest()[:24]
+    tokenizer = f"{enc.name}-tiktoken{tiktoken.__version__}"
+    name = f"v{TOKEN_CACHE_VERSION}_{digest}_{tokenizer}_{limit or 'all'}_{'+'.join(scorings)}"
+    return cache_dir() / "hellaswag_tokens" / f"{name}.npz"
+
+
+def save_requests(path, requests):
+    """build_requests' output for each scoring as flat uint16 tokens + lengths (atomic: ranks may race)."""
+    arrays = {}
+    for name, reqs in requests.items():
+        lists = [t for ctx, conts, _ in reqs for t in (ctx, *conts)]
+        arrays[f"{name}_tokens"] = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.uint16)
+        arrays[f"{name}_lengths"] = np.array([len(t) for t in lists], dtype=np.int64)
+        if reqs[0][2] is not None:
+            arrays[f"{name}_divisors"] = np.array([div for _, _, div in reqs], dtype=np.float64)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+
+
+def load_requests(path, scorings):
+    requests = {}
+    with np.load(path) as z:
+        for name in scorings:
+            tokens, ends = z[f"{name}_tokens"].tolist(), np.cumsum(z[f"{name}_lengths"]).tolist()
+            lists = [tokens[start:end] for start, end in zip([0] + ends[:-1], ends)]
+            divisors = z[f"{name}_divisors"].tolist() if f"{name}_divisors" in z else [None] * (len(lists) // 5)
+            requests[name] = [(lists[5 * i], lists[5 * i + 1:5 * i + 5], div) for i, div in enumerate(divisors)]
+    return requests
+
+
+def tokenize(items, scorings, data_path=None, limit=None, cache=False):
+    """{scoring: build_requests(...)}, read from the token cache when `cache` and saved there on a miss."""
+    enc = gpt2_tokenizer()
+    path = token_cache_file(data_path, enc, limit, scorings) if cache and data_path else None
+    if path is not None and path.is_file():
+        try:
+            return load_requests(path, scorings)
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+            pass  # a damaged cache file is rebuilt below
+    requests = {name: build_requests(enc, items, name) for name in scorings}
+    if path is not None:
+        save_requests(path, requests)
+    return requests
+
+
+@dataclass
+class Plan:
+    """Every distinct (context, continuation) row of the scorings asked for, packed once into this rank's
+    batches. Rows shared by scorings or items are scored once; index[scoring] maps (item, ending) to rows."""
+    n_rows: int
+    index: dict  # scoring -> (n_items, 4) row ids
+    divisors: dict  # scoring -> (n_items, 4) float64 acc_norm divisors
+    gold: torch.Tensor
+    batches: list  # [(row ids of this rank, idx, tgt)], every rank the same shapes in the same order
+
+
+def make_plan(requests, gold, block_size, batch_rows, rank=0, world_size=1, length_step=64):
+    """Rows sorted by length and cut into groups of batch_rows * world_size; each rank takes its slice of
+    every group as one (batch_rows, L) batch, L the group's longest row rounded up to length_step, so every
+    rank runs the same sequence of shapes (no rank waits on a different compile)."""
+    ids, index, divisors = {}, {}, {}
+    for name, reqs in requests.items():
+        index[name] = torch.tensor([[ids.setdefault((tuple(ctx), tuple(c)), len(ids)) for c in conts]
+                                    for ctx, conts, _ in reqs])
+        divisors[name] = torch.tensor([[float(len(c)) for c in conts] if div is None else div
+                                       for _, conts, div in reqs], dtype=torch.float64)
+    rows = list(ids)  # in id order
+    lengths = [row_length(ctx, c, block_size) for ctx, c in rows]
+    order = sorted(range(len(rows)), key=lambda i: -lengths[i])
+    group = batch_rows * world_size
+    batches = []
+    for start in range(0, len(order), group):
         chunk = order[start:start + group]
-        length = bucket(lengths[chunk[0]], block_size)
-        share = chunk[rank * batch_items:(rank + 1) * batch_items]
-        rows = [(requests[i][0], c) for i in share for c in requests[i][1]]
-        ll, n, _ = score_rows(model, rows, length, 4 * batch_items, device, autocast)
-        mine += share
-        logliks.append(ll.view(-1, 4))
-        counts.append(n.view(-1, 4))
-    return mine, torch.cat(logliks), torch.cat(counts)
+        share = chunk[rank * batch_rows:(rank + 1) * batch_rows]
+        length = bucket(lengths[chunk[0]], block_size, length_step)
+        batches.append((torch.tensor(share, dtype=torch.long),
+                        *pack_rows([rows[i] for i in share], length, batch_rows, block_size)))
+    return Plan(len(rows), index, divisors, gold, batches)
+
+
+_PLANS = {}  # the newest plan, kept for the next in-loop call: tokenized and packed once per run
+
+
+def prepare(data_path, limit, scorings, block_size, batch_rows, rank=0, world_size=1, length_step=64, cache=True):
+    """The Plan for a data file, from memory when the file is unchanged since the last call."""
+    stat = require_file(data_path).stat()
+    key = (str(Path(data_path).resolve()), stat.st_mtime_ns, stat.st_size, limit, tuple(scorings), block_size,
+           batch_rows, rank, world_size, length_step)
+    if key not in _PLANS:
+        items = load_items(data_path, limit)
+        requests = tokenize(items, scorings, data_path, limit, cache)
+        gold = torch.tensor([item["label"] for item in items], dtype=torch.long)
+        _PLANS.clear()
+        _PLANS[key] = make_plan(requests, gold, block_size, batch_rows, rank, world_size, length_step)
+    return _PLANS[key]
+
+
+def score_plan(model, plan, device, autocast=None, progress=True, world_size=1):
+    """Summed log-likelihood of every row (float64, on the CPU), the same on every rank."""
+    ll = torch.zeros(plan.n_rows, dtype=torch.float64, device=device)
+    for share, idx, tgt in tqdm(plan.batches, desc="hellaswag", unit="batch", disable=not progress, leave=False):
+        sums, _, _ = score_batch(model, idx.to(device), tgt.to(device), autocast, greedy=False)
+        ll.index_copy_(0, share.to(device), sums[:len(share)])
+    if world_size > 1:  # each row was scored on one rank, zeros elsewhere: the sum is exact
+        dist.all_reduce(ll)
+    return ll.cpu()
+
+
+def length_step(model):
+    """Batch lengths round up to 64 for a compiled model (HellaSwag: 3 graphs), to 8 eager (less padding)."""
+    return 64 if hasattr(model, "_orig_mod") else 8
 
 
 def evaluate_model(model, device, data_path=None, limit=None, scoring="both", dist_info=None, autocast=None,
-                   progress=True, batch_items=32):
+                   progress=True, batch_items=32, cache=False):
     """HellaSwag accuracies: {"completion": {acc, acc_norm, n, acc_ci95, acc_norm_ci95, ...}, "lm_eval": {...}}.
 
-    Under torchrun pass dist_info (training.distributed.Dist): each rank scores a slice of the items and
-    the correct counts are all-reduced, so every rank returns the same numbers. The model may be
-    torch.compile'd; it is put in eval mode (ANAct uses its running statistics) and restored after.
+    Both scorings come from one pass over their distinct rows (`Plan`). The data is tokenized and packed
+    once per process and kept for the next call (`prepare`); with `cache` the tokens are also kept on disk
+    under $NANOACT_CACHE. Under torchrun pass dist_info (harness.distributed.Dist): each rank scores a
+    share of the rows and the log-likelihoods are all-reduced, so every rank returns the same numbers. The
+    model may be torch.compile'd (one graph per batch length); it is put in eval mode (ANAct uses its running
+    statistics) and restored after.
     """
     if scoring not in (*SCORINGS, "both"):
         raise ValueError(f"unknown scoring {scoring!r}; choose completion, lm_eval or both")
+    scorings = SCORINGS if scoring == "both" else (scoring,)
     rank, world = (dist_info.rank, dist_info.world_size) if dist_info is not None else (0, 1)
-    items = load_items(data_path or download(), limit)
-    enc = gpt2_tokenizer()
+    plan = prepare(data_path or download(), limit, scorings, block_size_of(model), 4 * batch_items, rank, world,
+                   length_step(model), cache)
     was_training = model.training
     model.eval()
-    results = {}
     try:
-        for name in SCORINGS if scoring == "both" else (scoring,):
-            requests = build_requests(enc, items, name)
-            t0 = time.time()
-            idx, ll, n_tok = score_items(model, requests, device, batch_items, autocast, progress and rank == 0,
-                                         rank, world)
-            if name == "completion":
-                norm = n_tok.double()
-            else:
-                norm = torch.tensor([requests[i][2] for i in idx], dtype=torch.float64).view(-1, 4)
-            gold = torch.tensor([items[i]["label"] for i in idx], dtype=torch.long)
-            # argmax returns the first maximum on ties, as numpy's argmax in lm-eval does
-            counts = torch.tensor([(ll.argmax(1) == gold).sum().item(), ((ll / norm).argmax(1) == gold).sum().item(),
-                                   len(idx)], dtype=torch.long, device=device)
-            if world > 1:
-                dist.all_reduce(counts)
-            k_acc, k_norm, n = counts.tolist()
-            results[name] = {"acc": k_acc / n, "acc_norm": k_norm / n, "n": n, "acc_ci95": wilson(k_acc, n),
-                             "acc_norm_ci95": wilson(k_norm, n), "correct": k_acc, "correct_norm": k_norm,
-                             "interval": "wilson", "seconds": time.time() - t0}
+        t0 = time.time()
+        ll = score_plan(model, plan, device, autocast, progress and rank == 0, world)
+        seconds = time.time() - t0
     finally:
         model.train(was_training)
+    results = {}
+    for name in scorings:
+        scores = ll[plan.index[name]]
+        # argmax returns the first maximum on ties, as numpy's argmax in lm-eval does
+        k_acc = (scores.argmax(1) == plan.gold).sum().item()
+        k_norm = ((scores / plan.divisors[name]).argmax(1) == plan.gold).sum().item()
+        n = len(plan.gold)
+        results[name] = {"acc": k_acc / n, "acc_norm": k_norm / n, "n": n, "acc_ci95": wilson(k_acc, n),
+                         "acc_norm_ci95": wilson(k_norm, n), "correct": k_acc, "correct_norm": k_norm,
+                         "interval": "wilson", "seconds": seconds, "scored_with": "+".join(scorings),
+                         "rows": plan.n_rows, "forwards": len(plan.batches)}
     return results
 
 
@@ -215,12 +331,17 @@ def result_path(args, ckpt):
     return Path(ckpt["path"]).parent / f"hellaswag_{ckpt['step']:05d}{suffix}.json"
 
 
-def main(argv=None):
-    from training import distributed
-    from training.checkpoint import CheckpointError, load_gpt
-    from training.precision import autocast_context, resolve_precision
-    from model import GPT
+def describe(args, ckpt):
+    """Which weights are scored, for the first line of the CLI's output."""
+    if ckpt is None:
+        return f"transformers GPT-2 {args.hf}"
+    config = ckpt["model_config"]
+    kwargs = f" {json.dumps(config['act_kwargs'])}" if config.get("act_kwargs") else ""
+    return f"{ckpt['path']} | step {ckpt.get('step')} | act {config.get('act')}{kwargs}"
 
+
+def main(argv=None):
+    start = time.time()
     p = argparse.ArgumentParser(description="HellaSwag zero-shot accuracy (validation set) of a nanoact GPT-2.")
     p.add_argument("checkpoint", nargs="?", help="checkpoint file, or run directory (its newest checkpoint)")
     p.add_argument("--hf", metavar="DIR", help="evaluate a transformers GPT-2 directory instead")
@@ -230,7 +351,8 @@ def main(argv=None):
     p.add_argument("--batch-items", type=int, default=32, help="items per forward (4 rows each)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto (bfloat16 autocast on CUDA), float32 or bfloat16")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model first")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model first (pays for itself only over many items: 3 graphs to compile)")
     p.add_argument("--out", help="result JSON (default: hellaswag_<step>.json beside the checkpoint)")
     args = p.parse_args(argv)
     if (args.checkpoint is None) == (args.hf is None):
@@ -245,21 +367,27 @@ def main(argv=None):
                 model, ckpt = GPT.from_pretrained(args.hf).to(d.device).eval(), None
             else:
                 model, ckpt = load_gpt(args.checkpoint, d.device)
+            if d.master:
+                print(f"scoring {describe(args, ckpt)}", flush=True)
             autocast = autocast_context(d.device_type, resolve_precision(args.dtype, d.device_type))
             data = args.data or download()  # before the forward passes: a missing file fails fast
             if args.compile:
                 model = torch.compile(model, dynamic=False)  # one static graph per length bucket (3)
             results = evaluate_model(model, d.device, data, args.limit, args.scoring, d, autocast, True,
-                                     args.batch_items)
+                                     args.batch_items, cache=True)
         except (CheckpointError, DataError, TokenizerError, OSError, ValueError) as e:
             sys.exit(f"error: {e}")
         if d.master:
             for name, r in results.items():
                 print(f"hellaswag {name:10s} | acc {r['acc']:.4f} [{r['acc_ci95'][0]:.4f}, {r['acc_ci95'][1]:.4f}] "
                       f"| acc_norm {r['acc_norm']:.4f} [{r['acc_norm_ci95'][0]:.4f}, {r['acc_norm_ci95'][1]:.4f}] "
-                      f"| n {r['n']} | {r['seconds']:.1f}s   (95% Wilson intervals)")
+                      f"| n {r['n']}   (95% Wilson intervals)")
+            r = next(iter(results.values()))
+            print(f"{r['scored_with']} in one pass: {r['rows']} distinct rows, {r['forwards']} forwards, "
+                  f"{r['seconds']:.1f}s; {time.time() - start:.1f}s since start (loading, tokenizing, compiling)")
             out = result_path(args, ckpt)
             record = {"checkpoint": ckpt and ckpt["path"], "hf": args.hf, "step": ckpt and ckpt["step"],
+                      "act": ckpt["model_config"].get("act") if ckpt else "gelu",
                       "data": str(data), "limit": args.limit, "dtype": args.dtype, "world_size": d.world_size,
                       "results": results}
             out.write_text(json.dumps(record, indent=2) + "\n")

@@ -3,10 +3,11 @@
 A row is (context tokens, continuation tokens). Rows are padded to a fixed (n_rows, length) batch so
 that a torch.compile'd model sees only a handful of shapes (`bucket`) instead of one per item;
 padding positions carry target -1 and never enter a sum. HellaSwag and the lm-eval adapter both
-score through `score_rows`, so the two can never disagree on what a log-likelihood is.
+score through `score_batch`, so the two can never disagree on what a log-likelihood is.
 """
 import contextlib
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -38,35 +39,52 @@ def block_size_of(model):
     return unwrap(model).config.block_size
 
 
-@torch.no_grad()
-def score_rows(model, rows, length, n_rows, device, autocast=None, n_vocab=VOCAB_SIZE):
-    """Sum of log p(continuation | context), token count and is-greedy for each row.
-
-    The batch is always (n_rows, length); rows beyond len(rows) are pure padding. Logits are cut to
-    the tokenizer's n_vocab first: GPT pads its vocabulary to 50304 and those extra logits must not
-    take probability mass (transformers' GPT-2 has exactly 50257).
-    """
-    block_size = block_size_of(model)
-    idx = torch.full((n_rows, length), EOT, dtype=torch.long)
-    tgt = torch.full((n_rows, length), -1, dtype=torch.long)
+def pack_rows(rows, length, n_rows, block_size):
+    """(idx, tgt) CPU tensors of shape (n_rows, length): rows left-aligned, EOT padding, target -1 wherever
+    a position is not a continuation token. Rows beyond len(rows) are pure padding."""
+    idx = np.full((n_rows, length), EOT, dtype=np.int64)  # numpy: filling rows from lists is ~4x torch's speed
+    tgt = np.full((n_rows, length), -1, dtype=np.int64)
     for r, (context, continuation) in enumerate(rows):
         inp, target = fit_row(context, continuation, block_size)
         if len(inp) > length:
             raise ValueError(f"row of {len(inp)} tokens does not fit the batch length {length}")
-        idx[r, :len(inp)] = torch.tensor(inp)
+        idx[r, :len(inp)] = inp
         n = len(continuation)
-        tgt[r, len(inp) - n:len(inp)] = torch.tensor(target[-n:])
-    idx, tgt = idx.to(device), tgt.to(device)
+        tgt[r, len(inp) - n:len(inp)] = target[-n:]
+    return torch.from_numpy(idx), torch.from_numpy(tgt)
+
+
+@torch.no_grad()
+def score_batch(model, idx, tgt, autocast=None, n_vocab=VOCAB_SIZE, greedy=True):
+    """Sum of log p(continuation | context), token count and is-greedy (None with greedy=False) of every
+    row of a packed batch, left on the batch's device.
+
+    Logits are cut to the tokenizer's n_vocab first: GPT pads its vocabulary to 50304 and those extra
+    logits must not take probability mass (transformers' GPT-2 has exactly 50257).
+    """
     with autocast or contextlib.nullcontext():
         logits, _ = model(idx)
     scored = tgt >= 0
     picked = logits[scored][:, :n_vocab].float()
     targets = tgt[scored]
     logp = -F.cross_entropy(picked, targets, reduction="none")
-    greedy = (picked.argmax(-1) == targets).to(torch.float64)
     row_of = scored.nonzero()[:, 0]
-    sums = torch.zeros(n_rows, dtype=torch.float64, device=device).index_add_(0, row_of, logp.double())
+    n_rows = idx.size(0)
+    sums = torch.zeros(n_rows, dtype=torch.float64, device=idx.device).index_add_(0, row_of, logp.double())
     counts = scored.sum(1)
-    all_greedy = torch.zeros(n_rows, dtype=torch.float64, device=device).index_add_(0, row_of, greedy) == counts
+    if not greedy:
+        return sums, counts, None
+    hits = (picked.argmax(-1) == targets).to(torch.float64)
+    all_greedy = torch.zeros(n_rows, dtype=torch.float64, device=idx.device).index_add_(0, row_of, hits) == counts
+    return sums, counts, all_greedy
+
+
+def score_rows(model, rows, length, n_rows, device, autocast=None, n_vocab=VOCAB_SIZE):
+    """Sum of log p(continuation | context), token count and is-greedy for each row, on the CPU.
+
+    The batch is always (n_rows, length), whatever len(rows): a compiled model sees one shape per length.
+    """
+    idx, tgt = pack_rows(rows, length, n_rows, block_size_of(model))
+    sums, counts, all_greedy = score_batch(model, idx.to(device), tgt.to(device), autocast, n_vocab)
     k = len(rows)
     return sums[:k].cpu(), counts[:k].cpu(), all_greedy[:k].cpu()

@@ -180,3 +180,39 @@ def test_reading_runs_imports_no_torch():
     """Reading and tabulating logs must work on a laptop without torch (and start fast)."""
     code = "import sys, analysis.runs; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1]).returncode == 0
+
+
+def hellaswag_json(run_dir, step, limit, completion, lm_eval):
+    """A result file as eval/hellaswag.py writes it beside a run's checkpoint."""
+    n = limit or 10042
+    results = {name: {"acc": acc, "acc_norm": norm, "n": n} for name, (acc, norm) in
+               (("completion", completion), ("lm_eval", lm_eval))}
+    suffix = f"_limit{limit}" if limit else ""
+    path = run_dir / f"hellaswag_{step:05d}{suffix}.json"
+    path.write_text(json.dumps({"checkpoint": str(run_dir / f"model_{step:05d}.pt"), "step": step, "act": "aglu",
+                                "limit": limit, "results": results}))
+    return path
+
+
+def test_hellaswag_results_of_eval_beside_the_losses(tmp_path, capsys):
+    run = our_run(tmp_path / "ours")
+    hellaswag_json(run, 10, None, (0.2859, 0.2955), (0.2892, 0.3114))  # full, earlier step: shown
+    hellaswag_json(run, 20, 500, (0.31, 0.32), (0.33, 0.34))  # later, but only 500 items
+    hellaswag_json(run, 20, 100, (0.5, 0.5), (0.5, 0.5))
+    our_run(tmp_path / "none", act="gelu")
+    s = summary(load_run(run))
+    assert s["hella_eval"]["step"] == 10 and s["hella_eval"]["n"] == 10042
+    compare.main([str(run), str(tmp_path / "none"), "-o", str(tmp_path / "c.png")])
+    lines = capsys.readouterr().out.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    ours = dict(zip(header, [c.strip() for c in lines[2].strip("|").split("|")]))
+    other = dict(zip(header, [c.strip() for c in lines[3].strip("|").split("|")]))
+    assert ours["hellaswag.py (step, n)"] == "10, 10042"
+    assert ours["completion acc / acc_norm %"] == "28.59 / 29.55"
+    assert ours["lm_eval acc / acc_norm %"] == "28.92 / 31.14"
+    assert ours["final val"] == "3.8000" and other["hellaswag.py (step, n)"] == "-"
+    (run / "hellaswag_00010.json").unlink()  # no full evaluation: the limited one with the most items
+    assert summary(load_run(run))["hella_eval"]["n"] == 500
+    (run / "hellaswag_00030.json").write_text('{"step": 30}')
+    with pytest.raises(RunError, match="hellaswag_00030.json: not a result of eval/hellaswag.py"):
+        load_run(run)

@@ -1,5 +1,6 @@
-"""eval/hellaswag.py: the packed scorer equals a plain per-item loop for both scorings, lm-eval's
-preprocessing is reproduced exactly, DDP shards add up, and bad input fails with a clear message."""
+"""eval/hellaswag.py: the packed scorer equals a plain per-item loop for both scorings and the previous
+(one pass per scoring) scorer item by item, lm-eval's preprocessing is reproduced exactly, DDP shards add
+up, tokens are cached (memory, disk) and compiled graphs reused, and bad input fails with a clear message."""
 import json
 import os
 import subprocess
@@ -13,10 +14,20 @@ import torch
 import torch.nn.functional as F
 
 from eval import hellaswag
-from eval.hellaswag import DataError, evaluate_model, load_items, score_items
+from eval.hellaswag import SCORINGS, DataError, evaluate_model, load_items, make_plan, score_plan
+from eval.scoring import block_size_of, bucket, row_length, score_rows
 from eval.stats import wilson
 from training.checkpoint import load_gpt
+
 REAL = Path(__file__).resolve().parents[2] / "shared" / "assets" / "hellaswag" / "hellaswag_val.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def token_cache(tmp_path, monkeypatch):
+    """Token caches go to a fresh directory, and no plan survives from another test."""
+    monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "nanoact_cache"))
+    hellaswag._PLANS.clear()
+    return tmp_path / "nanoact_cache" / "hellaswag_tokens"
 
 
 def lm_eval_docs(items):
@@ -59,23 +70,26 @@ def tiny(make_checkpoint, hellaswag_file, gpt2_enc):
     return model, path, load_items(path)
 
 
+def plan_for(enc, items, batch_rows, **kwargs):
+    requests = {s: hellaswag.build_requests(enc, items, s) for s in SCORINGS}
+    return make_plan(requests, torch.tensor([item["label"] for item in items]), 128, batch_rows, **kwargs)
+
+
 def test_packed_scorer_equals_per_item_loop(tiny, gpt2_enc):
     model, path, items = tiny
     ref = reference_scores(model, gpt2_enc, items)
-    for scoring in ("completion", "lm_eval"):
-        requests = hellaswag.build_requests(gpt2_enc, items, scoring)
-        # 3 items per forward: several batches, a padded last one, two length buckets
-        idx, ll, n_tok = score_items(model, requests, "cpu", batch_items=3, progress=False)
-        assert sorted(idx) == list(range(len(items)))
-        ref_ll = torch.tensor([ref[scoring][i][0] for i in idx], dtype=torch.float64)
-        torch.testing.assert_close(ll, ref_ll, rtol=1e-5, atol=1e-5)
-        if scoring == "completion":  # acc_norm divides by the token count ...
-            assert n_tok.tolist() == [ref[scoring][i][1] for i in idx]
-        else:  # ... or by the characters of the choice without its leading space
-            assert [requests[i][2] for i in idx] == [ref[scoring][i][1] for i in idx]
+    # 12 rows per forward: several batches, a padded last one, several batch lengths
+    plan = plan_for(gpt2_enc, items, 12, length_step=8)
+    assert len(plan.batches) == -(-plan.n_rows // 12) and len({idx.shape[1] for _, idx, _ in plan.batches}) > 2
+    ll = score_plan(model, plan, "cpu", progress=False)
+    for scoring in SCORINGS:
+        ref_ll = torch.tensor([ref[scoring][i][0] for i in range(len(items))], dtype=torch.float64)
+        torch.testing.assert_close(ll[plan.index[scoring]], ref_ll, rtol=1e-5, atol=1e-5)
+        # acc_norm divides by the token count (completion) or the characters of the choice (lm_eval)
+        assert plan.divisors[scoring].tolist() == [[float(n) for n in ref[scoring][i][1]] for i in range(len(items))]
     result = evaluate_model(model, "cpu", path, scoring="both", progress=False, batch_items=4)
     gold = np.array([item["label"] for item in items])
-    for scoring in ("completion", "lm_eval"):
+    for scoring in SCORINGS:
         ll = np.array([r[0] for r in ref[scoring]])
         div = np.array([r[1] for r in ref[scoring]], dtype=float)
         acc = np.mean(np.argmax(ll, 1) == gold)  # highest log-likelihood == lowest summed loss
@@ -83,30 +97,120 @@ def test_packed_scorer_equals_per_item_loop(tiny, gpt2_enc):
         r = result[scoring]
         assert r["n"] == len(items) and r["acc"] == pytest.approx(acc) and r["acc_norm"] == pytest.approx(acc_norm)
         assert r["acc_ci95"] == pytest.approx(wilson(r["correct"], len(items)))
+        assert r["rows"] == plan.n_rows and r["scored_with"] == "completion+lm_eval"
     # the predictions are not degenerate: the scorings disagree somewhere and acc_norm differs from acc
     preds = {s: [np.argmax(np.array(ll) / np.array(d, dtype=float)) for ll, d in ref[s]] for s in ref}
     assert preds["completion"] != preds["lm_eval"]
 
 
-def test_rank_shards_cover_items_once_with_equal_shapes(tiny, gpt2_enc, monkeypatch):
+def previous_scorer(model, enc, items, scoring, batch_items):
+    """The scorer before the shared pass (eval/hellaswag.py score_items at 9bc4e46), as it was: one pass per
+    scoring, items sorted by their longest row, 4 rows per item, lengths bucketed to 64.
+    Returns (loglik (n, 4), acc prediction, acc_norm prediction) per item."""
+    requests = hellaswag.build_requests(enc, items, scoring)
+    block_size = block_size_of(model)
+    lengths = [max(row_length(ctx, c, block_size) for c in conts) for ctx, conts, _ in requests]
+    order = sorted(range(len(requests)), key=lambda i: -lengths[i])
+    ll, n_tok = torch.zeros(len(items), 4, dtype=torch.float64), torch.zeros(len(items), 4, dtype=torch.long)
+    for start in range(0, len(order), batch_items):
+        share = order[start:start + batch_items]
+        rows = [(requests[i][0], c) for i in share for c in requests[i][1]]
+        sums, counts, _ = score_rows(model, rows, bucket(lengths[share[0]], block_size), 4 * batch_items, "cpu")
+        ll[share], n_tok[share] = sums.view(-1, 4), counts.view(-1, 4)
+    norm = n_tok.double() if scoring == "completion" else torch.tensor([r[2] for r in requests], dtype=torch.float64)
+    return ll, ll.argmax(1), (ll / norm).argmax(1)
+
+
+def test_shared_pass_scores_identical_to_previous_scorer(make_checkpoint, hellaswag_file, gpt2_enc):
+    model, _ = load_gpt(make_checkpoint(seed=1))
+    path = hellaswag_file(n=20, seed=3)
+    items = load_items(path)
+    plan = plan_for(gpt2_enc, items, 4 * 5, length_step=hellaswag.length_step(model))
+    ll = score_plan(model, plan, "cpu", progress=False)
+    result = evaluate_model(model, "cpu", path, progress=False, batch_items=5)
+    for scoring in SCORINGS:
+        old_ll, old_acc, old_norm = previous_scorer(model, gpt2_enc, items, scoring, 5)
+        new_ll = ll[plan.index[scoring]]
+        torch.testing.assert_close(new_ll, old_ll, rtol=1e-6, atol=1e-6)  # fp32 forwards of other batch shapes
+        assert torch.equal(new_ll.argmax(1), old_acc)  # item by item, both predictions
+        assert torch.equal((new_ll / plan.divisors[scoring]).argmax(1), old_norm)
+        gold = plan.gold
+        assert result[scoring]["correct"] == (old_acc == gold).sum().item()
+        assert result[scoring]["correct_norm"] == (old_norm == gold).sum().item()
+
+
+def test_rank_shards_cover_rows_once_with_equal_shapes(tiny, gpt2_enc):
     model, _, items = tiny
-    requests = hellaswag.build_requests(gpt2_enc, items, "lm_eval")
-    idx, ll, _ = score_items(model, requests, "cpu", batch_items=2, progress=False)
-    full = dict(zip(idx, ll))
-    shapes = {0: [], 1: [], 2: []}
-    seen = {}
-    real_score_rows = hellaswag.score_rows
-    for rank in range(3):
-        def spy(model, rows, length, n_rows, *args, rank=rank):
-            shapes[rank].append((n_rows, length))
-            return real_score_rows(model, rows, length, n_rows, *args)
-        monkeypatch.setattr(hellaswag, "score_rows", spy)
-        idx, ll, _ = score_items(model, requests, "cpu", batch_items=2, progress=False, rank=rank, world_size=3)
-        seen.update({i: ll[k] for k, i in enumerate(idx)})
+    full = score_plan(model, plan_for(gpt2_enc, items, 8), "cpu", progress=False)
+    plans = [plan_for(gpt2_enc, items, 8, rank=rank, world_size=3) for rank in range(3)]
+    shapes = [[idx.shape for _, idx, _ in plan.batches] for plan in plans]
     assert shapes[0] == shapes[1] == shapes[2]  # every rank runs the same forwards (compile, collectives)
-    assert sorted(seen) == list(range(len(items)))
-    for i in range(len(items)):
-        torch.testing.assert_close(seen[i], full[i], rtol=1e-6, atol=1e-5)
+    shares = torch.cat([share for plan in plans for share, _, _ in plan.batches])
+    assert sorted(shares.tolist()) == list(range(full.numel()))  # every distinct row on exactly one rank
+    # each rank's log-likelihoods, zeros elsewhere: what the all-reduce sums
+    parts = [score_plan(model, plan, "cpu", progress=False) for plan in plans]
+    torch.testing.assert_close(sum(parts), full, rtol=1e-6, atol=1e-5)
+
+
+def test_rows_are_shared_between_scorings_and_items(gpt2_enc):
+    item = {"ctx": "A man", "ctx_a": "A man", "ctx_b": "", "activity_label": "Run", "label": 0,
+            "endings": ["runs.", "runs.", "sits.", "jumps."]}
+    plan = plan_for(gpt2_enc, [item, dict(item, label=2)], 8)
+    # 2 identical items x 4 endings x 2 scorings = 16 rows, of which 3 + 3 are distinct
+    assert plan.n_rows == 6 and plan.index["completion"][0, 0] == plan.index["completion"][1, 1]
+    assert not set(plan.index["completion"].flatten().tolist()) & set(plan.index["lm_eval"].flatten().tolist())
+
+
+def test_tokens_and_plan_are_cached(tiny, token_cache, monkeypatch):
+    model, path, _ = tiny
+    calls = []
+
+    def counted(fn):
+        def wrapped(*args):
+            calls.append(fn.__name__)
+            return fn(*args)
+        return wrapped
+
+    monkeypatch.setattr(hellaswag, "load_items", counted(hellaswag.load_items))
+    monkeypatch.setattr(hellaswag, "build_requests", counted(hellaswag.build_requests))
+    run = lambda: evaluate_model(model, "cpu", path, progress=False, cache=True)
+    first = run()
+    assert calls == ["load_items", "build_requests", "build_requests"]  # tokenized once, both scorings
+    files = list(token_cache.iterdir())
+    assert len(files) == 1 and files[0].name.endswith("_all_completion+lm_eval.npz")
+    same = lambda r: all(r[s]["correct"] == first[s]["correct"] and r[s]["correct_norm"] == first[s]["correct_norm"]
+                         for s in SCORINGS)
+    calls.clear()
+    assert same(run()) and calls == []  # the next call (in the training loop): the packed plan from memory
+    hellaswag._PLANS.clear()  # a new process: the labels are read, the tokens come from disk
+    assert same(run()) and calls == ["load_items"]
+    files[0].write_bytes(b"damaged")  # a broken cache file is rebuilt, not an error
+    hellaswag._PLANS.clear()
+    calls.clear()
+    assert same(run()) and calls.count("build_requests") == 2
+    path.write_text(path.read_text().replace("the", "a"))  # other bytes, another key
+    run()
+    assert len(list(token_cache.iterdir())) == 2
+
+
+def test_compiled_scorer_reuses_its_graphs_across_calls(tiny):
+    """The training loop passes its compiled model: the first call compiles one graph per batch length
+    (multiples of 64), later calls compile nothing."""
+    from torch._dynamo.testing import CompileCounter
+
+    model, path, _ = tiny
+    eager = evaluate_model(model, "cpu", path, progress=False, batch_items=3)
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counter, dynamic=False)
+    first = evaluate_model(compiled, "cpu", path, progress=False, batch_items=3)
+    lengths = {idx.shape[1] for _, idx, _ in next(iter(hellaswag._PLANS.values())).batches}
+    assert lengths <= {64, 128} and counter.frame_count == len(lengths)
+    second = evaluate_model(compiled, "cpu", path, progress=False, batch_items=3)
+    assert counter.frame_count == len(lengths)  # no recompilation
+    for s in SCORINGS:
+        assert first[s]["correct"] == second[s]["correct"] == eager[s]["correct"]
+        assert first[s]["correct_norm"] == second[s]["correct_norm"] == eager[s]["correct_norm"]
 
 
 def test_torchrun_two_ranks_equal_one_process(tiny, make_checkpoint, hellaswag_file, tmp_path):
@@ -175,7 +279,10 @@ def test_cli_writes_json_and_rejects_wrong_checkpoints(make_checkpoint, hellaswa
     hellaswag.main([str(ckpt.parent), "--data", str(data), "--limit", "4", "--device", "cpu"])
     record = json.loads((ckpt.parent / "hellaswag_00012_limit4.json").read_text())
     assert record["step"] == 12 and record["results"]["completion"]["n"] == 4 and record["results"]["lm_eval"]["n"] == 4
-    assert "acc_norm" in capsys.readouterr().out
+    assert record["act"] == "gelu"
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"scoring {ckpt} | step 12 | act gelu"  # which weights, before anything else
+    assert "acc_norm" in out and "completion+lm_eval in one pass: " in out
     other = tmp_path / "translation.pt"
     torch.save({"kind": "translation", "model": {}}, other)
     for bad, message in [(tmp_path / "missing.pt", "no such checkpoint file"), (other, "a 'translation' checkpoint")]:

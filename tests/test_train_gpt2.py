@@ -2,6 +2,7 @@
 and the clear errors users hit first."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -237,11 +238,16 @@ def test_compiled_training_keeps_evaluating(tmp_path):
     np.testing.assert_allclose(compiled[1], eager[1], rtol=1e-4)
 
 
-def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc):
+def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc, monkeypatch, capsys):
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
     hella = hellaswag_file(8)
+    monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "cache"))  # the token cache
     train_in_process(args(data, tmp_path / "out", vocab_size=50304, block_size=128, max_steps=2, eval_interval=2,
                           hellaswag_interval=2, hellaswag_data=hella))
+    printed = [line for line in capsys.readouterr().out.splitlines() if "| val loss " in line]
+    assert len(printed) == 2 and all(re.search(r"\| hellaswag acc \d\.\d{4} acc_norm \d\.\d{4} \(\d+\.\ds\)$", line)
+                                     for line in printed), printed  # on stdout, next to the val loss
+    assert len(list((tmp_path / "cache" / "hellaswag_tokens").iterdir())) == 1
     lines = (tmp_path / "out" / "log.txt").read_text().splitlines()
     assert [line.split()[:2] for line in lines if " hella " in line] == [["0", "hella"], ["2", "hella"]]
     evals = [json.loads(r) for r in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
