@@ -64,6 +64,32 @@ def test_init_gains_are_xavier_normal_times_beta(norm):
         assert abs(p.mean().item()) < 0.05 * want, name
 
 
+@pytest.mark.parametrize("norm", ["deepnorm", "postln", "preln"])
+def test_step0_loss_is_ln_vocab_untied_and_deepnorm_tied_copies_its_input(norm):
+    """Random tokens at init: with an untied output projection (N(0, d^-1/2), torchscale's init) the logits are
+    ~N(0, 1), so the loss is ln V + ~0.5 for every norm. Tied to the sqrt(d)-scaled input embedding, DeepNorm's
+    up-weighted residual keeps the decoder input token's embedding dominant, so the model predicts its input:
+    the loss is the logit of the input token (DeepNet's published init does the same, see the README)."""
+    vocab = 1000
+    src = torch.randint(4, vocab, (8, 12), generator=torch.Generator().manual_seed(1))
+    tgt = torch.randint(4, vocab, (8, 13), generator=torch.Generator().manual_seed(2))
+    tgt[:, 0] = 2
+    losses, copy = {}, None
+    for tie in (False, True):
+        torch.manual_seed(0)
+        model = Transformer(TranslationConfig(vocab_size=vocab, enc_layers=3, dec_layers=3, d_model=128, ffn_dim=256,
+                                              n_head=4, dropout=0.0, norm=norm, tie_output=tie)).double().eval()
+        assert (model.output is None) == tie
+        logits = model(src, tgt[:, :-1])
+        losses[tie] = model.loss(logits, tgt[:, 1:]).item()
+        copy = logits.gather(-1, tgt[:, :-1, None])[:, 1:].mean().item()  # logit of the decoder input token
+    assert math.log(vocab) + 0.2 < losses[False] < math.log(vocab) + 0.8
+    if norm == "deepnorm":
+        assert losses[True] > math.log(vocab) + 2 and losses[True] == pytest.approx(copy, abs=0.5)
+    else:
+        assert math.log(vocab) < losses[True] < math.log(vocab) + 1
+
+
 def test_no_information_from_future_targets():
     model = tiny()
     src, tgt = random_batch()
@@ -88,9 +114,9 @@ def test_padding_does_not_change_outputs():
     torch.testing.assert_close(alone, base[:1], rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("norm,positions", [("deepnorm", "sinusoidal"), ("preln", "learned")])
-def test_incremental_decoding_equals_full_recompute(norm, positions):
-    model = tiny(norm=norm, positions=positions, share_embeddings=False)
+@pytest.mark.parametrize("norm,positions,tie", [("deepnorm", "sinusoidal", True), ("preln", "learned", False)])
+def test_incremental_decoding_equals_full_recompute(norm, positions, tie):
+    model = tiny(norm=norm, positions=positions, share_embeddings=False, tie_output=tie)
     src, tgt = random_batch()
     full = model(src, tgt)
     memory, mask = model.encode(src)

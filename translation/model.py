@@ -36,7 +36,8 @@ class TranslationConfig:
     act_kwargs: dict = field(default_factory=dict)
     plain_top_k: int = 0  # the top k FFNs of encoder and decoder use the unnormalized activation (activations.layer_activation)
     norm: str = "deepnorm"
-    share_embeddings: bool = True  # one joint-vocabulary table for encoder input, decoder input and output
+    share_embeddings: bool = True  # one joint-vocabulary table for encoder and decoder input
+    tie_output: bool = True  # output projection = decoder input table (False: own matrix, N(0, d^-1/2))
     positions: str = "sinusoidal"  # or "learned"
     max_positions: int = 1024
     pad_id: int = 0
@@ -179,6 +180,7 @@ class Transformer(nn.Module):
                                      for i in range(cfg.enc_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg, dec_alpha, i)
                                      for i in range(cfg.dec_layers))
+        self.output = None if cfg.tie_output else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.enc_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
         self.dec_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
@@ -209,6 +211,8 @@ class Transformer(nn.Module):
         for emb in {self.embed_src, self.embed_tgt}:  # fairseq: N(0, d^-1/2), scaled by sqrt(d) on input
             nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5)
             nn.init.zeros_(emb.weight[self.cfg.pad_id])
+        if self.output is not None:  # torchscale's untied output init: logits start N(0, 1)
+            nn.init.normal_(self.output.weight, std=self.cfg.d_model ** -0.5)
         if self.cfg.positions == "learned":
             nn.init.normal_(self.pos.weight, std=self.cfg.d_model ** -0.5)
 
@@ -233,7 +237,7 @@ class Transformer(nn.Module):
         x = self.embed(self.embed_tgt, tgt, offset)
         for i, layer in enumerate(self.decoder):
             x = layer(x, memory, mask, None if cache is None else cache[i])
-        return F.linear(self.dec_ln(x), self.embed_tgt.weight)
+        return F.linear(self.dec_ln(x), self.embed_tgt.weight if self.output is None else self.output.weight)
 
     def new_cache(self):
         return [{} for _ in self.decoder]
