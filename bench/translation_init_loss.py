@@ -10,15 +10,11 @@ a uniform prediction; logits ~N(0, 1) give ln V + 0.5.
 """
 import argparse
 import math
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from translation.model import NORMS, Transformer, TranslationConfig  # noqa: E402
+from translation.model import NORMS, Transformer, TranslationConfig
 
 
 def torchscale_init(model):
