@@ -34,14 +34,13 @@ import itertools
 import json
 import multiprocessing as mp
 import os
-import urllib.error
-import urllib.request
 from bisect import bisect_right
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from data import hub_unreachable
 from data.tokenizer import EOT, TokenizerError, gpt2_tokenizer
 
 HF_DATASET = "HuggingFaceFW/fineweb-edu"
@@ -112,7 +111,7 @@ def _parquet_documents(path):
 def hf_documents(config, streaming, first):
     offline = bool(os.environ.get("HF_HUB_OFFLINE"))
     # One quick request first: offline, datasets retries for ~30 s and then raises a long traceback.
-    problem = "" if offline else hub_unreachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    problem = "" if offline else hub_unreachable()
     if not problem:
         from datasets import load_dataset  # slow import, only needed for the HF source
         try:
@@ -123,17 +122,6 @@ def hf_documents(config, streaming, first):
     raise ValueError(f"cannot load {HF_DATASET} from the Hugging Face hub ({problem}); offline, tokenize local "
                      "text instead: --input FILES (.txt, .jsonl, .json, .parquet; e.g. --input corpus/*.txt)"
                      + ("" if offline else ", or set HF_HUB_OFFLINE=1 to use a cached download"))
-
-
-def hub_unreachable(endpoint, timeout=10):
-    """Why `endpoint` cannot be reached, or "" if it answers at all (any HTTP status will do)."""
-    try:
-        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout).close()
-    except urllib.error.HTTPError:
-        pass
-    except (urllib.error.URLError, OSError) as e:
-        return str(getattr(e, "reason", e))
-    return ""
 
 
 class ShardWriter:

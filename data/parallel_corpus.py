@@ -10,12 +10,13 @@ import gzip
 import hashlib
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from data import DataError
+from data import DataError, hub_unreachable
 
 SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # ours -> Hugging Face's
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -59,10 +60,18 @@ def local_files(split, src_lang, tgt_lang, data_dir="", prefix=""):
     return paths
 
 
+LOCAL_FILES = ("offline, pass local files: --data-dir DIR (train.{src}, train.{tgt}, valid.*, test.*) or "
+               "--train-prefix/--valid-prefix/--test-prefix")
+
+
 def load_hf(split, src_lang, tgt_lang, name="IWSLT/iwslt2017", config="iwslt2017-de-en"):
     """One split from the hub; datasets>=4 no longer runs loading scripts, so the hub's parquet
     conversion of the dataset is tried when the plain load fails."""
-    from datasets import load_dataset
+    problem = "" if os.environ.get("HF_HUB_OFFLINE") else hub_unreachable()
+    if problem:
+        raise DataError(f"could not reach the Hugging Face hub for {name} ({problem}); " + LOCAL_FILES.format(
+            src=src_lang, tgt=tgt_lang))
+    from datasets import load_dataset  # slow import, only needed for the hub
     ds, errors = None, []
     for kwargs in ({}, {"revision": "refs/convert/parquet"}):
         try:
@@ -74,8 +83,7 @@ def load_hf(split, src_lang, tgt_lang, name="IWSLT/iwslt2017", config="iwslt2017
                 break
     if ds is None:
         raise DataError(f"could not load {name} ({config}) split {SPLITS[split]} from the Hugging Face hub "
-                        f"({errors[0]}); offline, pass local files: --data-dir DIR (train.{src_lang}, "
-                        f"train.{tgt_lang}, valid.*, test.*) or --train-prefix/--valid-prefix/--test-prefix")
+                        f"({errors[0]}); " + LOCAL_FILES.format(src=src_lang, tgt=tgt_lang))
     pairs = ds["translation"]
     return [p[src_lang] for p in pairs], [p[tgt_lang] for p in pairs]
 

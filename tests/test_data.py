@@ -171,7 +171,7 @@ def test_huggingface_source(fineweb, enc, tmp_path, monkeypatch, streaming):
         return ds.to_iterable_dataset() if streaming else ds
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    monkeypatch.setattr(fineweb, "hub_unreachable", lambda endpoint: "")  # no network in tests
+    monkeypatch.setattr(fineweb, "hub_unreachable", lambda: "")  # no network in tests
     args = ["--out", str(tmp_path), "--shard-size", "100", "--max-docs", "20", "--workers", "1"]
     fineweb.main(args + (["--streaming"] if streaming else []))
     m, arrays = read_shards(tmp_path)
@@ -182,6 +182,7 @@ def test_huggingface_source(fineweb, enc, tmp_path, monkeypatch, streaming):
 
 def test_offline_hub_is_one_line_and_leaves_no_directory(fineweb, tmp_path, monkeypatch):
     import urllib.error
+    import urllib.request
     datasets = pytest.importorskip("datasets")
     out = tmp_path / "fw"
 
@@ -193,7 +194,7 @@ def test_offline_hub_is_one_line_and_leaves_no_directory(fineweb, tmp_path, monk
         raise AssertionError("the hub was probed unreachable: datasets must not be asked")
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(fineweb.urllib.request, "urlopen", no_network)
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     with pytest.raises(SystemExit, match=r"Name or service not known.*--input FILES.*HF_HUB_OFFLINE=1") as e:
         fineweb.main(["--streaming", "--out", str(out), "--workers", "1"])

@@ -53,9 +53,12 @@ def test_mismatched_and_empty_files_are_one_line_errors(tmp_path):
 
 
 def test_unreachable_hub_says_to_pass_local_files(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with pytest.raises(DataError, match="pass local files: --data-dir"):
+    """One quick request decides: no minute of `datasets` retries before the one-line answer."""
+    import data.parallel_corpus
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(data.parallel_corpus, "hub_unreachable", lambda: "Name or service not known")
+    with pytest.raises(DataError, match=r"could not reach the Hugging Face hub .*Name or service not known.*"
+                                        r"pass local files: --data-dir"):
         load_split("valid", "de", "en", hf_dataset="IWSLT/iwslt2017-not-cached-here")
 
 
@@ -63,6 +66,8 @@ def test_hub_dataset_falls_back_to_its_parquet_conversion(monkeypatch):
     """IWSLT2017 on the hub is a loading script, which datasets>=4 refuses: the loader retries the hub's
     parquet conversion and reads the `translation` column in IWSLT's schema."""
     import datasets
+
+    import data.parallel_corpus
     rows = [{"translation": {"de": f"Satz {i}.", "en": f"Sentence {i}."}} for i in range(3)]
     calls = []
 
@@ -73,6 +78,7 @@ def test_hub_dataset_falls_back_to_its_parquet_conversion(monkeypatch):
         return datasets.Dataset.from_list(rows)
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(data.parallel_corpus, "hub_unreachable", lambda: "")  # the hub answers, in this test
     src, tgt = load_split("valid", "de", "en")
     assert src == ["Satz 0.", "Satz 1.", "Satz 2."] and tgt == ["Sentence 0.", "Sentence 1.", "Sentence 2."]
     assert calls == [("IWSLT/iwslt2017", "iwslt2017-de-en", "validation", {}),
