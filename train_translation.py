@@ -79,6 +79,7 @@ class TranslationEvalConfig(EvalConfig):
     decode_batch: int = 64  # sentences per decoding batch
     bleu_sentences: int = 0  # validation BLEU (greedy) on the first N valid sentences; 0: all
     test_at_end: bool = True  # greedy and beam BLEU on the test split after the last step
+    test_sentences: int = 0  # final greedy/beam BLEU (and --eval-only) on the first N sentences; 0: all
 
 
 @dataclass
@@ -107,30 +108,42 @@ def tokenizer(cfg, d, src, tgt):
     return model
 
 
+def decode_cost(n, seconds):
+    return f"{n} sentences in {seconds:.1f}s = {n / max(seconds, 1e-9):.1f} sent/s"
+
+
 def bleu_of(model, sp, src, ref, ecfg, d, beam, progress=False):
-    """Translate src (split over ranks), gather, score: (BLEU, signature, hypotheses) on every rank."""
+    """Translate src (split over ranks), gather, score: (BLEU, signature, hypotheses, decode seconds) on
+    every rank."""
+    t0 = time.time()
     mine = translate(model, sp, src[d.rank::d.world_size], beam, ecfg.len_penalty, ecfg.max_len_a, ecfg.max_len_b,
                      ecfg.decode_batch, d.device, progress and d.master)
     parts = distributed.gather_objects(mine, d)
     hyps = [None] * len(src)
     for r, part in enumerate(parts):
         hyps[r::d.world_size] = part
+    seconds = time.time() - t0
     score, signature = corpus_bleu(hyps, ref)
-    return score, signature, hyps
+    return score, signature, hyps, seconds
 
 
 def split_bleu(model, sp, data, ecfg, d, out_dir, split):
-    """Greedy and beam BLEU on a split; translations and scores written to out_dir."""
+    """Greedy and beam BLEU on the first --test-sentences sentences of a split (0: all) and the decoding
+    speed; translations and scores written to out_dir."""
     src, ref = split_lines(data, split)
+    total = len(src)
+    n = min(ecfg.test_sentences or total, total)
+    src, ref = src[:n], ref[:n]
+    subset = "" if n == total else f" (first {n} of {total} sentences)"
     results = {}
     for beam in sorted({1, ecfg.beam}):
         name = "greedy" if beam == 1 else f"beam{beam}"
-        t0 = time.time()
-        score, signature, hyps = bleu_of(model, sp, src, ref, ecfg, d, beam, progress=True)
-        results[name] = {"bleu": score, "signature": signature, "seconds": round(time.time() - t0, 1)}
+        score, signature, hyps, seconds = bleu_of(model, sp, src, ref, ecfg, d, beam, progress=True)
+        results[name] = {"bleu": score, "signature": signature, "sentences": n, "of": total,
+                         "seconds": round(seconds, 2), "sentences_per_s": round(n / max(seconds, 1e-9), 2)}
         if d.master:
             Path(out_dir, f"translations_{split}_{name}.txt").write_text("\n".join(hyps) + "\n")
-            print(f"{split} BLEU ({name}) = {score:.2f}  {signature}", flush=True)
+            print(f"{split} BLEU ({name}) = {score:.2f}{subset}  {signature} | {decode_cost(n, seconds)}", flush=True)
     if d.master:
         Path(out_dir, f"bleu_{split}.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
@@ -205,10 +218,10 @@ class TranslationTrainer(Trainer):
             src, ref = self.valid_text
             n = self.cfg.eval.bleu_sentences or len(src)
             with self.autocast:
-                bleu, _, _ = bleu_of(model, self.sp, src[:n], ref[:n], self.cfg.eval, d, 1)
+                bleu, _, _, seconds = bleu_of(model, self.sp, src[:n], ref[:n], self.cfg.eval, d, 1)
             self.log.scalar(step, "bleu", bleu)
-            fields.update(bleu=bleu, bleu_sentences=n)
-            text += f" | valid BLEU (greedy) {bleu:.2f}"
+            fields.update(bleu=bleu, bleu_sentences=n, bleu_seconds=seconds)
+            text += f" | valid BLEU (greedy) {bleu:.2f} | {decode_cost(n, seconds)}"
         if d.master:
             x, y_in, _ = self.val_loader.batch(len(self.val_loader) // 2)
             fields["telemetry"] = telemetry.collect(model, (x.to(d.device), y_in.to(d.device)), self.autocast)
@@ -237,7 +250,9 @@ class TranslationTrainer(Trainer):
         try:
             results = split_bleu(self.model, self.sp, self.cfg.data, self.cfg.eval, self.dist, self.cfg.run.out_dir,
                                  "test")
-            self.log.record(step, kind="test", **{f"bleu_{k}": v["bleu"] for k, v in results.items()})
+            self.log.record(step, kind="test", sentences=results["greedy"]["sentences"],
+                            **{f"bleu_{k}": v["bleu"] for k, v in results.items()},
+                            **{f"sent_per_s_{k}": v["sentences_per_s"] for k, v in results.items()})
         except DataError as e:
             if self.dist.master:
                 print(f"no test BLEU: {e}", flush=True)

@@ -1,5 +1,6 @@
 """train_translation.py end to end on generated files: exact resume, logs, eval-only BLEU, one-line errors."""
 import json
+import shutil
 
 import pytest
 import torch
@@ -22,8 +23,9 @@ def args(corpus, out, spm, *extra):
 
 def records(out):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    for r in rows:
-        r.pop("time"), r.pop("dt_ms", None), r.pop("tok_per_s", None)
+    for r in rows:  # wall-clock fields differ between runs
+        for key in [k for k in r if k in ("time", "dt_ms", "tok_per_s", "bleu_seconds") or k.startswith("sent_per_s")]:
+            r.pop(key)
     return rows
 
 
@@ -78,6 +80,21 @@ def test_eval_only_translates_and_scores_the_checkpoint(runs):
     model, sp, ckpt = train_translation.load_translation_model(straight)
     assert model.encoder[1].ffn.act.__class__.__name__ == "SiLU"  # NSwish + 1 Swish
     assert model.encoder[0].ffn.act.__class__.__name__ == "NSwish" and model.encoder[0].ffn.act.per_instance
+
+
+def test_test_sentences_limits_the_decode_and_reports_its_speed(runs, tmp_path, capsys):
+    _, _, straight, _ = runs
+    at_end = json.loads((straight / "bleu_test.json").read_text())
+    assert at_end["greedy"]["sentences"] == at_end["greedy"]["of"] == 20 and at_end["beam2"]["sentences_per_s"] > 0
+    shutil.copy(straight / "model_00008.pt", tmp_path)
+    results = train_translation.main(["--eval-only", str(tmp_path / "model_00008.pt"), "--beam", "2",
+                                      "--test-sentences", "5", "--device", "cpu"])
+    for name in ("greedy", "beam2"):
+        assert (results[name]["sentences"], results[name]["of"]) == (5, 20) and results[name]["sentences_per_s"] > 0
+        assert len((tmp_path / f"translations_test_{name}.txt").read_text().splitlines()) == 5
+    out = capsys.readouterr().out
+    assert "test BLEU (beam2) = " in out and "(first 5 of 20 sentences)" in out and "5 sentences in " in out
+    assert json.loads((tmp_path / "bleu_test.json").read_text()) == results
 
 
 def test_resume_with_other_model_options_is_refused(runs):
