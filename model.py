@@ -211,7 +211,7 @@ class GPT(nn.Module):
         The vocabulary stays 50257 so logits match transformers' exactly. A non-GELU `act` keeps the
         pretrained weights and adds the activation's own parameters at their init values.
         """
-        from transformers import GPT2LMHeadModel
+        from transformers import GPT2LMHeadModel  # a slow import, needed only to read GPT-2 weights
 
         if not Path(name_or_dir).is_dir() and "/" in str(name_or_dir):
             raise FileNotFoundError(f"{name_or_dir}: no such directory (give a transformers GPT-2 directory or hub name)")

@@ -102,7 +102,7 @@ def load_split(split, src_lang, tgt_lang, data_dir="", prefix="", hf_dataset="IW
 def sentencepiece_model(src, tgt, vocab_size, model_type="bpe", cache_dir=".", threads=2):
     """A joint source+target sentencepiece model trained on the training text, cached by a hash of that
     text and the settings (so runs on the same data share it). Returns the serialized model bytes."""
-    import sentencepiece as spm
+    import sentencepiece as spm  # translation only: the GPT-2 side never loads it
     settings = dict(vocab_size=vocab_size, model_type=model_type, character_coverage=1.0,
                     pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS)
     h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
@@ -127,7 +127,7 @@ def sentencepiece_model(src, tgt, vocab_size, model_type="bpe", cache_dir=".", t
 
 
 def load_sentencepiece(model_bytes):
-    import sentencepiece as spm
+    import sentencepiece as spm  # translation only: the GPT-2 side never loads it
     return spm.SentencePieceProcessor(model_proto=model_bytes)
 
 
