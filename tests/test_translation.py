@@ -175,7 +175,7 @@ def test_tiny_model_learns_to_reverse(act):
         bos, eos = torch.full((n, 1), 2), torch.full((n, 1), 3)
         return torch.cat([x, eos], 1), torch.cat([bos, y], 1), torch.cat([y, eos], 1)
 
-    for step in range(350):  # both activations reach BLEU >= 97.5 from step 350 on (98.2 at 300)
+    for step in range(500):
         for group in opt.param_groups:
             group["lr"] = 3e-3 * min(1.0, (step + 1) / 50)
         src, y_in, y_out = batch(64)
