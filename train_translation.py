@@ -52,6 +52,8 @@ class DataConfig:
     max_len: int = 50  # training pairs with a longer side (in pieces) are dropped (ANAct, Table 9)
     max_tokens: int = 4096  # per batch and process: sentences * longest side
     max_sentences: int = 0  # per batch and process (0: no limit; the paper's batches are 128-256 sentences)
+    pad_multiple: int = 0  # pad training batches to lengths in multiples of N: few shapes for torch.compile
+    #                        (0: 8 when compiling, else 1 = exact lengths)
 
 
 @dataclass
@@ -151,7 +153,6 @@ def split_bleu(model, sp, data, ecfg, d, out_dir, split):
 
 class TranslationTrainer(Trainer):
     kind = "translation"
-    compile_dynamic = True  # batch shapes vary with sentence lengths
     token_unit = "tgt tok"
 
     def build(self, ckpt):
@@ -171,8 +172,9 @@ class TranslationTrainer(Trainer):
         train_ids = encode(sp, train_src, train_tgt, cfg.data.max_len)
         self.valid_text = split_lines(cfg.data, "valid")
         valid_ids = encode(sp, *self.valid_text, mcfg.max_positions - 1)
+        pad_multiple = cfg.data.pad_multiple or (8 if self.use_compile else 1)
         self.loader = TokenBatchLoader(*train_ids, cfg.data.max_tokens, cfg.data.max_sentences, d.rank,
-                                       d.world_size, seed=cfg.run.seed)
+                                       d.world_size, seed=cfg.run.seed, pad_multiple=pad_multiple)
         self.val_loader = TokenBatchLoader(*valid_ids, cfg.data.max_tokens, 0, d.rank, d.world_size, shuffle=False)
         self.max_steps = cfg.optim.max_steps or cfg.optim.epochs * len(self.loader)
         self.model = Transformer(mcfg).to(d.device)
@@ -189,7 +191,11 @@ class TranslationTrainer(Trainer):
         m, cfg = self.model.cfg, self.cfg
         return (f"{self.model.num_params() / 1e6:.2f}M parameters | act {m.act} (plain top {m.plain_top_k}) | "
                 f"{m.norm} {m.enc_layers}-{m.dec_layers} | vocab {m.vocab_size} | {self.pairs[0]} train pairs "
-                f"(of {self.pairs[1]}, max len {cfg.data.max_len}) | {len(self.loader)} steps/epoch")
+                f"(of {self.pairs[1]}, max len {cfg.data.max_len}) | {len(self.loader)} steps/epoch | "
+                f"{f'{self.batch_shapes()} batch shapes' if self.batch_shapes() else 'exact-length batches'}")
+
+    def batch_shapes(self):
+        return self.loader.shapes()
 
     def learning_rate(self, step):
         return inverse_sqrt(step, self.cfg.optim.warmup_steps, self.cfg.optim.lr)

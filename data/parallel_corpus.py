@@ -140,12 +140,23 @@ def encode(sp, src, tgt, max_len=0):
             [np.asarray(tgt_ids[i], dtype=np.int32) for i in keep])
 
 
-def make_batches(order, src_len, tgt_len, max_tokens, max_sentences=0):
+def padded_length(n, multiple):
+    return -(-n // multiple) * multiple
+
+
+def batch_rows(length, max_tokens, max_sentences=0):
+    """Sentences in a full batch whose source and target are padded to `length`."""
+    rows = max(1, max_tokens // length)
+    return min(rows, max_sentences) if max_sentences else rows
+
+
+def make_batches(order, src_len, tgt_len, max_tokens, max_sentences=0, multiple=1):
     """Cut `order` into consecutive batches with batch_size * longest_side <= max_tokens (a longer single
-    pair gets a batch of its own) and at most max_sentences pairs (0: no limit)."""
+    pair gets a batch of its own) and at most max_sentences pairs (0: no limit); the longest side
+    (with EOS / BOS) counts rounded up to a multiple of `multiple`."""
     batches, current, longest = [], [], 0
     for i in order:
-        size = max(src_len[i], tgt_len[i]) + 1  # + EOS / BOS
+        size = padded_length(max(src_len[i], tgt_len[i]) + 1, multiple)
         full = max_sentences and len(current) >= max_sentences
         if current and (max(longest, size) * (len(current) + 1) > max_tokens or full):
             batches.append(np.asarray(current))
@@ -157,13 +168,17 @@ def make_batches(order, src_len, tgt_len, max_tokens, max_sentences=0):
     return batches
 
 
-def collate(src, tgt, index, device="cpu"):
-    """Right-padded (src + EOS, BOS + tgt, tgt + EOS) tensors for the pairs at `index`."""
-    S = max(len(src[i]) for i in index) + 1
-    T = max(len(tgt[i]) for i in index) + 1
-    x = np.full((len(index), S), PAD, dtype=np.int64)
-    y_in = np.full((len(index), T), PAD, dtype=np.int64)
-    y_out = np.full((len(index), T), PAD, dtype=np.int64)
+def collate(src, tgt, index, device="cpu", length=0, rows=0):
+    """Right-padded (src + EOS, BOS + tgt, tgt + EOS) tensors for the pairs at `index`. length > 0 pads
+    source and target to that length; rows > len(index) appends filler rows (source EOS, decoder input
+    BOS, every target PAD): they add nothing to the loss and keep every attention row non-empty."""
+    S = max(length, max(len(src[i]) for i in index) + 1)
+    T = max(length, max(len(tgt[i]) for i in index) + 1)
+    B = max(rows, len(index))
+    x = np.full((B, S), PAD, dtype=np.int64)
+    y_in = np.full((B, T), PAD, dtype=np.int64)
+    y_out = np.full((B, T), PAD, dtype=np.int64)
+    x[len(index):, 0], y_in[len(index):, 0] = EOS, BOS
     for row, i in enumerate(index):
         s, t = src[i], tgt[i]
         x[row, :len(s)], x[row, len(s)] = s, EOS
@@ -179,12 +194,20 @@ class TokenBatchLoader:
     shuffled), cut into batches, shuffle the batch order. Every rank builds the same list and takes
     batches rank, rank + W, ...; the list is cut to a multiple of W so all ranks step together. An epoch's
     batches are a pure function of (seed, epoch), so (epoch, position) is an exact resume point.
+
+    pad_multiple > 1 bounds the batch shapes (for torch.compile, which compiles once per shape): pairs are
+    sorted by L = max(source, target) + 1 rounded up to a multiple of it, source and target are padded
+    to L and the batch to batch_rows(L) sentences with filler rows, so the shape is a function of L alone:
+    at most ceil((longest + 1) / pad_multiple) shapes, each batch still <= max_tokens padded tokens.
     """
 
-    def __init__(self, src, tgt, max_tokens, max_sentences=0, rank=0, world_size=1, seed=0, shuffle=True):
+    def __init__(self, src, tgt, max_tokens, max_sentences=0, rank=0, world_size=1, seed=0, shuffle=True,
+                 pad_multiple=1):
         self.src, self.tgt = src, tgt
         self.src_len = np.array([len(s) for s in src])
         self.tgt_len = np.array([len(t) for t in tgt])
+        self.pad_multiple = pad_multiple
+        self.padded_len = padded_length(np.maximum(self.src_len, self.tgt_len) + 1, pad_multiple)
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
         self.rank, self.world_size, self.seed, self.shuffle = rank, world_size, seed, shuffle
         self.epoch, self.pos = 0, 0
@@ -199,8 +222,12 @@ class TokenBatchLoader:
             order = rng.permutation(len(self.src))
         else:
             order = np.arange(len(self.src))
-        order = order[np.lexsort((self.src_len[order], self.tgt_len[order]))]
-        batches = make_batches(order, self.src_len, self.tgt_len, self.max_tokens, self.max_sentences)
+        if self.pad_multiple > 1:  # within a padded length the order stays random
+            order = order[np.argsort(self.padded_len[order], kind="stable")]
+        else:
+            order = order[np.lexsort((self.src_len[order], self.tgt_len[order]))]
+        batches = make_batches(order, self.src_len, self.tgt_len, self.max_tokens, self.max_sentences,
+                               self.pad_multiple)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
             batches = batches[:len(batches) - len(batches) % self.world_size]
@@ -210,17 +237,28 @@ class TokenBatchLoader:
         """Batches per epoch on this rank (the same every epoch: only which pairs go together changes)."""
         return len(self._batches)
 
+    def shapes(self):
+        """Number of distinct padded batch shapes (pad_multiple > 1), or None when they vary freely."""
+        return len(np.unique(self.padded_len)) if self.pad_multiple > 1 else None
+
+    def _collate(self, index, device="cpu"):
+        if self.pad_multiple == 1:
+            return collate(self.src, self.tgt, index, device)
+        length = self.padded_len[index].max()
+        return collate(self.src, self.tgt, index, device, length, batch_rows(length, self.max_tokens,
+                                                                             self.max_sentences))
+
     def next_batch(self, device="cpu"):
         if self.pos == len(self._batches):
             self.epoch, self.pos = self.epoch + 1, 0
             self._batches = self.epoch_batches(self.epoch)
         index = self._batches[self.pos]
         self.pos += 1
-        return collate(self.src, self.tgt, index, device)
+        return self._collate(index, device)
 
     def batch(self, i):
         """Batch i of the current epoch on this rank, without moving the loader (evaluation)."""
-        return collate(self.src, self.tgt, self._batches[i])
+        return self._collate(self._batches[i])
 
     def __iter__(self):
         """One pass over the current epoch's batches from the start (evaluation)."""
@@ -229,11 +267,13 @@ class TokenBatchLoader:
 
     def state_dict(self):
         return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "num_pairs": len(self.src),
-                "max_tokens": self.max_tokens, "max_sentences": self.max_sentences, "world_size": self.world_size}
+                "max_tokens": self.max_tokens, "max_sentences": self.max_sentences, "world_size": self.world_size,
+                "pad_multiple": self.pad_multiple}
 
     def load_state_dict(self, state):
         mine = self.state_dict()
-        for key in ("seed", "num_pairs", "max_tokens", "max_sentences", "world_size"):
+        state = {"pad_multiple": 1, **state}  # saved before batches could be padded
+        for key in ("seed", "num_pairs", "max_tokens", "max_sentences", "world_size", "pad_multiple"):
             if state[key] != mine[key]:
                 raise DataError(f"loader state was saved with {key}={state[key]}, this run has {mine[key]}; "
                                 "resume with the same data and batching options")

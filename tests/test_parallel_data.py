@@ -161,3 +161,40 @@ def test_ranks_get_disjoint_equal_shares():
     assert len({len(r) for r in ranks}) == 1
     seen = [tuple(row) for r in ranks for batch in epoch_ids(r) for row in batch[0]]
     assert len(seen) == len(set(seen)) > 0.9 * len(src)  # only the last < world_size batches are dropped
+
+
+def test_padded_batches_have_few_shapes_and_cover_the_epoch():
+    src, tgt = lengths_corpus(800)
+    loader = TokenBatchLoader(src, tgt, max_tokens=600, max_sentences=40, seed=2, pad_multiple=8)
+    assert loader.shapes() == 5  # sides of 1-39 tokens + EOS -> L in 8, 16, ..., 40
+    exact = TokenBatchLoader(src, tgt, max_tokens=600, max_sentences=40, seed=2)
+    shapes, rows, exact_shapes = set(), [], {tuple(exact.next_batch()[0].shape) for _ in range(len(exact))}
+    for _ in range(2 * len(loader)):  # two epochs
+        x, y_in, y_out = loader.next_batch()
+        B, L = x.shape
+        shapes.add((B, L, y_out.shape[1]))
+        assert L % 8 == 0 and y_in.shape == y_out.shape == (B, L) and B * L <= 600 and B <= 40
+        real = (y_out != 0).any(1)
+        assert ((x[~real] != 0).sum(1) == 1).all() and (x[~real, 0] == 3).all() and (y_in[~real, 0] == 2).all()
+        assert ((x[real] == 3).sum(1) == 1).all() and (y_in[real, 0] == 2).all()  # real rows as before
+        rows += [tuple(t for t in row if t > 3) for row in x[real].tolist()] if loader.epoch == 0 else []
+    assert len(shapes) <= loader.shapes() < len(exact_shapes)
+    assert {16, 24, 32, 40} <= {L for _, L, _ in shapes} <= {8, 16, 24, 32, 40} and all(B == min(40, 600 // L) for B, L, _ in shapes)
+    assert sorted(rows) == sorted(tuple(s.tolist()) for s in src)  # every pair once in the first epoch
+
+
+def test_padded_loader_resumes_and_refuses_other_padding():
+    src, tgt = lengths_corpus()
+    loader = TokenBatchLoader(src, tgt, max_tokens=300, seed=7, pad_multiple=16)
+    for _ in range(len(loader) + 3):
+        loader.next_batch()
+    state = loader.state_dict()
+    expected = [loader.next_batch()[0].tolist() for _ in range(5)]
+    resumed = TokenBatchLoader(src, tgt, max_tokens=300, seed=7, pad_multiple=16)
+    resumed.load_state_dict(state)
+    assert [resumed.next_batch()[0].tolist() for _ in range(5)] == expected
+    with pytest.raises(DataError, match="pad_multiple=16, this run has 1"):
+        TokenBatchLoader(src, tgt, max_tokens=300, seed=7).load_state_dict(state)
+    old = {k: v for k, v in TokenBatchLoader(src, tgt, max_tokens=300, seed=7).state_dict().items()
+           if k != "pad_multiple"}  # a checkpoint from before padding existed
+    TokenBatchLoader(src, tgt, max_tokens=300, seed=7).load_state_dict(old)

@@ -111,3 +111,25 @@ def test_bad_files_stop_with_one_line_errors(tmp_path):
     with pytest.raises(SystemExit, match=r"^error: .*valid\.de and .*valid\.en not found"):
         train_translation.main(args(write_corpus(tmp_path / "d", n_train=30), tmp_path / "o", tmp_path / "spm",
                                     "--valid-prefix", str(tmp_path / "nowhere" / "valid")))
+
+
+def test_compiled_training_gets_padded_static_shapes(runs, tmp_path, monkeypatch, capsys):
+    """With compile on, the trainer pads batches (pad_multiple 8 by default) and compiles with dynamic=False;
+    the step is the same computation (torch.compile is replaced by a recorder: compiling is tested above)."""
+    corpus, spm, _, _ = runs
+    calls = []
+
+    def record(model, **kwargs):
+        calls.append(kwargs)
+        return model
+
+    monkeypatch.setattr(torch, "compile", record)
+    train_translation.main(args(corpus, tmp_path / "c", spm, "--max-steps", "2", "--test-at-end", "false",
+                                "--compile", "true"))
+    assert calls == [{"dynamic": False, "mode": "default"}]
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "batch shapes" in first and "exact-length" not in first
+    train_translation.main(args(corpus, tmp_path / "e", spm, "--max-steps", "2", "--test-at-end", "false",
+                                "--compile", "true", "--pad-multiple", "1"))
+    assert calls[1] == {"dynamic": True, "mode": "default"}
+    assert "exact-length batches" in capsys.readouterr().out.splitlines()[0]

@@ -2,9 +2,11 @@
 beam search against exhaustive search, and a tiny model that learns to reverse sequences."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from data.parallel_corpus import TokenBatchLoader, collate
 from eval.bleu import corpus_bleu
 from translation import Transformer, TranslationConfig, beam_search, deepnorm_constants, greedy
 
@@ -112,6 +114,52 @@ def test_padding_does_not_change_outputs():
     torch.testing.assert_close(out[:, :tgt.size(1)], base, rtol=0, atol=1e-10)
     alone = model(src[:1, :4], tgt[:1])  # the padded row without its padding, batch of one
     torch.testing.assert_close(alone, base[:1], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("act", [dict(act="relu", norm="postln"), dict(act="nswish", act_kwargs={"per_instance": True})])
+def test_padded_batch_has_the_same_loss_and_gradients(act):
+    """The loader's padding (lengths up to a multiple, filler rows) changes neither loss nor gradients."""
+    g = np.random.default_rng(0)
+    src = [g.integers(4, V, n) for n in (5, 2, 7)]
+    tgt = [g.integers(4, V, n) for n in (4, 6, 3)]
+    model = tiny(**act)
+    results = []
+    for length, rows in ((0, 0), (16, 3), (16, 8)):
+        x, y_in, y_out = collate(src, tgt, [0, 1, 2], length=length, rows=rows)
+        model.zero_grad()
+        loss = model.loss(model(x, y_in), y_out, label_smoothing=0.1)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    assert results[2][0].item() > 0
+    for loss, grads in results[1:]:
+        torch.testing.assert_close(loss, results[0][0], rtol=0, atol=1e-12)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, results[0][1][name], rtol=0, atol=1e-12, msg=name)
+
+
+def test_compiled_training_compiles_once_per_padded_length():
+    """Padded batches bound torch.compile's work: one static graph per padded length over a whole epoch,
+    where exact-length batches bring a new shape at almost every step."""
+    from torch._dynamo.testing import CompileCounter
+    from training.loop import allow_recompiles
+    g = np.random.default_rng(1)
+    src = [g.integers(4, V, n) for n in g.integers(1, 30, 300)]
+    tgt = [g.integers(4, V, n) for n in g.integers(1, 30, 300)]
+    loader = TokenBatchLoader(src, tgt, max_tokens=256, seed=3, pad_multiple=8)
+    exact = TokenBatchLoader(src, tgt, max_tokens=256, seed=3)
+    exact_shapes = {tuple(exact.next_batch()[0].shape) for _ in range(len(exact))}
+    model = tiny().float().train()
+    torch._dynamo.reset()
+    allow_recompiles(loader.shapes() + 1)
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, dynamic=False)
+    shapes = set()
+    for _ in range(len(loader)):
+        x, y_in, y_out = loader.next_batch()
+        model.loss(compiled(x, y_in), y_out).backward()
+        shapes.add(tuple(x.shape))
+    assert counter.frame_count == len(shapes) <= loader.shapes() == 4
+    assert len(exact_shapes) > 3 * loader.shapes()
 
 
 @pytest.mark.parametrize("norm,positions,tie", [("deepnorm", "sinusoidal", True), ("preln", "learned", False)])

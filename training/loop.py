@@ -31,7 +31,6 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduc
 class Trainer:
     kind = None  # written into checkpoints: --resume refuses another trainer's
     lr_flag = "--lr"  # the option a non-finite loss message suggests lowering
-    compile_dynamic = False  # torch.compile(dynamic=...): False where the trainer keeps batch shapes fixed
     token_unit = "tok"  # what the tokens/s of the step line count
 
     def __init__(self, cfg):
@@ -58,6 +57,11 @@ class Trainer:
         """Evaluations at this step: (fields for metrics.jsonl, text for the stdout line); may log scalars."""
         raise NotImplementedError
 
+    def batch_shapes(self):
+        """How many distinct batch shapes training feeds the model: each is compiled once, with
+        dynamic=False; None when shapes vary freely (compiled with dynamic=True)."""
+        return 1
+
     def step_fields(self, tok_per_s):
         """Extra numbers for the step's record and stdout line (e.g. MFU, epoch)."""
         return {}
@@ -83,6 +87,7 @@ class Trainer:
                 torch.backends.cudnn.allow_tf32 = True
             if run.compile_mode not in COMPILE_MODES:
                 raise ConfigError(f"unknown compile_mode {run.compile_mode!r}; choose {', '.join(COMPILE_MODES)}")
+            self.use_compile = use_compile = d.device_type == "cuda" if run.compile is None else run.compile
             ckpt = self.checkpoint_to_resume()
             self.build(ckpt)
             start_step, self.tokens = 0, 0
@@ -93,14 +98,16 @@ class Trainer:
             self.log = RunLog(run.out_dir, d.master, resume_step=start_step if ckpt else None,
                               tensorboard=run.tensorboard)
             self.log.write_run_info(to_dict(cfg), environment(d))
-            use_compile = d.device_type == "cuda" if run.compile is None else run.compile
             if d.master:
                 where = f"resuming {ckpt['path']} at step {start_step}" if ckpt else "starting from scratch"
                 print(f"{self.describe()} | {self.max_steps} steps | world {d.world_size} | {self.precision} | "
                       f"compile {use_compile} | {where}", flush=True)
             self.compiled = self.model
             if use_compile:
-                self.compiled = torch.compile(self.model, dynamic=self.compile_dynamic, mode=run.compile_mode)
+                shapes = self.batch_shapes()
+                if shapes:
+                    allow_recompiles(shapes + 1)
+                self.compiled = torch.compile(self.model, dynamic=shapes is None, mode=run.compile_mode)
             train_model = self.compiled
             if d.ddp:
                 train_model = DDP(self.compiled, device_ids=[d.local_rank] if d.device_type == "cuda" else None)
@@ -222,6 +229,14 @@ def stop_if_not_finite(step, loss, grad_norm, lr, model, out_dir, lr_flag):
     raise SystemExit(f"step {step}: loss {loss} / grad norm {grad_norm} is not finite (lr {lr:.3e}; non-finite "
                      f"grads in {listed}). Stopped without saving; last good checkpoint: "
                      f"{latest_checkpoint(out_dir) or 'none'} (lower {lr_flag} or check the data, then --resume)")
+
+
+def allow_recompiles(n):
+    """Keep n static graphs of one model: dynamo's default limit (8) would evict or fall back to eager
+    beyond it (the option is recompile_limit since torch 2.6, cache_size_limit before)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), n))
 
 
 def no_sync_unless(last, model):

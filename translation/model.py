@@ -255,7 +255,8 @@ class Transformer(nn.Module):
 
     def loss(self, logits, tgt_out, label_smoothing=0.0):
         """Mean token cross-entropy over non-pad targets (label smoothing as in Szegedy et al.)."""
-        return F.cross_entropy(logits.flatten(0, 1).float(), tgt_out.flatten(), ignore_index=self.cfg.pad_id,
+        logits = logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up, fp64 kept
+        return F.cross_entropy(logits, tgt_out.flatten(), ignore_index=self.cfg.pad_id,
                                label_smoothing=label_smoothing)
 
     def num_params(self):
