@@ -39,6 +39,7 @@ class Run:
     telemetry: list = field(default_factory=list)  # [(step, tokens or None, telemetry dict)]
     tok_per_s: list = field(default_factory=list)
     hellaswag_eval: dict | None = None  # the chosen hellaswag_*.json record, plus its "file"
+    test: dict | None = None  # translation: the test-set BLEU record written after the last step
 
     def setting(self, name):
         """A config leaf by name (config option names are unique across sections), or None."""
@@ -149,6 +150,8 @@ def load_run(path):
                 run.tok_per_s.append(float(r["tok_per_s"]))
             if isinstance(r.get("telemetry"), dict) and isinstance(r["telemetry"].get("layers"), list):
                 run.telemetry.append((step, tokens, r["telemetry"]))
+            if r.get("kind") == "test":
+                run.test = r
     if log_txt.is_file():
         for kind, values in read_log_txt(log_txt).items():
             if kind not in per_step:
@@ -194,6 +197,7 @@ def summary(run):
     hella, hella_acc, bleu = last("hella"), last("hella_acc"), last("bleu")
     tokens = [p[2] for points in run.series.values() for p in points if p[2] is not None]
     scores = [t["anact_score"] for _, _, t in run.telemetry if isinstance(t.get("anact_score"), (int, float))]
+    test = run.test or {}
     return {
         "label": run.label, "act": run.setting("act"), "seed": run.setting("seed"),
         "step": run.last_step, "max_steps": run.setting("max_steps"), "tokens": max(tokens) if tokens else None,
@@ -208,6 +212,8 @@ def summary(run):
         "tok_per_s": statistics.median(run.tok_per_s) if run.tok_per_s else None,
         "anact_score": scores[-1] if scores else None,
         "hella_eval": run.hellaswag_eval,  # eval/hellaswag.py's numbers: {"step", "n", "results": {scoring: ...}}
+        "test_bleu_greedy": test.get("bleu_greedy"), "test_bleu_beam": next(
+            (v for k, v in sorted(test.items()) if k.startswith("bleu_beam")), None),
     }
 
 

@@ -1,22 +1,31 @@
 """Train one config over several activations and seeds, then compare them with paired statistics.
 
     python -m analysis.sweep --config configs/gpt2_cpu_tiny.toml --acts gelu,aglu,nswish --seeds 1,2,3 \\
-        --out-dir runs/sweep --max-steps 300            # any further --key value goes to train_gpt2.py
+        --out-dir runs/sweep --max-steps 300            # any further --key value goes to the trainer
     python -m analysis.sweep ... --nproc-per-node 8          # each run under torchrun
-    python -m analysis.sweep --report-only runs/sweep        # re-read the runs, rewrite the report
+    python -m analysis.sweep --plan configs/sweep_translation_acts.toml --out-dir runs/translation_acts
+    python -m analysis.sweep --report-only runs/sweep        # re-read the runs, rewrite the report(s)
 
-Runs go one after another, each a subprocess writing to OUT_DIR/{act}_seed{seed} (its output in train.out).
-A run whose final evaluation is logged is skipped; an unfinished one continues from its newest checkpoint
-(--resume), so rerunning the same command after a crash finishes the sweep. The report (stdout,
-OUT_DIR/sweep.md, sweep.json, compare.png, compare_telemetry.png) has mean ± sample std per activation of the final val loss
-(and HellaSwag acc_norm / BLEU where logged), and for each activation the paired difference to the
-baseline (first of --acts, or --baseline) over the seeds both finished: mean, std, t = mean / (std/sqrt n)
-and the 95% interval mean ± t_{0.975, n-1} std/sqrt(n). Negative val-loss differences favour the activation.
+--trainer gpt2 (train_gpt2.py, the default) or translation (train_translation.py). A --plan TOML file names
+the trainer, config and seeds, the variants (a label each, with its trainer options such as act,
+act_kwargs, plain_top_k, and the label it is compared against as `baseline`) and optionally corpora
+(a name each, with trainer options such as train_prefix): each corpus is a sweep of its own in
+OUT_DIR/{corpus}. Runs go one after another, each a subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed}
+(its output in train.out). A run whose final evaluation (translation: its test-set BLEU) is logged is
+skipped; an unfinished one continues from its newest checkpoint (--auto-resume), so rerunning the same command
+after a crash finishes the sweep. The report (stdout, sweep.md, sweep.json, compare.png,
+compare_telemetry.png in each sweep directory) has mean ± sample std per variant of the final val loss
+(and HellaSwag acc_norm / valid and test BLEU where logged), and for each variant the paired difference
+to its baseline (--acts: the first, or --baseline) over the seeds both finished: mean, std,
+t = mean / (std/sqrt n) and the 95% interval mean ± t_{0.975, n-1} std/sqrt(n). Negative val-loss
+differences favour the variant.
 """
 import argparse
 import json
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,60 +37,90 @@ from analysis.compare import plot, plot_telemetry, table
 from analysis.runs import RunError, load_run, load_runs, markdown_table, summary
 from eval.stats import mean_std, paired
 
-TRAINER = ROOT / "train_gpt2.py"
-METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_norm"), ("bleu", "BLEU")]
-RESERVED = {"--act", "--seed", "--out-dir", "--out_dir", "--resume", "--config"}
-def run_dir(out_dir, act, seed):
-    return Path(out_dir) / f"{act}_seed{seed}"
+TRAINERS = {"gpt2": ROOT / "train_gpt2.py", "translation": ROOT / "train_translation.py"}
+METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_norm"),
+           ("bleu", "valid BLEU (greedy)"), ("test_bleu_greedy", "test BLEU greedy"), ("test_bleu_beam", "test BLEU beam")]
+RESERVED = {"--act", "--seed", "--out-dir", "--out_dir", "--resume", "--auto-resume", "--auto_resume", "--config"}
+LABEL = re.compile(r"[A-Za-z0-9.+-][A-Za-z0-9_.+-]*")
+
+
+def run_dir(out_dir, label, seed):
+    return Path(out_dir) / f"{label}_seed{seed}"
+
+
+def variant_of(run):
+    """The variant label of a run: its directory name without `_seedN`, else its activation."""
+    match = re.fullmatch(r"(.+)_seed\d+", run.path.name)
+    return match.group(1) if match else run.setting("act")
 
 
 def finished(path):
-    """The run's final evaluation (at max_steps) is logged."""
+    """The run's final evaluation (at max_steps) is logged; translation: its test-set BLEU after the last step."""
     try:
         run = load_run(path)
     except RunError:
         return False
+    if run.setting("test_at_end"):
+        return run.test is not None
     val, max_steps = run.series.get("val"), run.setting("max_steps")
     return bool(val) and max_steps is not None and val[-1][0] == max_steps
 
 
-def train_command(config, act, seed, path, overrides, nproc):
+def options(table):
+    """Trainer command-line options from a TOML table: {"plain_top_k": 1} -> ["--plain-top-k", "1"]."""
+    out = []
+    for key, value in table.items():
+        text = json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)
+        out += [f"--{key.replace('_', '-')}", text]
+    return out
+
+
+def train_command(trainer, config, variant_options, seed, path, overrides, nproc):
     launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                      f"--nproc_per_node={nproc}"]
-    return [*launcher, str(TRAINER), "--config", config, "--act", act, "--seed", str(seed), "--out-dir", str(path),
-            "--resume", *overrides]
+    return [*launcher, str(TRAINERS[trainer]), "--config", config, *variant_options, "--seed", str(seed),
+            "--out-dir", str(path), "--auto-resume", *overrides]
 
 
-def run_sweep(args, overrides):
-    out = Path(args.out_dir)
+def run_sweep(args, overrides, out, corpus_options=()):
+    """The runs of one sweep directory: every variant x seed, with the corpus options (if any) before overrides."""
     out.mkdir(parents=True, exist_ok=True)
+    overrides = [*corpus_options, *overrides]
     plan_path = out / "sweep_plan.json"
-    plan = {"config": args.config, "overrides": overrides, "nproc_per_node": args.nproc_per_node}
-    if plan_path.exists():
-        old = json.loads(plan_path.read_text())
-        if {k: old.get(k) for k in plan} != plan:
+    plan = {"trainer": args.trainer, "config": args.config, "overrides": overrides,
+            "nproc_per_node": args.nproc_per_node, "variants": {label: opts for label, opts, _ in args.variants}}
+    if plan_path.exists():  # the same variant in the same directory must mean the same run
+        old = {"trainer": "gpt2", **json.loads(plan_path.read_text())}
+        old_variants = old.get("variants") or {a: ["--act", a] for a in old.get("acts", [])}
+        if ({k: old.get(k) for k in ("trainer", "config", "overrides", "nproc_per_node")} !=
+                {k: plan[k] for k in ("trainer", "config", "overrides", "nproc_per_node")}
+                or any(old_variants.get(label, opts) != opts for label, opts in plan["variants"].items())):
             raise SystemExit(f"error: {out} holds a sweep with other settings ({old['config']} {' '.join(old['overrides'])}); "
                              "use another --out-dir so finished runs are not mixed")
-    plan_path.write_text(json.dumps({**plan, "acts": args.acts, "seeds": args.seeds, "baseline": args.baseline}, indent=2))
-    jobs = [(act, seed) for act in args.acts for seed in args.seeds]
-    for act, seed in tqdm(jobs, desc="sweep", unit="run"):
-        path = run_dir(out, act, seed)
+    plan_path.write_text(json.dumps({**plan, "acts": [label for label, _, _ in args.variants], "seeds": args.seeds,
+                                     "baseline": args.baseline,
+                                     "baselines": {label: base for label, _, base in args.variants}}, indent=2))
+    jobs = [(label, opts, seed) for label, opts, _ in args.variants for seed in args.seeds]
+    for label, opts, seed in tqdm(jobs, desc=f"sweep {out}", unit="run"):
+        path = run_dir(out, label, seed)
         if finished(path):
             tqdm.write(f"{path}: finished, skipped")
             continue
         path.mkdir(parents=True, exist_ok=True)
-        cmd = train_command(args.config, act, seed, path, overrides, args.nproc_per_node)
+        cmd = train_command(args.trainer, args.config, opts, seed, path, overrides, args.nproc_per_node)
         tqdm.write(f"{path}: {' '.join(cmd[1:])}")
         with open(path / "train.out", "a") as log:
             code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
         if code != 0 or not finished(path):
             tail = (path / "train.out").read_text().strip().splitlines()[-1:] or [""]
-            raise SystemExit(f"error: {act} seed {seed} stopped (exit code {code}): {tail[0][:200]} -- see "
+            raise SystemExit(f"error: {label} seed {seed} stopped (exit code {code}): {tail[0][:200]} -- see "
                              f"{path / 'train.out'}; rerun the same command to continue (finished runs are skipped)")
 
 
 def report(out_dir, acts=None, baseline=None):
-    """Read every run under out_dir and write sweep.md, sweep.json and compare.png there; returns the markdown."""
+    """Read every run under out_dir and write sweep.md, sweep.json and compare.png there; returns the markdown.
+    Runs are grouped by variant (directory {label}_seed{seed}); each variant is compared with its baseline
+    (the plan's `baselines`, else `baseline`, else the first variant)."""
     out = Path(out_dir)
     plan = json.loads((out / "sweep_plan.json").read_text()) if (out / "sweep_plan.json").is_file() else {}
     dirs = sorted(p for p in out.iterdir() if p.is_dir() and ((p / "log.txt").is_file() or (p / "metrics.jsonl").is_file()))
@@ -91,26 +130,31 @@ def report(out_dir, acts=None, baseline=None):
         runs = load_runs(dirs)
     except RunError as e:
         raise SystemExit(f"error: {e}") from None
+    for run in runs:
+        if variant_of(run) is not None and run.setting("seed") is not None:
+            run.label = f"{variant_of(run)}/seed{run.setting('seed')}"
     done = [run for run in runs if finished(run.path)]
     unfinished = [run.label for run in runs if run not in done]
-    order = acts or plan.get("acts") or sorted({r.setting("act") for r in done})
-    order = [a for a in order if any(r.setting("act") == a for r in done)]
+    order = acts or plan.get("acts") or sorted({variant_of(r) for r in done})
+    order = [a for a in order if any(variant_of(r) == a for r in done)]
     rank = {a: i for i, a in enumerate(order)}
-    runs.sort(key=lambda r: (rank.get(r.setting("act"), len(rank)), str(r.setting("act")), r.setting("seed") or 0))
+    runs.sort(key=lambda r: (rank.get(variant_of(r), len(rank)), str(variant_of(r)), r.setting("seed") or 0))
     baseline = baseline or plan.get("baseline") or (order[0] if order else None)
+    baselines = {a: (plan.get("baselines") or {}).get(a) or baseline for a in order}
 
-    rows = {a: {} for a in order}  # act -> metric -> {seed: value}
+    rows = {a: {} for a in order}  # variant -> metric -> {seed: value}
     for run in done:
-        if run.setting("act") in rows:
+        if variant_of(run) in rows:
             s = summary(run)
             for key, _ in METRICS:
                 if s[key] is not None:
-                    rows[run.setting("act")].setdefault(key, {})[run.setting("seed")] = s[key]
+                    rows[variant_of(run)].setdefault(key, {})[run.setting("seed")] = s[key]
     metrics = [(k, name) for k, name in METRICS if any(k in r for r in rows.values())]
-    result = {"baseline": baseline, "acts": order, "unfinished": unfinished, "runs": [summary(r) for r in runs],
+    result = {"baseline": baseline, "baselines": baselines, "acts": order, "unfinished": unfinished,
+              "runs": [summary(r) for r in runs],
               "per_act": {a: {k: mean_std(list(rows[a].get(k, {}).values())) for k, _ in metrics} for a in order},
-              "paired": {a: {k: paired(rows[baseline].get(k, {}), rows[a].get(k, {})) for k, _ in metrics}
-                         for a in order if a != baseline and baseline in rows}}
+              "paired": {a: {k: paired(rows[baselines[a]].get(k, {}), rows[a].get(k, {})) for k, _ in metrics}
+                         for a in order if a != baselines[a] and baselines[a] in rows}}
 
     def pm(stat):
         if stat["mean"] is None:
@@ -121,7 +165,7 @@ def report(out_dir, acts=None, baseline=None):
     if unfinished:
         md += [f"Unfinished (left out of the statistics): {', '.join(unfinished)}", ""]
     md += ["Mean ± sample std over seeds:", "",
-           markdown_table(["act", "n", *[name for _, name in metrics]],
+           markdown_table(["variant", "n", *[name for _, name in metrics]],
                           [[a, max((s["n"] for s in result["per_act"][a].values()), default=0),
                             *[pm(result["per_act"][a][k]) for k, _ in metrics]] for a in order]), ""]
     sources = set()
@@ -130,10 +174,10 @@ def report(out_dir, acts=None, baseline=None):
         for k, name in metrics:
             p = per[k]
             sources.add(p["t_source"])
-            pair_rows.append([f"{a} - {baseline}", name, p["n"], pm(p), "-" if p["t"] is None else f"{p['t']:.2f}",
+            pair_rows.append([f"{a} - {baselines[a]}", name, p["n"], pm(p), "-" if p["t"] is None else f"{p['t']:.2f}",
                               "-" if p["ci95"] is None else f"[{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}]"])
     if pair_rows:
-        md += [f"Paired differences against {baseline} over shared seeds (mean ± std, t = mean/(std/√n), 95% CI "
+        md += [f"Paired differences against the baseline over shared seeds (mean ± std, t = mean/(std/√n), 95% CI "
                f"with t quantile from {', '.join(sorted(s for s in sources if s)) or 'n/a (n < 2)'}); "
                "val loss: negative is better, HellaSwag/BLEU: positive is better:", "",
                markdown_table(["pair", "metric", "n", "diff", "t", "95% CI"], pair_rows), ""]
@@ -156,48 +200,104 @@ def seed_list(text):
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,3, got {text!r}") from None
 
 
+def read_plan(path):
+    """(trainer, config, seeds, [(label, options, baseline)], [(corpus, options)]) from a --plan TOML file."""
+    try:
+        plan = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"cannot read --plan {path}: {e}") from None
+    unknown = set(plan) - {"trainer", "config", "seeds", "variants", "corpora"}
+    if unknown or not isinstance(plan.get("variants"), dict) or not plan["variants"]:
+        raise ValueError(f"--plan {path}: expected keys trainer, config, seeds, [variants.LABEL] tables and optional "
+                         f"[corpora.NAME] tables{f'; unknown {sorted(unknown)}' if unknown else ''}")
+    variants = []
+    for label, table in plan["variants"].items():
+        table = dict(table)
+        baseline = table.pop("baseline", None)
+        if baseline is not None and baseline not in plan["variants"]:
+            raise ValueError(f"--plan {path}: variant {label} has baseline {baseline!r}, which is not a variant")
+        variants.append((label, options(table), baseline))
+    corpora = [(name, options(table)) for name, table in plan.get("corpora", {}).items()]
+    return plan.get("trainer"), plan.get("config"), plan.get("seeds"), variants, corpora
+
+
+def sweep_dirs(out):
+    """out itself when it holds runs, else its sub-directories that hold a sweep (one per corpus)."""
+    out = Path(out)
+    if any((p / "log.txt").is_file() or (p / "metrics.jsonl").is_file() for p in out.iterdir() if p.is_dir()):
+        return [out]
+    return sorted(p for p in out.iterdir() if (p / "sweep_plan.json").is_file()) or [out]
+
+
 def parse_args(argv):
     # no abbreviations: a trainer option such as --act must not be taken for --acts
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--config", help="trainer TOML config (e.g. configs/gpt2_cpu_tiny.toml)")
+    p.add_argument("--trainer", choices=sorted(TRAINERS), help="train_gpt2.py (default) or train_translation.py")
     p.add_argument("--acts", type=lambda s: [a for a in s.split(",") if a], help="comma-separated activations")
+    p.add_argument("--plan", help="TOML file with trainer, config, seeds, variants and corpora (instead of --acts)")
     p.add_argument("--seeds", type=seed_list, help="comma-separated seeds")
     p.add_argument("--out-dir", help="sweep directory: one sub-directory per run, plus the report")
     p.add_argument("--baseline", help="activation the others are compared against (default: first of --acts)")
     p.add_argument("--nproc-per-node", type=int, default=1, help="processes per run; >1 uses torchrun")
     p.add_argument("--report-only", metavar="DIR", help="only read the runs in DIR and write the report")
     args, overrides = p.parse_known_args(argv)
+    args.variants, args.corpora = [], []
     if args.report_only:
         if overrides:
             p.error(f"--report-only only reads runs; unexpected {' '.join(overrides)}")
         return args, overrides
-    missing = [f"--{n.replace('_', '-')}" for n in ("config", "acts", "seeds", "out_dir") if not getattr(args, n)]
+    if args.plan:
+        if args.acts or args.baseline:
+            p.error("--plan names the variants and their baselines; leave out --acts and --baseline")
+        try:
+            trainer, config, seeds, args.variants, args.corpora = read_plan(args.plan)
+        except ValueError as e:
+            p.error(str(e))
+        args.trainer, args.config, args.seeds = args.trainer or trainer, args.config or config, args.seeds or seeds
+    elif args.acts:
+        args.variants = [(a, ["--act", a], None) for a in args.acts]
+    args.trainer = args.trainer or "gpt2"
+    missing = [f"--{n.replace('_', '-')}" for n in ("config", "seeds", "out_dir") if not getattr(args, n)]
+    missing = (["--acts (or --plan)"] if not args.variants else []) + missing
     if missing:
         p.error(f"missing {', '.join(missing)} (or use --report-only DIR)")
+    if args.trainer not in TRAINERS:
+        p.error(f"unknown trainer {args.trainer!r}; choose one of {', '.join(sorted(TRAINERS))}")
     clash = [o.split("=")[0] for o in overrides if o.split("=")[0] in RESERVED]
+    clash += [o for _, opts in args.corpora for o in opts[::2] if o in RESERVED or o == "--act"]
+    clash += [o for _, opts, _ in args.variants for o in opts[::2] if o in RESERVED - {"--act"}]
     if clash:
         p.error(f"{', '.join(clash)} is set by the sweep for each run; remove it from the trainer options")
-    unknown = [a for a in args.acts if a not in activations.available()]
+    bad = [name for name, *_ in args.variants + args.corpora if not LABEL.fullmatch(name)]
+    if bad:
+        p.error(f"variant/corpus names {', '.join(bad)} must be letters, digits, . _ + - (they name directories)")
+    acts = [opts[opts.index("--act") + 1] for _, opts, _ in args.variants if "--act" in opts]
+    unknown = [a for a in acts if a not in activations.available()]
     if unknown:
         p.error(f"unknown activation(s) {', '.join(unknown)}; choose from {', '.join(activations.available())}")
-    if args.baseline and args.baseline not in args.acts:
-        p.error(f"--baseline {args.baseline} is not one of --acts {','.join(args.acts)}")
+    labels = [label for label, _, _ in args.variants]
+    if args.baseline and args.baseline not in labels:
+        p.error(f"--baseline {args.baseline} is not one of --acts {','.join(labels)}")
     if args.nproc_per_node < 1:
         p.error("--nproc-per-node must be at least 1")
-    args.baseline = args.baseline or args.acts[0]
+    args.baseline = args.baseline or labels[0]
+    args.acts = labels
     return args, overrides
 
 
 def main(argv=None):
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.report_only or args.out_dir)
     if not args.report_only:
-        run_sweep(args, overrides)
-    out = args.report_only or args.out_dir
-    if not Path(out).is_dir():
+        for corpus, corpus_options in args.corpora or [(None, [])]:
+            run_sweep(args, overrides, out / corpus if corpus else out, corpus_options)
+    if not out.is_dir():
         raise SystemExit(f"error: {out}: no such sweep directory")
-    print(report(out, args.acts, args.baseline))
-    print(f"wrote {Path(out) / 'sweep.md'}, sweep.json and the PNGs there")
+    for directory in sweep_dirs(out):
+        print(report(directory, args.acts, None if args.plan else args.baseline))
+        print(f"wrote {directory / 'sweep.md'}, sweep.json and the PNGs there")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,16 @@ import math
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from analysis import sweep
 from eval import stats
 from training.runlog import RunLog
+
+torch.set_num_threads(1)
 
 # final val loss per (act, seed); aglu - gelu = -0.10, -0.25, -0.16; relu - gelu = +0.05, +0.10, -0.02
 FINAL = {("gelu", 1): 3.50, ("gelu", 2): 3.60, ("gelu", 3): 3.40,
@@ -116,7 +120,7 @@ def test_sweep_skips_finished_runs_and_launches_the_rest(tmp_path, monkeypatch):
     assert launched == [("gelu", "2"), ("aglu", "1"), ("aglu", "2")]
     cmd = calls[0]
     assert cmd[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    assert cmd[-3:] == ["--resume", "--max-steps", "10"] and cmd[cmd.index("--out-dir") + 1] == str(tmp_path / "s" / "gelu_seed2")
+    assert cmd[-3:] == ["--auto-resume", "--max-steps", "10"] and cmd[cmd.index("--out-dir") + 1] == str(tmp_path / "s" / "gelu_seed2")
     assert json.loads((tmp_path / "s" / "sweep.json").read_text())["paired"]["aglu"]["final_val"]["n"] == 2
 
     calls.clear()  # the same command again: everything is finished
@@ -161,3 +165,153 @@ def test_report_only_errors(tmp_path):
     (tmp_path / "bad" / "log.txt").write_text("garbage\n")
     with pytest.raises(SystemExit, match="bad/log.txt:1: cannot parse"):
         sweep.main(["--report-only", str(tmp_path)])
+
+
+PLAN = """
+trainer = "translation"
+config = "{config}"
+seeds = [1, 2]
+
+[variants.relu]
+act = "relu"
+
+[variants."nrelu+1relu"]
+act = "nrelu"
+act_kwargs = {{per_instance = true}}
+plain_top_k = 1
+baseline = "relu"
+
+[corpora.gen]
+data_dir = "{corpus}"
+"""
+TINY = """
+[model]
+enc_layers = 2
+dec_layers = 2
+d_model = 32
+ffn_dim = 64
+n_head = 4
+dropout = 0.0
+[data]
+spm_vocab_size = 60
+max_tokens = 1600
+[optim]
+warmup_steps = 2
+lr = 3e-3
+max_steps = 3
+[eval]
+eval_interval = 3
+beam = 2
+bleu_sentences = 3
+test_sentences = 4
+max_len_a = 1.0
+max_len_b = 2
+[run]
+device = "cpu"
+checkpoint_interval = 100
+"""
+
+
+def test_translation_plan_runs_variants_per_corpus_and_reports_bleu(tmp_path, monkeypatch):
+    """The real translation trainer (in-process) over a plan: variants with their own act options and baseline."""
+    import train_translation
+    from test_parallel_data import write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus", n_train=120, n_eval=6)
+    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "plan.toml").write_text(PLAN.format(config=tmp_path / "tiny.toml", corpus=corpus))
+    commands, real_run = [], subprocess.run
+
+    def in_process(cmd, stdout=None, stderr=None, **kwargs):
+        if not str(cmd[1]).endswith("train_translation.py"):  # e.g. the run log asking git for the commit
+            return real_run(cmd, stdout=stdout, stderr=stderr, **kwargs)
+        commands.append(cmd)
+        assert cmd[1].endswith("train_translation.py")
+        train_translation.main(cmd[2:] + ["--spm-dir", str(tmp_path / "spm")])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(sweep.subprocess, "run", in_process)
+    out = tmp_path / "sweep"
+    sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out)])
+    assert len(commands) == 4
+    nrelu = next(c for c in commands if "nrelu" in c)
+    assert nrelu[nrelu.index("--act-kwargs") + 1] == '{"per_instance": true}' and "--plain-top-k" in nrelu
+    assert nrelu[nrelu.index("--data-dir") + 1] == str(corpus)
+
+    result = json.loads((out / "gen" / "sweep.json").read_text())
+    assert result["acts"] == ["relu", "nrelu+1relu"] and result["baselines"]["nrelu+1relu"] == "relu"
+    per_seed = {}
+    for label in ("relu", "nrelu+1relu"):
+        for seed in (1, 2):
+            run = out / "gen" / f"{label}_seed{seed}"
+            config = json.loads((run / "run.json").read_text())["config"]
+            assert (config["model"]["act"], config["model"]["plain_top_k"]) == (label[:5].rstrip("+"), int("+" in label))
+            bleu = json.loads((run / "bleu_test.json").read_text())
+            per_seed[label, seed] = bleu["greedy"]["bleu"], bleu["beam2"]["bleu"]
+    for i, key in enumerate(("test_bleu_greedy", "test_bleu_beam")):
+        stats = result["per_act"]["relu"][key]
+        assert stats["n"] == 2 and stats["mean"] == pytest.approx((per_seed["relu", 1][i] + per_seed["relu", 2][i]) / 2)
+        diffs = [per_seed["nrelu+1relu", s][i] - per_seed["relu", s][i] for s in (1, 2)]
+        assert result["paired"]["nrelu+1relu"][key]["mean"] == pytest.approx(sum(diffs) / 2)
+    assert result["per_act"]["nrelu+1relu"]["final_val"]["n"] == 2
+    text = (out / "gen" / "sweep.md").read_text()
+    assert "nrelu+1relu - relu" in text and "test BLEU beam" in text
+
+    commands.clear()  # the same command again: every run has its test BLEU, nothing is launched
+    sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out)])
+    assert commands == []
+    assert "nrelu+1relu/seed2" in sweep.report(out / "gen")
+
+
+def test_plan_corpora_are_separate_sweeps(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_subprocess_run(cmd, stdout=None, stderr=None):
+        calls.append(cmd)
+        path = Path(cmd[cmd.index("--out-dir") + 1])
+        fake_run(path, cmd[cmd.index("--act") + 1], int(cmd[cmd.index("--seed") + 1]), 3.0 + len(path.parent.name) / 10)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    (tmp_path / "plan.toml").write_text('config = "c.toml"\nseeds = [1]\n[variants.gelu]\nact = "gelu"\n'
+                                        '[variants.swish_bf16]\nact = "silu"\ndtype = "bfloat16"\n'
+                                        '[corpora.a]\ntrain_prefix = "x/a"\n[corpora.bb]\ntrain_prefix = "x/b"\n')
+    monkeypatch.setattr(sweep.subprocess, "run", fake_subprocess_run)
+    sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--max-steps", "10"])
+    assert [(c[1].rsplit("/", 1)[-1], Path(c[c.index("--out-dir") + 1]).relative_to(tmp_path / "s").as_posix())
+            for c in calls] == [("train_gpt2.py", "a/gelu_seed1"), ("train_gpt2.py", "a/swish_bf16_seed1"),
+                                ("train_gpt2.py", "bb/gelu_seed1"), ("train_gpt2.py", "bb/swish_bf16_seed1")]
+    assert calls[0][-5:] == ["--auto-resume", "--train-prefix", "x/a", "--max-steps", "10"]
+    assert calls[1][calls[1].index("--dtype") + 1] == "bfloat16"
+    assert json.loads((tmp_path / "s" / "bb" / "sweep.json").read_text())["per_act"]["gelu"]["final_val"]["mean"] == 3.2
+    with pytest.raises(SystemExit):
+        sweep.main(["--report-only", str(tmp_path / "s" / "missing")])
+    sweep.main(["--report-only", str(tmp_path / "s")])  # both corpora reported again
+    assert (tmp_path / "s" / "a" / "sweep.md").is_file()
+
+
+def test_shipped_translation_plan():
+    args, overrides = sweep.parse_args(["--plan", "configs/sweep_translation_acts.toml", "--out-dir", "x",
+                                        "--max-steps", "100"])
+    assert (args.trainer, args.seeds, overrides) == ("translation", [1, 2, 3], ["--max-steps", "100"])
+    assert (sweep.ROOT / args.config).is_file()
+    variants = {label: (opts, base) for label, opts, base in args.variants}
+    assert list(variants) == ["relu", "nrelu+1relu", "swish", "nswish+1swish"]
+    assert variants["nswish+1swish"] == (["--act", "nswish", "--act-kwargs", '{"per_instance": true}',
+                                          "--plain-top-k", "1"], "swish")
+    assert [name for name, _ in args.corpora] == ["multi30k", "iwslt_sample"]
+    assert all(opts[::2] == ["--train-prefix", "--valid-prefix", "--test-prefix"] for _, opts in args.corpora)
+
+
+@pytest.mark.parametrize("plan, message", [
+    ('config = "c.toml"\nseeds = [1]\n', "[variants.LABEL] tables"),
+    ('config = "c.toml"\nseeds = [1]\n[variants.a]\nact = "relu"\nbaseline = "b"\n', "baseline 'b', which is not"),
+    ('config = "c.toml"\nseeds = [1]\n[variants."a b"]\nact = "relu"\n', "must be letters"),
+    ('config = "c.toml"\nseeds = [1]\n[variants.a]\nact = "relu"\nseed = 3\n', "--seed is set by the sweep"),
+    ('config = "c.toml"\nseeds = [1]\nsteps = 3\n[variants.a]\nact = "relu"\n', "unknown ['steps']"),
+])
+def test_bad_plans(tmp_path, plan, message, capsys, monkeypatch):
+    monkeypatch.setattr(sweep.subprocess, "run", lambda *a, **k: pytest.fail("launched a run on a bad plan"))
+    (tmp_path / "plan.toml").write_text(plan)
+    with pytest.raises(SystemExit):
+        sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
+    assert message in capsys.readouterr().err
