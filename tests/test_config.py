@@ -75,3 +75,13 @@ def test_shipped_configs_load():
     anchor = load_config(train_gpt2.TrainConfig, ["--config", "configs/gpt2_124m.toml"])
     assert anchor.optim.total_batch_size == 2**19 and anchor.optim.max_steps == 19073
     assert train_gpt2.steps_per_rank(2**19, 64, 1024, 8) == 1
+
+
+def test_shipped_translation_configs_load_and_build():
+    import train_translation
+    from translation.model import Transformer
+    for name in ("translation_6l", "translation_12l", "translation_cpu_small", "translation_small_data"):
+        cfg = load_config(train_translation.TrainConfig, ["--config", f"configs/{name}.toml"])
+        Transformer.check_config(cfg.model)
+    small = load_config(train_translation.TrainConfig, ["--config", "configs/translation_small_data.toml"])
+    assert (small.model.tie_output, small.model.dropout, small.optim.warmup_steps) == (False, 0.1, 1000)
