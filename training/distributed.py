@@ -1,7 +1,18 @@
 """torchrun-aware setup: one process per device, NCCL on CUDA, gloo on CPU. Nothing home-made:
-world size, ranks and rendezvous (several nodes included) come from torchrun's environment."""
+world size, ranks and rendezvous (several nodes included) come from torchrun's environment.
+
+Elastic restarts (`torchrun --max-restarts N`): torchrun restarts every worker, but its store keeps the
+previous attempt's keys, and a re-formed group that reads them connects to the dead workers' addresses
+(gloo: `connectFullMesh failed ... Connection refused`). Each attempt therefore builds its group in its own
+PrefixStore named by TORCHELASTIC_RESTART_COUNT; gloo and NCCL both exchange their setup through it.
+
+A stalled rank: every collective waits at most --dist-timeout seconds (torch's own process-group timeout);
+`stalled_ranks` then asks the store which ranks still answer, so the error can name the one that does not.
+"""
 import os
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -13,6 +24,9 @@ class Dist:
     local_rank: int = 0
     world_size: int = 1
     device: str = "cpu"
+    restart: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT: 0 on the first attempt
+    store: object = None  # this attempt's store (torch.distributed.Store), for naming stalled ranks
+    timeout: float = 600.0  # seconds any collective may wait
 
     @property
     def ddp(self):
@@ -39,19 +53,47 @@ def pick_device(requested="auto"):
     return "cpu"
 
 
-def setup(requested_device="auto"):
-    """Initialise the process group when launched by torchrun; a plain `python` run is world size 1."""
+def setup(requested_device="auto", timeout=600.0):
+    """Initialise the process group when launched by torchrun; a plain `python` run is world size 1.
+    `timeout`: seconds a collective (or the group's setup) may wait for the other ranks."""
     if "RANK" not in os.environ:
-        return Dist(device=pick_device(requested_device))
-    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+        return Dist(device=pick_device(requested_device), timeout=timeout)
+    local_rank, restart = int(os.environ["LOCAL_RANK"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     device = pick_device(requested_device)
+    wait = timedelta(seconds=timeout)
+    # torch's env:// rendezvous (MASTER_ADDR/PORT: torchrun's agent store, or rank 0's), as init_process_group
+    # would do itself, but with the attempt's own key prefix
+    store, rank, world = next(dist.rendezvous("env://", timeout=wait))
+    store.set_timeout(wait)
+    store = dist.PrefixStore(f"nanoact/attempt{restart}/", store)
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=torch.device(device))
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world, timeout=wait,
+                                device_id=torch.device(device))
     else:
-        dist.init_process_group("gloo")
-    return Dist(rank, local_rank, world, device)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=wait)
+    return Dist(rank, local_rank, world, device, restart, store, timeout)
+
+
+def is_timeout(error):
+    """A collective that waited longer than the process group's timeout (gloo's and NCCL's messages)."""
+    return isinstance(error, RuntimeError) and any(
+        words in str(error) for words in ("Timed out", "timed out", "timeout", "Timeout"))
+
+
+def stalled_ranks(d, grace):
+    """After a timeout: the ranks that do not check in through the store within `grace` seconds.
+    Every live rank that timed out calls this, so each sees the same answer; a dead store gives None."""
+    try:
+        d.store.set(f"alive/{d.rank}", "1")
+        keys = [f"alive/{r}" for r in range(d.world_size)]
+        deadline = time.monotonic() + grace
+        while not d.store.check(keys) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return [r for r, key in enumerate(keys) if not d.store.check([key])]
+    except RuntimeError:  # the store itself is on the stalled node
+        return None
 
 
 def cleanup(d):
