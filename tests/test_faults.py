@@ -1,6 +1,8 @@
 """What breaks at scale, on the CPU with gloo: a worker lost under torchrun --max-restarts, two torchrun nodes,
-a checkpoint that would run code or is not ours, a corrupt newest checkpoint, a full disk, a stalled rank."""
+a checkpoint that would run code or is not ours, a corrupt newest checkpoint, a full disk, a stalled rank,
+and data preparation killed mid-way."""
 import errno
+import json
 import os
 import re
 import signal
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_data import fineweb  # noqa: F401 (a fixture: data.fineweb with an offline tokenizer, or a skip)
 from test_train_gpt2 import ROOT, args, cli_error, final_weights, train_in_process, train_losses, write_corpus
 from training import checkpoint
 from training.distributed import Dist
@@ -71,6 +74,7 @@ def test_elastic_restart_after_a_lost_worker_equals_an_uninterrupted_run(tmp_pat
     restart = re.search(r"^restart 1: resuming model_(\d{5})\.pt at step (\d+)$", log, re.M)
     assert restart and int(restart[1]) == int(restart[2]), log
     assert 4 <= int(restart[2]) < 40, "the kill came after the end: nothing was tested"
+    assert "Traceback" not in log  # the survivor ends its attempt with one line (lost a peer), not a traceback
     assert train_losses(tmp_path / "killed") == train_losses(tmp_path / "straight")
     assert_same_weights(final_weights(tmp_path / "straight", 40), final_weights(tmp_path / "killed", 40))
 
@@ -116,8 +120,11 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path, 
     assert marker.exists()
     marker.unlink()
 
-    with pytest.raises(checkpoint.UnsafeCheckpoint) as refused:
-        checkpoint.load_checkpoint(crafted)
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        try:
+            checkpoint.load_checkpoint(crafted)
+        finally:
+            assert not marker.exists(), "loading the checkpoint ran the code in it"
     message = str(refused.value)
     assert message.startswith(f"{crafted}: refused") and "io.open" in message and "\n" not in message
     with pytest.raises(SystemExit) as cli:  # as the issue found it: scoring a shared checkpoint
@@ -220,7 +227,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_checkpoints(tmp_p
     monkeypatch.setattr(checkpoint._HashingWriter, "write", disk_full_at_step_4)
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
     error = cli_error(args(data, tmp_path / "out", checkpoint_interval=2))
-    assert error.startswith("error: saving ") and "model_00004.pt failed (No space left on device)" in error
+    assert error.startswith("error: saving ") and "model_00004.pt failed (No space left on device; " in error
     assert "newest: model_00002.pt" in error and "\n" not in error
     assert sorted(p.name for p in (tmp_path / "out").glob("*.pt*")) == ["model_00002.pt", "model_00002.pt.sha256"]
     assert not list((tmp_path / "out").glob(".*tmp*"))
@@ -249,3 +256,27 @@ def test_a_stalled_rank_stops_the_run_and_is_named(tmp_path):
     assert re.match(r"error: step \d+: rank 0 waited more than 4s \(--dist-timeout\) for the [a-z -]+[^;]*; "
                     r"rank 1 did not answer afterwards", lines[0]), lines[0]
     assert took < 60, took  # 4 s timeout + 4 s asking the store, not torch's 30-minute default
+
+
+def test_data_preparation_killed_and_rerun_gives_the_same_shards(fineweb, tmp_path):
+    """kill -9 of data/fineweb.py mid-way (no cleanup runs), then the same command again: every file, manifest
+    included, is byte-identical to an uninterrupted run's."""
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"Document {i}: " + "the quick brown fox jumps. " * (i % 7 + 1)})
+                              + "\n" for i in range(3000)))
+    command = [sys.executable, str(ROOT / "data" / "fineweb.py"), "--input", str(corpus), "--shard-size", "100",
+               "--workers", "1", "--out"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(command + [str(tmp_path / "whole")], env=env, check=True, capture_output=True, timeout=300)
+    manifest = tmp_path / "killed" / "manifest.json"
+    with open(tmp_path / "killed.log", "w") as log:
+        proc = subprocess.Popen(command + [str(tmp_path / "killed")], env=env, stdout=log, stderr=subprocess.STDOUT)
+    wait_for(lambda: manifest.exists() and len(json.loads(manifest.read_text())["shards"]) >= 20, proc, "20 shards")
+    proc.kill()
+    proc.wait()
+    assert not json.loads(manifest.read_text())["finished"], "the kill came after the end: nothing was tested"
+    subprocess.run(command + [str(tmp_path / "killed")], env=env, check=True, capture_output=True, timeout=300)
+    whole = {p.name: p.read_bytes() for p in (tmp_path / "whole").iterdir()}
+    killed = {p.name: p.read_bytes() for p in (tmp_path / "killed").iterdir()}  # no temporary file left either
+    assert len(whole) > 100 and killed.keys() == whole.keys()
+    assert all(killed[name] == whole[name] for name in whole)

@@ -20,6 +20,7 @@ import os
 import pickle
 import random
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -112,9 +113,12 @@ def save_checkpoint(state, out_dir, step, keep_last=None):
     except (OSError, RuntimeError, CorruptCheckpoint) as e:
         tmp.unlink(missing_ok=True)
         tmp_sidecar.unlink(missing_ok=True)
-        reason = f"{e.strerror}" if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else \
+            re.sub(r"^\[enforce fail at [^\]]*\][ .]*", "", str(e).splitlines()[0])
+        # torch reports a full disk as "unexpected pos N vs M" (a short write): the free space tells
+        free = f"{shutil.disk_usage(out_dir).free / 2**20:,.0f} MiB free there"
         previous = [p for p in list_checkpoints(out_dir) if p != final]
-        raise CheckpointError(f"saving {final} failed ({reason}); earlier checkpoints are untouched (newest: "
+        raise CheckpointError(f"saving {final} failed ({reason}; {free}); earlier checkpoints are untouched (newest: "
                               f"{previous[-1].name if previous else 'none'}); free space or fix {out_dir}, "
                               "then continue with --resume") from None
     if keep_last:
@@ -156,12 +160,14 @@ def read_checkpoint_file(path, map_location="cpu"):
         with torch.serialization.safe_globals(LEGACY_NUMPY_RNG):
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        if "Weights only load failed" not in str(e):  # not a refusal: bytes that are no pickle at all
-            raise CorruptCheckpoint(f"{path}: not a readable PyTorch checkpoint ({str(e).splitlines()[0]})") from None
         wanted = re.search(r"GLOBAL ([\w.]+)", str(e))
+        if wanted is None:  # no callable asked for: bytes that are no (complete) pickle
+            detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
+            raise CorruptCheckpoint(f"{path}: not a readable PyTorch checkpoint (unpickling: "
+                                    f"{detail.group(1) if detail else str(e).splitlines()[0]})") from None
         raise UnsafeCheckpoint(
-            f"{path}: refused: loading it would call {wanted.group(1) if wanted else 'code'}, which a checkpoint "
-            "never needs (checkpoints are read as data only, torch.load weights_only=True); nothing was run") from None
+            f"{path}: refused: loading it would call {wanted.group(1)}, which a checkpoint never needs "
+            "(checkpoints are read as data only, torch.load weights_only=True); nothing was run") from None
     except Exception as e:  # torch raises many types for a truncated or foreign file
         raise CorruptCheckpoint(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: "
                                 f"{str(e).strip().splitlines()[0] if str(e).strip() else 'no detail'})") from None

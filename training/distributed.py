@@ -76,10 +76,17 @@ def setup(requested_device="auto", timeout=600.0):
     return Dist(rank, local_rank, world, device, restart, store, timeout)
 
 
-def is_timeout(error):
-    """A collective that waited longer than the process group's timeout (gloo's and NCCL's messages)."""
-    return isinstance(error, RuntimeError) and any(
-        words in str(error) for words in ("Timed out", "timed out", "timeout", "Timeout"))
+def collective_failure(error):
+    """"timeout" for a collective that waited longer than the process group's timeout, "peer" for one whose
+    peer went away (killed, crashed: torchrun restarts or ends the job), else None (gloo's and NCCL's words)."""
+    text = str(error)
+    if not isinstance(error, RuntimeError):
+        return None
+    if any(words in text for words in ("Timed out", "timed out", "timeout", "Timeout")):
+        return "timeout"
+    if any(words in text for words in ("closed by peer", "reset by peer", "Broken pipe", "NCCL communicator was aborted")):
+        return "peer"
+    return None
 
 
 def stalled_ranks(d, grace):

@@ -10,6 +10,7 @@ handlers and the process group are released on every exit.
 """
 import contextlib
 import math
+import re
 import time
 from pathlib import Path
 
@@ -123,9 +124,10 @@ class Trainer:
                 if d.master:
                     print(self.summary(step, start_step), flush=True)
         except RuntimeError as e:
-            if d.ddp and distributed.is_timeout(e):
-                raise SystemExit(self.stall_message()) from None
-            raise
+            failure = distributed.collective_failure(e) if d.ddp else None
+            if failure is None:
+                raise
+            raise SystemExit(self.stall_message() if failure == "timeout" else self.lost_peer_message(e)) from None
         finally:  # also on a NaN stop or an exception: leave signal handlers and the process group as found
             if stop is not None:
                 stop.close()
@@ -163,6 +165,12 @@ class Trainer:
         return (f"error: step {step}: rank {d.rank} waited more than {d.timeout:g}s (--dist-timeout) for {what}; "
                 f"{who}; stopping this rank. Restart with --auto-resume (torchrun --max-restarts does it itself), "
                 "or raise --dist-timeout if such a wait is expected")
+
+    def lost_peer_message(self, error):
+        step, what = self.waiting
+        reason = re.sub(r"^\[[^\]]*\]\s*", "", str(error).splitlines()[0]).split(". ")[0]  # gloo: "[file:line] What."
+        return (f"error: step {step}: rank {self.dist.rank} lost a peer during {what} ({reason}); "
+                "torchrun --max-restarts restarts the group from the newest checkpoint, else rerun with --auto-resume")
 
     def loop(self, train_model, step, stop):
         """Evaluate, step, log, checkpoint until max_steps or a signal; returns the last step."""
