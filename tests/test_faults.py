@@ -38,11 +38,12 @@ def wait_for(condition, proc, what, seconds=180):
 
 
 def worker_pid(launcher_pid, rank):
-    """The pid of the (first attempt's) worker with this RANK among the launcher's children."""
-    for child in Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split():
-        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        if f"RANK={rank}".encode() in environ:
-            return int(child)
+    """The pid of the worker with this RANK among the launcher's children."""
+    for task in Path(f"/proc/{launcher_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            if f"RANK={rank}".encode() in environ:
+                return int(child)
     return None
 
 
@@ -238,7 +239,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_checkpoints(tmp_p
 def test_a_stalled_rank_stops_the_run_and_is_named(tmp_path):
     data = write_corpus(tmp_path / "data")
     proc = torchrun(args(data, tmp_path / "out", max_steps=100000, checkpoint_interval=100000, eval_interval=100000,
-                         dist_timeout=4), tmp_path / "out.log", "--standalone", "--nproc_per_node", "2")
+                         dist_timeout=6), tmp_path / "out.log", "--standalone", "--nproc_per_node", "2")
     log = tmp_path / "out.log"
     wait_for(lambda: " train " in ((tmp_path / "out" / "log.txt").read_text()
                                    if (tmp_path / "out" / "log.txt").exists() else ""), proc, "a training step")
@@ -253,9 +254,9 @@ def test_a_stalled_rank_stops_the_run_and_is_named(tmp_path):
     assert proc.wait(timeout=120) != 0
     lines = [line for line in log.read_text().splitlines() if line.startswith("error: step")]
     assert len(lines) == 1, log.read_text()
-    assert re.match(r"error: step \d+: rank 0 waited more than 4s \(--dist-timeout\) for the [a-z -]+[^;]*; "
+    assert re.match(r"error: step \d+: rank 0 waited more than 6s \(--dist-timeout\) for the [a-z -]+[^;]*; "
                     r"rank 1 did not answer afterwards", lines[0]), lines[0]
-    assert took < 60, took  # 4 s timeout + 4 s asking the store, not torch's 30-minute default
+    assert took < 60, took  # 6 s timeout + 6 s asking the store, not gloo's 30-minute default
 
 
 def test_data_preparation_killed_and_rerun_gives_the_same_shards(fineweb, tmp_path):
@@ -263,7 +264,7 @@ def test_data_preparation_killed_and_rerun_gives_the_same_shards(fineweb, tmp_pa
     included, is byte-identical to an uninterrupted run's."""
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"Document {i}: " + "the quick brown fox jumps. " * (i % 7 + 1)})
-                              + "\n" for i in range(3000)))
+                              + "\n" for i in range(1500)))
     command = [sys.executable, str(ROOT / "data" / "fineweb.py"), "--input", str(corpus), "--shard-size", "100",
                "--workers", "1", "--out"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -280,3 +281,20 @@ def test_data_preparation_killed_and_rerun_gives_the_same_shards(fineweb, tmp_pa
     killed = {p.name: p.read_bytes() for p in (tmp_path / "killed").iterdir()}  # no temporary file left either
     assert len(whole) > 100 and killed.keys() == whole.keys()
     assert all(killed[name] == whole[name] for name in whole)
+
+
+def test_checkpoints_of_earlier_versions_still_resume(tmp_path):
+    """Their numpy RNG state is a pickled array: allow-listed, so a run in progress survives the upgrade."""
+    import numpy as np
+
+    np.random.seed(3)
+    legacy = {**checkpoint.rng_state(), "numpy": np.random.get_state()}  # the array, as before
+    expected = np.random.rand(3)
+    torch.save({**tiny_state(2), "rng": [legacy]}, tmp_path / "model_00002.pt")  # no sidecar either
+    ckpt = checkpoint.load_checkpoint(tmp_path / "model_00002.pt")
+    assert isinstance(ckpt["rng"][0]["numpy"][1], np.ndarray)
+    np.random.seed(4)
+    checkpoint.set_rng_state(ckpt["rng"][0])
+    assert np.array_equal(np.random.rand(3), expected)
+    resaved = checkpoint.save_checkpoint({**ckpt, "rng": [checkpoint.rng_state()]}, tmp_path / "new", 2)
+    assert torch.load(resaved, weights_only=True)["step"] == 2  # plain data now: no allow-list needed

@@ -31,8 +31,10 @@ from training import distributed
 
 NAME = re.compile(r"^model_(\d+)\.pt$")
 # np.random.get_state() as pickled by checkpoints written before the state was stored as a list
-LEGACY_NUMPY_RNG = [np.ndarray, np.dtype, np.dtypes.UInt32DType,
-                    getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct]
+# (numpy 2 names the array constructor numpy._core..., numpy 1 numpy.core...)
+_reconstruct = getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct
+LEGACY_NUMPY_RNG = [np.ndarray, np.dtype, np.dtypes.UInt32DType, _reconstruct,
+                    (_reconstruct, "numpy.core.multiarray._reconstruct")]
 
 
 class CheckpointError(ValueError):
