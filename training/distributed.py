@@ -91,7 +91,7 @@ def collective_failure(error):
 
 def stalled_ranks(d, grace):
     """After a timeout: the ranks that do not check in through the store within `grace` seconds.
-    Every live rank that timed out calls this, so each sees the same answer; a dead store gives None."""
+    Every live rank that timed out calls this and checks in; a store that no longer answers gives None."""
     try:
         d.store.set(f"alive/{d.rank}", "1")
         keys = [f"alive/{r}" for r in range(d.world_size)]
