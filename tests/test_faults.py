@@ -75,7 +75,7 @@ def test_elastic_restart_after_a_lost_worker_equals_an_uninterrupted_run(tmp_pat
     restart = re.search(r"^restart 1: resuming model_(\d{5})\.pt at step (\d+)$", log, re.M)
     assert restart and int(restart[1]) == int(restart[2]), log
     assert 4 <= int(restart[2]) < 40, "the kill came after the end: nothing was tested"
-    assert "Traceback" not in log  # the survivor ends its attempt with one line (lost a peer), not a traceback
+    assert "[rank0]: Traceback" not in log  # the survivor ends its attempt with one line (lost a peer)
     assert train_losses(tmp_path / "killed") == train_losses(tmp_path / "straight")
     assert_same_weights(final_weights(tmp_path / "straight", 40), final_weights(tmp_path / "killed", 40))
 
@@ -233,6 +233,22 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_checkpoints(tmp_p
     assert sorted(p.name for p in (tmp_path / "out").glob("*.pt*")) == ["model_00002.pt", "model_00002.pt.sha256"]
     assert not list((tmp_path / "out").glob(".*tmp*"))
     assert checkpoint.verify_checksum(tmp_path / "out" / "model_00002.pt")
+
+
+def test_a_failed_save_stops_every_rank_with_one_line(tmp_path):
+    """Rank 0 cannot save (a directory where model_00004.pt goes); rank 1 learns it at once, not by a timeout."""
+    data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
+    (tmp_path / "out" / "model_00004.pt").mkdir(parents=True)
+    proc = torchrun(args(data, tmp_path / "out", checkpoint_interval=2), tmp_path / "out.log", "--standalone",
+                    "--nproc_per_node", "2")
+    assert proc.wait(timeout=300) != 0
+    lines = (tmp_path / "out.log").read_text().splitlines()
+    errors = sorted(line for line in lines if line.startswith("error: "))
+    assert len(errors) == 2 and not [line for line in lines if line.startswith("[rank")], lines  # no worker traceback
+    assert "model_00004.pt failed (Is a directory; " in errors[0] and "newest: model_00002.pt" in errors[0]
+    assert errors[1].endswith("model_00004.pt failed on rank 0 (its log says why)")
+    assert sorted(p.name for p in (tmp_path / "out").glob("model_*")) == [
+        "model_00002.pt", "model_00002.pt.sha256", "model_00004.pt"]
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc (Linux)")

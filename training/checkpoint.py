@@ -105,7 +105,11 @@ def save_checkpoint(state, out_dir, step, keep_last=None):
         # sidecar first: a crash between the renames leaves an old checkpoint with a new sidecar (taken for
         # corrupt, so an older one is used) or a sidecar alone (ignored), never a new file taken as verified
         os.replace(tmp_sidecar, sidecar_path(final))
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            sidecar_path(final).unlink(missing_ok=True)  # a checksum of a file that never arrived
+            raise
         dir_fd = os.open(out_dir, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
