@@ -6,7 +6,9 @@ in this order: process group, seed and precision; the checkpoint to resume; the 
 then evaluate / step / log / checkpoint until max_steps; the trainer's closing work and a summary.
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
 a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
-handlers and the process group are released on every exit.
+handlers and the process group are released on every exit. A collective that waits past --dist-timeout, or
+whose peer died, ends the rank with one line naming the step and what it waited for (`self.waiting`); under
+torchrun --max-restarts the next attempt resumes the newest checkpoint that verifies.
 """
 import contextlib
 import math
@@ -91,6 +93,7 @@ class Trainer:
                 raise ConfigError(f"unknown compile_mode {run.compile_mode!r}; choose {', '.join(COMPILE_MODES)}")
             self.use_compile = use_compile = d.device_type == "cuda" if run.compile is None else run.compile
             ckpt = self.checkpoint_to_resume()
+            self.waiting = (ckpt["step"] if ckpt else 0, "the trainer's setup (data, tokenizer)")
             self.build(ckpt)
             start_step, self.tokens = 0, 0
             if ckpt is not None:
