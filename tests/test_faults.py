@@ -21,9 +21,9 @@ from training import checkpoint
 from training.distributed import Dist
 
 
-def torchrun(argv, log, *launcher):
+def torchrun(argv, log, *launcher, env=None):
     """train_gpt2.py under torchrun in the background, stdout and stderr into the file `log`."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", *launcher, str(ROOT / "train_gpt2.py"), *map(str, argv)]
     with open(log, "w") as out:
         return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -80,23 +80,42 @@ def test_elastic_restart_after_a_lost_worker_equals_an_uninterrupted_run(tmp_pat
     assert_same_weights(final_weights(tmp_path / "straight", 40), final_weights(tmp_path / "killed", 40))
 
 
-def test_two_torchrun_nodes_on_loopback_equal_one_process(tmp_path):
-    """README's multi-node command (c10d rendezvous), as two 1-process nodes on 127.0.0.1."""
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc (Linux)")
+def test_two_torchrun_nodes_on_loopback_equal_one_process_through_a_restart(tmp_path):
+    """README's multi-node recipe (c10d rendezvous, --max-restarts, a fresh store per round), as two 1-process
+    nodes on 127.0.0.1, one worker killed mid-run: the result equals one process that never stopped."""
     data = write_corpus(tmp_path / "data")
-    train_in_process(args(data, tmp_path / "single"))  # 1 process: B=4 x 2 micro-steps
+    extra = dict(max_steps=40, eval_interval=20, checkpoint_interval=2, auto_resume="true")
+    train_in_process(args(data, tmp_path / "single", **extra))  # 1 process: B=4 x 2 micro-steps
     endpoint = f"127.0.0.1:{free_port()}"
-    nodes = [torchrun(args(data, tmp_path / "nodes"), tmp_path / f"node{rank}.log", "--nnodes", "2",
+    nodes = [torchrun(args(data, tmp_path / "nodes", **extra), tmp_path / f"node{rank}.log", "--nnodes", "2",
                       "--nproc_per_node", "1", "--node-rank", str(rank), "--rdzv-backend", "c10d",
-                      "--rdzv-endpoint", endpoint, "--rdzv-id", "loopback") for rank in (0, 1)]
+                      "--rdzv-endpoint", endpoint, "--rdzv-id", "loopback", "--max-restarts", "1",
+                      env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}) for rank in (0, 1)]
+    wait_for(lambda: (tmp_path / "nodes" / "model_00004.pt").exists(), nodes[0], "a checkpoint at step 4")
+    os.kill(next(filter(None, (worker_pid(node.pid, rank=1) for node in nodes))), signal.SIGKILL)
     for rank, node in enumerate(nodes):
         assert node.wait(timeout=300) == 0, (tmp_path / f"node{rank}.log").read_text()
-    assert "world 2" in (tmp_path / "node0.log").read_text() + (tmp_path / "node1.log").read_text()
+    logs = (tmp_path / "node0.log").read_text() + (tmp_path / "node1.log").read_text()
+    restart = re.search(r"^restart 1: resuming model_\d{5}\.pt at step (\d+)$", logs, re.M)
+    assert "world 2" in logs and restart and 4 <= int(restart[1]) < 40, logs
     single, nodes = train_losses(tmp_path / "single"), train_losses(tmp_path / "nodes")
     for got, want in zip(nodes, single):  # train losses, then validation losses
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
-    a, b = final_weights(tmp_path / "single"), final_weights(tmp_path / "nodes")
+    a, b = final_weights(tmp_path / "single", 40), final_weights(tmp_path / "nodes", 40)
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)
+
+
+def test_several_nodes_with_restarts_need_a_fresh_store_per_round(monkeypatch):
+    """Agents count restarts apart, so a shared store cannot be split by attempt: one line says what to set."""
+    from training import distributed
+
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", GROUP_WORLD_SIZE="2",
+                           TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_MAX_RESTARTS="1").items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValueError, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        distributed.setup("cpu")
 
 
 class WouldCreateAFile:

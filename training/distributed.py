@@ -1,10 +1,13 @@
 """torchrun-aware setup: one process per device, NCCL on CUDA, gloo on CPU. Nothing home-made:
 world size, ranks and rendezvous (several nodes included) come from torchrun's environment.
 
-Elastic restarts (`torchrun --max-restarts N`): torchrun restarts every worker, but its store keeps the
-previous attempt's keys, and a re-formed group that reads them connects to the dead workers' addresses
-(gloo: `connectFullMesh failed ... Connection refused`). Each attempt therefore builds its group in its own
-PrefixStore named by TORCHELASTIC_RESTART_COUNT; gloo and NCCL both exchange their setup through it.
+Elastic restarts (`torchrun --max-restarts N`): torchrun restarts every worker, but by default the workers
+share its agent's store, which keeps the previous attempt's keys, and a re-formed group that reads them
+connects to the dead workers' addresses (gloo: `connectFullMesh failed ... Connection refused`). On one node
+each attempt therefore builds its group in its own PrefixStore named by TORCHELASTIC_RESTART_COUNT; gloo and
+NCCL both exchange their setup through it. On several nodes those counts can differ between nodes (an agent
+that restarts for another node's failure does not count it), so there torchrun must be started with
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch then makes a fresh store for every rendezvous round.
 
 A stalled rank: every collective waits at most --dist-timeout seconds (torch's own process-group timeout);
 `stalled_ranks` then asks the store which ranks still answer, so the error can name the one that does not.
@@ -59,13 +62,22 @@ def setup(requested_device="auto", timeout=600.0):
     if "RANK" not in os.environ:
         return Dist(device=pick_device(requested_device), timeout=timeout)
     local_rank, restart = int(os.environ["LOCAL_RANK"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    shared_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent's store outlives attempts
+    if shared_store and int(os.environ.get("GROUP_WORLD_SIZE", 1)) > 1 and \
+            int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0:
+        # Each node's agent counts restarts itself (one that restarts for another node's failure does not count
+        # it), so the attempt prefix would differ between nodes; torch's own per-round store avoids stale keys.
+        raise ValueError("torchrun --max-restarts on several nodes: start torchrun with "
+                           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment on every node, so that each "
+                           "restart gets a fresh store (README, fault tolerance)")
     device = pick_device(requested_device)
     wait = timedelta(seconds=timeout)
     # torch's env:// rendezvous (MASTER_ADDR/PORT: torchrun's agent store, or rank 0's), as init_process_group
     # would do itself, but with the attempt's own key prefix
     store, rank, world = next(dist.rendezvous("env://", timeout=wait))
     store.set_timeout(wait)
-    store = dist.PrefixStore(f"nanoact/attempt{restart}/", store)
+    if shared_store:
+        store = dist.PrefixStore(f"nanoact/attempt{restart}/", store)
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)

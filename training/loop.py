@@ -145,6 +145,7 @@ class Trainer:
         """--resume: the newest checkpoint in out_dir that verifies, which must exist; --auto-resume (and any
         torchrun restart: starting afresh would train over the run's own checkpoints): it, if there is one."""
         run, d = self.cfg.run, self.dist
+        d.restart = max(distributed.gather_objects(d.restart, d))  # nodes count restarts apart: any one counts
         if not (run.resume or run.auto_resume or d.restart):
             return None
         ckpt, skipped = newest_good_checkpoint(run.out_dir, self.kind, d)
