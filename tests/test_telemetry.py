@@ -137,6 +137,6 @@ def test_trainer_logs_telemetry_at_each_evaluation(tmp_path):
     for r in evals:
         assert [layer["name"] for layer in r["telemetry"]["layers"]] == ["transformer.h.0.mlp.act", "transformer.h.1.mlp.act"]
         assert set(r["telemetry"]["layers"][0]["params"]) == {"kappa", "lam"}
-    ckpt = torch.load(tmp_path / "run" / "model_00004.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "run" / "model_00004.pt", weights_only=True)
     final = evals[-1]["telemetry"]["layers"]
     assert final[1]["params"]["kappa"] == ckpt["model"]["transformer.h.1.mlp.act.kappa"].item()

@@ -86,7 +86,7 @@ def train_losses(out_dir):
 
 
 def final_weights(out_dir, step=8):
-    return torch.load(Path(out_dir) / f"model_{step:05d}.pt", weights_only=False)["model"]
+    return torch.load(Path(out_dir) / f"model_{step:05d}.pt", weights_only=True)["model"]
 
 
 def test_tiny_model_learns_in_process(tmp_path):
@@ -218,7 +218,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
         train_in_process(args(data, tmp_path / "out", checkpoint_interval=2))
     saved = sorted(p.name for p in (tmp_path / "out").glob("model_*.pt"))
     assert saved == ["model_00002.pt", "model_00004.pt"]
-    weights = torch.load(tmp_path / "out" / "model_00004.pt", weights_only=False)["model"]
+    weights = torch.load(tmp_path / "out" / "model_00004.pt", weights_only=True)["model"]
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 

@@ -1,12 +1,26 @@
-"""Checkpoints that survive crashes: written atomically, the last N kept, the newest found for --resume.
+"""Checkpoints that survive crashes, bad disks and untrusted files.
 
 A checkpoint is a dict with at least `kind` (which trainer made it), `model`, `model_config`,
 `config` and `step`. Training checkpoints add `optimizer`, `loader`, `rng` (every rank's states)
 and the logs' position, so that a resumed run continues bit-for-bit.
+
+- Written atomically (temporary file, fsync, rename), with the sha256 of its bytes, computed while
+  writing, in a sidecar `model_NNNNN.pt.sha256` (`sha256sum -c` reads it). After the rename the file is
+  read back and checked before older checkpoints may be deleted, so --keep-checkpoints never removes
+  the last verified one first. A failed save (disk full) removes its temporary files and raises.
+- Loaded as data, never code: torch.load(weights_only=True). Everything we store is plain data (tensors,
+  dicts, lists, numbers, strings); the only types allow-listed are numpy's array pieces, for the numpy
+  RNG state of checkpoints written before it was stored as a list. A file that needs anything else is
+  refused with one line naming the file and the callable it asked for.
+- Checked on load: a sidecar that does not match means a corrupt or truncated file; --resume then takes
+  the newest checkpoint that verifies (newest_good_checkpoint).
 """
+import hashlib
 import os
+import pickle
 import random
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +30,23 @@ from model import GPT, GPTConfig
 from training import distributed
 
 NAME = re.compile(r"^model_(\d+)\.pt$")
+# np.random.get_state() as pickled by checkpoints written before the state was stored as a list
+# (numpy 2 names the array constructor numpy._core..., numpy 1 numpy.core...)
+_reconstruct = getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct
+LEGACY_NUMPY_RNG = [np.ndarray, np.dtype, np.dtypes.UInt32DType, _reconstruct,
+                    (_reconstruct, "numpy.core.multiarray._reconstruct")]
 
 
 class CheckpointError(ValueError):
     pass
+
+
+class CorruptCheckpoint(CheckpointError):
+    """The bytes are damaged (checksum mismatch, truncated archive): an older checkpoint may still be good."""
+
+
+class UnsafeCheckpoint(CheckpointError):
+    """The file asks the unpickler for code: refused, never run."""
 
 
 def checkpoint_path(out_dir, step):
@@ -32,32 +59,127 @@ def list_checkpoints(out_dir):
     return [p for _, p in sorted(found)]
 
 
+def sidecar_path(path):
+    return path.with_name(path.name + ".sha256")
+
+
+class _HashingWriter:
+    """The file object torch.save writes to, hashing the bytes on their way: no second pass to checksum."""
+
+    def __init__(self, f):
+        self.f, self.sha256 = f, hashlib.sha256()
+
+    def write(self, data):
+        self.sha256.update(data)
+        return self.f.write(data)
+
+    def flush(self):
+        self.f.flush()
+
+
+def _write_durably(path, write):
+    with open(path, "wb") as f:
+        result = write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    return result
+
+
 def save_checkpoint(state, out_dir, step, keep_last=None):
-    """torch.save to a temporary file in the same directory, fsync, then rename over the final name:
-    a crash leaves either the old set of checkpoints or the new one, never a truncated file."""
+    """Save `state` as <out_dir>/model_<step>.pt with its checksum sidecar, then verify it; only then may
+    checkpoints beyond the newest `keep_last` go. A crash at any point leaves every earlier checkpoint as it
+    was; a failure (disk full) raises a one-line CheckpointError after removing its temporary files."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(out_dir, step)
     tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    dir_fd = os.open(out_dir, os.O_RDONLY)
+    tmp_sidecar = final.with_name(f".{final.name}.sha256.tmp{os.getpid()}")
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        def save(f):
+            writer = _HashingWriter(f)
+            torch.save(state, writer)
+            return writer.sha256.hexdigest()
+
+        digest = _write_durably(tmp, save)
+        _write_durably(tmp_sidecar, lambda f: f.write(f"{digest}  {final.name}\n".encode()))
+        # sidecar first: a crash between the renames leaves an old checkpoint with a new sidecar (taken for
+        # corrupt, so an older one is used) or a sidecar alone (ignored), never a new file taken as verified
+        os.replace(tmp_sidecar, sidecar_path(final))
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            sidecar_path(final).unlink(missing_ok=True)  # a checksum of a file that never arrived
+            raise
+        dir_fd = os.open(out_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        verify_checksum(final)
+    except (OSError, RuntimeError, CorruptCheckpoint) as e:
+        tmp.unlink(missing_ok=True)
+        tmp_sidecar.unlink(missing_ok=True)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else \
+            re.sub(r"^\[enforce fail at [^\]]*\][ .]*", "", str(e).splitlines()[0])
+        # torch reports a full disk as "unexpected pos N vs M" (a short write): the free space tells
+        free = f"{shutil.disk_usage(out_dir).free / 2**20:,.0f} MiB free there"
+        previous = [p for p in list_checkpoints(out_dir) if p != final]
+        raise CheckpointError(f"saving {final} failed ({reason}; {free}); earlier checkpoints are untouched (newest: "
+                              f"{previous[-1].name if previous else 'none'}); free space or fix {out_dir}, "
+                              "then continue with --resume") from None
     if keep_last:
         for old in list_checkpoints(out_dir)[:-keep_last]:
             old.unlink(missing_ok=True)
+            sidecar_path(old).unlink(missing_ok=True)
     return final
+
+
+def verify_checksum(path):
+    """True if the sidecar's sha256 matches the file's bytes, False if there is no sidecar (checkpoints of
+    older versions, files from elsewhere); a mismatch raises CorruptCheckpoint."""
+    recorded = sidecar_path(path)
+    if not recorded.is_file():
+        return False
+    expected = (recorded.read_text().split() or [""])[0]
+    with open(path, "rb") as f:
+        actual = hashlib.file_digest(f, "sha256").hexdigest()
+    if actual != expected:
+        raise CorruptCheckpoint(f"{path}: corrupt or truncated: its sha256 {actual[:12]}... differs from "
+                                f"{expected[:12] or 'nothing'}... recorded in {recorded.name} when it was saved")
+    return True
 
 
 def latest_checkpoint(out_dir):
     found = list_checkpoints(out_dir) if Path(out_dir).is_dir() else []
     return found[-1] if found else None
+
+
+def read_checkpoint_file(path, map_location="cpu"):
+    """What a checkpoint file holds, read as data only (weights_only=True), after checking its sidecar
+    checksum when it has one. Errors are one line naming the file: CheckpointError (missing),
+    CorruptCheckpoint (damaged bytes) or UnsafeCheckpoint (the file would run code)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file (checkpoints are written as <out_dir>/model_NNNNN.pt)")
+    verify_checksum(path)
+    try:
+        with torch.serialization.safe_globals(LEGACY_NUMPY_RNG):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        wanted = re.search(r"GLOBAL ([\w.]+)", str(e))
+        if wanted is None:  # no callable asked for: bytes that are no (complete) pickle
+            detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
+            raise CorruptCheckpoint(f"{path}: not a readable PyTorch checkpoint (unpickling: "
+                                    f"{detail.group(1) if detail else str(e).splitlines()[0]})") from None
+        raise UnsafeCheckpoint(
+            f"{path}: refused: loading it would call {wanted.group(1)}, which a checkpoint never needs "
+            "(checkpoints are read as data only, torch.load weights_only=True); nothing was run") from None
+    except Exception as e:  # torch raises many types for a truncated or foreign file
+        raise CorruptCheckpoint(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: "
+                                f"{str(e).strip().splitlines()[0] if str(e).strip() else 'no detail'})") from None
+
+
+REQUIRED = ("kind", "model", "model_config", "step")
 
 
 def load_checkpoint(path, kind=None, map_location="cpu"):
@@ -68,19 +190,43 @@ def load_checkpoint(path, kind=None, map_location="cpu"):
         if newest is None:
             raise CheckpointError(f"{path}: no model_*.pt checkpoint in this directory; train first or give a file")
         path = newest
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint file (checkpoints are written as <out_dir>/model_NNNNN.pt)")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as e:  # torch raises many types for a truncated or foreign file
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from None
-    if not isinstance(state, dict) or "kind" not in state or "model" not in state:
-        raise CheckpointError(f"{path}: not a nanoact checkpoint (no 'kind'/'model' entries); "
-                              "for transformers GPT-2 weights use --hf DIR")
-    if kind is not None and state["kind"] != kind:
+    state = read_checkpoint_file(path, map_location)
+    missing = [key for key in REQUIRED if key not in state] if isinstance(state, dict) else list(REQUIRED)
+    if "kind" not in missing and kind is not None and state["kind"] != kind:
         raise CheckpointError(f"{path}: a {state['kind']!r} checkpoint, but this command needs a {kind!r} one")
+    if missing:
+        raise CheckpointError(f"{path}: not a nanoact checkpoint (no {', '.join(map(repr, missing))} "
+                              "entries); for transformers GPT-2 weights use --hf DIR")
     state["path"] = str(path)
     return state
+
+
+def newest_good_checkpoint(out_dir, kind, d):
+    """The newest checkpoint in out_dir that verifies and loads, the same one on every rank (collective).
+    Returns (checkpoint or None if there are none, [one-line reasons for the newer ones skipped])."""
+    ckpt, skipped = None, []
+    for path in reversed(list_checkpoints(out_dir) if Path(out_dir).is_dir() else []):
+        try:
+            ckpt = load_checkpoint(path, kind)
+            break
+        except CorruptCheckpoint as e:
+            skipped.append(str(e))
+    # All ranks must continue the same step. On a half-synced shared filesystem they may see different
+    # files: all take the oldest choice. A rank that sees none while others do has another filesystem.
+    found = distributed.gather_objects((ckpt["step"] if ckpt else -1, skipped), d)
+    steps = [step for step, _ in found]
+    if min(steps) < 0 <= max(steps):
+        raise CheckpointError(f"ranks {[r for r, s in enumerate(steps) if s < 0]} find no usable checkpoint in "
+                              f"{out_dir}, others do: put --out-dir on a filesystem every node shares")
+    if min(steps) < 0:
+        if any(reasons for _, reasons in found):
+            reasons = sorted({r for _, rank_reasons in found for r in rank_reasons})
+            raise CheckpointError(f"no checkpoint in {out_dir} can be used: {'; '.join(reasons)}; move the damaged "
+                                  "files away to start afresh")
+        return None, skipped
+    if ckpt["step"] != min(steps):
+        ckpt = load_checkpoint(checkpoint_path(out_dir, min(steps)), kind)
+    return ckpt, skipped
 
 
 def load_gpt(path, device="cpu"):
@@ -97,11 +243,16 @@ def save_training_checkpoint(state, loader, d, out_dir, step, keep_last=None):
     state = {**state, "step": step, "world_size": d.world_size,
              "loader": distributed.gather_objects(loader.state_dict(), d),
              "rng": distributed.gather_objects(rng_state(), d)}
-    path = save_checkpoint(state, out_dir, step, keep_last) if d.master else None
-    if path is not None:
-        print(f"saved {path}", flush=True)
-    if d.ddp:
-        torch.distributed.barrier()
+    path = error = None
+    if d.master:
+        try:
+            path = save_checkpoint(state, out_dir, step, keep_last)
+            print(f"saved {path}", flush=True)
+        except CheckpointError as e:
+            error = e
+    # every rank waits until the file is on disk, and a failed save stops them all (not a wait for rank 0)
+    if distributed.any_rank(error is not None, d):
+        raise error or CheckpointError(f"saving {checkpoint_path(out_dir, step)} failed on rank 0 (its log says why)")
     return path
 
 
@@ -123,7 +274,10 @@ def resume_training(ckpt, model_config, world_size, rank, model, optimizer, load
 
 
 def rng_state():
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # plain data, so that checkpoints load with weights_only=True and need no allow-list
+    state = {"python": random.getstate(), "numpy": (name, keys.tolist(), pos, has_gauss, cached),
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

@@ -207,6 +207,7 @@ class RunConfig:
     log_interval: int = 1
     checkpoint_interval: int = 1000
     keep_checkpoints: int = 3
+    dist_timeout: float = 600.0  # seconds a collective may wait for the other ranks before the run stops naming them
     tensorboard: bool = False
 
 

@@ -1,7 +1,21 @@
 """torchrun-aware setup: one process per device, NCCL on CUDA, gloo on CPU. Nothing home-made:
-world size, ranks and rendezvous (several nodes included) come from torchrun's environment."""
+world size, ranks and rendezvous (several nodes included) come from torchrun's environment.
+
+Elastic restarts (`torchrun --max-restarts N`): torchrun restarts every worker, but by default the workers
+share its agent's store, which keeps the previous attempt's keys, and a re-formed group that reads them
+connects to the dead workers' addresses (gloo: `connectFullMesh failed ... Connection refused`). On one node
+each attempt therefore builds its group in its own PrefixStore named by TORCHELASTIC_RESTART_COUNT; gloo and
+NCCL both exchange their setup through it. On several nodes those counts can differ between nodes (an agent
+that restarts for another node's failure does not count it), so there torchrun must be started with
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch then makes a fresh store for every rendezvous round.
+
+A stalled rank: every collective waits at most --dist-timeout seconds (torch's own process-group timeout);
+`stalled_ranks` then asks the store which ranks still answer, so the error can name the one that does not.
+"""
 import os
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -13,6 +27,9 @@ class Dist:
     local_rank: int = 0
     world_size: int = 1
     device: str = "cpu"
+    restart: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT: 0 on the first attempt
+    store: object = None  # this attempt's store (torch.distributed.Store), for naming stalled ranks
+    timeout: float = 600.0  # seconds any collective may wait
 
     @property
     def ddp(self):
@@ -39,19 +56,63 @@ def pick_device(requested="auto"):
     return "cpu"
 
 
-def setup(requested_device="auto"):
-    """Initialise the process group when launched by torchrun; a plain `python` run is world size 1."""
+def setup(requested_device="auto", timeout=600.0):
+    """Initialise the process group when launched by torchrun; a plain `python` run is world size 1.
+    `timeout`: seconds a collective (or the group's setup) may wait for the other ranks."""
     if "RANK" not in os.environ:
-        return Dist(device=pick_device(requested_device))
-    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+        return Dist(device=pick_device(requested_device), timeout=timeout)
+    local_rank, restart = int(os.environ["LOCAL_RANK"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    shared_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent's store outlives attempts
+    if shared_store and int(os.environ.get("GROUP_WORLD_SIZE", 1)) > 1 and \
+            int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0:
+        # Each node's agent counts restarts itself (one that restarts for another node's failure does not count
+        # it), so the attempt prefix would differ between nodes; torch's own per-round store avoids stale keys.
+        raise ValueError("torchrun --max-restarts on several nodes: start torchrun with "
+                           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment on every node, so that each "
+                           "restart gets a fresh store (README, fault tolerance)")
     device = pick_device(requested_device)
+    wait = timedelta(seconds=timeout)
+    # torch's env:// rendezvous (MASTER_ADDR/PORT: torchrun's agent store, or rank 0's), as init_process_group
+    # would do itself, but with the attempt's own key prefix
+    store, rank, world = next(dist.rendezvous("env://", timeout=wait))
+    store.set_timeout(wait)
+    if shared_store:
+        store = dist.PrefixStore(f"nanoact/attempt{restart}/", store)
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=torch.device(device))
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world, timeout=wait,
+                                device_id=torch.device(device))
     else:
-        dist.init_process_group("gloo")
-    return Dist(rank, local_rank, world, device)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=wait)
+    return Dist(rank, local_rank, world, device, restart, store, timeout)
+
+
+def collective_failure(error):
+    """"timeout" for a collective that waited longer than the process group's timeout, "peer" for one whose
+    peer went away (killed, crashed: torchrun restarts or ends the job), else None (gloo's and NCCL's words)."""
+    text = str(error)
+    if not isinstance(error, RuntimeError):
+        return None
+    if any(words in text for words in ("Timed out", "timed out", "timeout", "Timeout")):
+        return "timeout"
+    if any(words in text for words in ("closed by peer", "reset by peer", "Broken pipe", "NCCL communicator was aborted")):
+        return "peer"
+    return None
+
+
+def stalled_ranks(d, grace):
+    """After a timeout: the ranks that do not check in through the store within `grace` seconds.
+    Every live rank that timed out calls this and checks in; a store that no longer answers gives None."""
+    try:
+        d.store.set(f"alive/{d.rank}", "1")
+        keys = [f"alive/{r}" for r in range(d.world_size)]
+        deadline = time.monotonic() + grace
+        while not d.store.check(keys) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return [r for r, key in enumerate(keys) if not d.store.check([key])]
+    except RuntimeError:  # the store itself is on the stalled node
+        return None
 
 
 def cleanup(d):

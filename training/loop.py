@@ -6,10 +6,13 @@ in this order: process group, seed and precision; the checkpoint to resume; the 
 then evaluate / step / log / checkpoint until max_steps; the trainer's closing work and a summary.
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
 a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
-handlers and the process group are released on every exit.
+handlers and the process group are released on every exit. A collective that waits past --dist-timeout, or
+whose peer died, ends the rank with one line naming the step and what it waited for (`self.waiting`); under
+torchrun --max-restarts the next attempt resumes the newest checkpoint that verifies.
 """
 import contextlib
 import math
+import re
 import time
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from training import distributed
-from training.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, resume_training,
+from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resume_training,
                                  save_training_checkpoint)
 from training.config import ConfigError, to_dict
 from training.precision import autocast_context, resolve_precision
@@ -76,8 +79,9 @@ class Trainer:
     # The shared loop ----------------------------------------------------------------------------------------
     def fit(self):
         cfg, run = self.cfg, self.cfg.run
-        self.dist = d = distributed.setup(run.device)
+        self.dist = d = distributed.setup(run.device, run.dist_timeout)
         stop = None
+        self.waiting = (0, "the checkpoint to resume from")  # (step, what): named if a collective times out
         try:
             torch.manual_seed(run.seed)
             self.precision = resolve_precision(run.dtype, d.device_type)
@@ -89,6 +93,7 @@ class Trainer:
                 raise ConfigError(f"unknown compile_mode {run.compile_mode!r}; choose {', '.join(COMPILE_MODES)}")
             self.use_compile = use_compile = d.device_type == "cuda" if run.compile is None else run.compile
             ckpt = self.checkpoint_to_resume()
+            self.waiting = (ckpt["step"] if ckpt else 0, "the trainer's setup (data, tokenizer)")
             self.build(ckpt)
             start_step, self.tokens = 0, 0
             if ckpt is not None:
@@ -100,6 +105,9 @@ class Trainer:
             self.log.write_run_info(to_dict(cfg), environment(d))
             if d.master:
                 where = f"resuming {ckpt['path']} at step {start_step}" if ckpt else "starting from scratch"
+                if d.restart:  # torchrun --max-restarts started this attempt after a failure
+                    print(f"restart {d.restart}: " + (f"resuming {Path(ckpt['path']).name} at step {start_step}"
+                                                      if ckpt else "starting from scratch (no checkpoint yet)"), flush=True)
                 print(f"{self.describe()} | {self.max_steps} steps | world {d.world_size} | {self.precision} | "
                       f"compile {use_compile} | {where}", flush=True)
             self.compiled = self.model
@@ -110,6 +118,7 @@ class Trainer:
                 self.compiled = torch.compile(self.model, dynamic=shapes is None, mode=run.compile_mode)
             train_model = self.compiled
             if d.ddp:
+                self.waiting = (start_step, "the DDP setup (the parameter broadcast)")
                 train_model = DDP(self.compiled, device_ids=[d.local_rank] if d.device_type == "cuda" else None)
             stop = GracefulStop()
             step = self.loop(train_model, start_step, stop)
@@ -117,6 +126,11 @@ class Trainer:
                 self.finish(step)
                 if d.master:
                     print(self.summary(step, start_step), flush=True)
+        except RuntimeError as e:
+            failure = distributed.collective_failure(e) if d.ddp else None
+            if failure is None:
+                raise
+            raise SystemExit(self.stall_message() if failure == "timeout" else self.lost_peer_message(e)) from None
         finally:  # also on a NaN stop or an exception: leave signal handlers and the process group as found
             if stop is not None:
                 stop.close()
@@ -128,17 +142,39 @@ class Trainer:
         return self.model
 
     def checkpoint_to_resume(self):
-        """--resume: the newest checkpoint in out_dir, which must exist; --auto-resume: it, if there is one."""
-        run = self.cfg.run
-        if not (run.resume or run.auto_resume):
+        """--resume: the newest checkpoint in out_dir that verifies, which must exist; --auto-resume (and any
+        torchrun restart: starting afresh would train over the run's own checkpoints): it, if there is one."""
+        run, d = self.cfg.run, self.dist
+        d.restart = max(distributed.gather_objects(d.restart, d))  # nodes count restarts apart: any one counts
+        if not (run.resume or run.auto_resume or d.restart):
             return None
-        path = latest_checkpoint(run.out_dir)
-        if path is None:
+        ckpt, skipped = newest_good_checkpoint(run.out_dir, self.kind, d)
+        if ckpt is None:
             if run.resume:
                 raise CheckpointError(f"--resume: no checkpoint (model_*.pt) in {run.out_dir}; check --out-dir, or "
                                       "use --auto-resume to continue when there is one and start fresh otherwise")
             return None
-        return load_checkpoint(path, kind=self.kind)
+        if skipped and d.master:
+            print(f"{'; '.join(skipped)}; resuming {ckpt['path']}, the newest checkpoint that verifies", flush=True)
+        return ckpt
+
+    def stall_message(self):
+        """The one line a collective timeout ends the run with, naming the ranks that no longer answer."""
+        d = self.dist
+        step, what = self.waiting
+        missing = distributed.stalled_ranks(d, grace=min(d.timeout, 30))
+        who = ("no rank answered through torchrun's store afterwards (its host may be the one stalled)" if missing is None
+               else f"rank {', '.join(map(str, missing))} did not answer afterwards (stalled or dead: check that "
+                    "process and its node)" if missing else "every rank answered afterwards: one was slow, not stuck")
+        return (f"error: step {step}: rank {d.rank} waited more than {d.timeout:g}s (--dist-timeout) for {what}; "
+                f"{who}; stopping this rank. Restart with --auto-resume (torchrun --max-restarts does it itself), "
+                "or raise --dist-timeout if such a wait is expected")
+
+    def lost_peer_message(self, error):
+        step, what = self.waiting
+        reason = re.sub(r"^\[[^\]]*\]\s*", "", str(error).splitlines()[0]).split(". ")[0]  # gloo: "[file:line] What."
+        return (f"error: step {step}: rank {self.dist.rank} lost a peer during {what} ({reason}); "
+                "torchrun --max-restarts restarts the group from the newest checkpoint, else rerun with --auto-resume")
 
     def loop(self, train_model, step, stop):
         """Evaluate, step, log, checkpoint until max_steps or a signal; returns the last step."""
@@ -147,6 +183,7 @@ class Trainer:
         while True:
             last = step == self.max_steps
             if step % cfg.eval.eval_interval == 0 or last:
+                self.waiting = (step, "the evaluation (validation loss all-reduce)")
                 fields, text = self.evaluate(step, last)
                 self.evals.append(fields)
                 log.record(step, kind="eval", tokens=self.tokens, **fields)
@@ -159,8 +196,10 @@ class Trainer:
             lr = self.learning_rate(step)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
+            self.waiting = (step, "the gradient all-reduce (DDP backward)")
             loss, tokens = self.forward_backward(train_model)
             norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), cfg.optim.grad_clip).item()
+            self.waiting = (step, "the loss all-reduce")
             stats = distributed.all_reduce_mean(torch.stack([loss.detach().float(), torch.as_tensor(
                 tokens, dtype=torch.float32, device=loss.device)]), d)
             loss_value, step_tokens = stats[0].item(), round(stats[1].item() * d.world_size)
@@ -187,12 +226,14 @@ class Trainer:
                       f"dt {1000 * dt:.0f}ms | {self.token_unit}/s {step_tokens / dt:,.0f}{extra_text} | eta {clock(eta)}",
                       flush=True)
 
+            self.waiting = (step, "the stop-signal all-reduce")
             stopping = distributed.any_rank(stop.requested, d)
             if step % cfg.run.checkpoint_interval == 0 or step == self.max_steps or stopping:
                 state = {"kind": self.kind, "model": self.model.state_dict(), "model_config": self.model_config,
                          "config": to_dict(cfg), "optimizer": self.optimizer.state_dict(), "tokens": self.tokens,
                          "val_loss": self.evals[-1].get("val_loss") if self.evals else None,
                          **self.checkpoint_state()}
+                self.waiting = (step, f"checkpoint model_{step:05d}.pt (gathering states, then rank 0 saving it)")
                 save_training_checkpoint(state, self.loader, d, cfg.run.out_dir, step, cfg.run.keep_checkpoints)
             if stopping:
                 stop.requested = True  # every rank exits non-zero, not only the one signalled

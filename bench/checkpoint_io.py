@@ -1,0 +1,76 @@
+"""What verified checkpoints cost: the save and load of a GPT-2 124M training checkpoint (weights + AdamW
+state, ~1.5 GB) with and without the sha256 sidecar and its checks. Nothing of it runs per training step;
+this is the cost per checkpoint.
+
+    python bench/checkpoint_io.py                      # GPT-2 124M, 3 rounds, files in a temporary directory
+    python bench/checkpoint_io.py --dir /shared/ckpt   # on the filesystem your runs write to
+
+Rows: `torch.save + fsync` is the save as it was (temporary file, fsync, rename); `save_checkpoint` adds the
+checksum computed while writing, the sidecar and the read-back that verifies the file before older ones may
+be deleted. `torch.load` is weights_only=True alone; `read_checkpoint_file` adds the sidecar check. Medians of
+--rounds; the read-back reads from the page cache when the file is still there, as right after a save.
+"""
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from model import GPT, GPTConfig
+from training.checkpoint import checkpoint_path, read_checkpoint_file, save_checkpoint
+
+
+def training_state():
+    model = GPT(GPTConfig())
+    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), 1e-8, "cpu")
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()  # AdamW's exp_avg / exp_avg_sq: the state is 3x the weights
+    return {"kind": "gpt2", "model": model.state_dict(), "model_config": {}, "step": 1,
+            "optimizer": optimizer.state_dict()}
+
+
+def plain_save(state, out_dir, step):
+    final = checkpoint_path(out_dir, step)
+    tmp = final.with_name(f".{final.name}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    return final
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dir", help="where the checkpoints are written (default: a temporary directory)")
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    state = training_state()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        out = Path(tmp)
+        times = {name: [] for name in ("torch.save + fsync", "save_checkpoint", "torch.load", "read_checkpoint_file")}
+        for _ in range(args.rounds):  # each round runs every case in turn: a transient load hits all alike
+            times["torch.save + fsync"].append(timed(lambda: plain_save(state, out, 1)))
+            times["save_checkpoint"].append(timed(lambda: save_checkpoint(state, out, 2)))
+            times["torch.load"].append(timed(lambda: torch.load(checkpoint_path(out, 1), weights_only=True)))
+            times["read_checkpoint_file"].append(timed(lambda: read_checkpoint_file(checkpoint_path(out, 2))))
+        size = checkpoint_path(out, 2).stat().st_size
+    print(f"{platform.node()} | {platform.processor() or platform.machine()} | torch {torch.__version__} | "
+          f"{os.cpu_count()} CPUs | checkpoint {size / 2**30:.2f} GiB | {args.rounds} rounds")
+    for name, values in times.items():
+        print(f"{name:22s} {statistics.median(values):7.2f} s  ({size / 2**20 / statistics.median(values):,.0f} MiB/s)")
+
+
+if __name__ == "__main__":
+    main()
