@@ -1,8 +1,9 @@
 """Which code runs AGLU/APA and NSwish/NReLU: the fused Triton kernels (activations/kernels.py) or PyTorch.
 
 Every parametric activation takes impl="auto" | "triton" | "torch":
-    auto    the kernels for CUDA tensors when Triton imports, the PyTorch path anywhere else
-    triton  the kernels (a CPU tensor only under Triton's interpreter, TRITON_INTERPRET=1)
+    auto    the kernels for CUDA tensors once they pass their self-check on that GPU (activations/selfcheck.py;
+            the trainers also time them there and keep the faster path), the PyTorch path anywhere else
+    triton  the kernels, unchecked, failing loudly (a CPU tensor only under Triton's interpreter, TRITON_INTERPRET=1)
     torch   the PyTorch path (autograd.Function, torch.compile fuses it)
 Both give the same results to fp32 rounding (tests/test_kernels.py).
 """
@@ -14,6 +15,7 @@ except ImportError:  # no Triton: the PyTorch path everywhere
     kernels = None
 
 IMPLS = ("auto", "triton", "torch")
+KERNEL_DEVICES = ("cuda",)  # device types where "auto" considers the kernels; tests add "cpu" (the interpreter)
 
 
 def check_impl(impl):
@@ -22,12 +24,17 @@ def check_impl(impl):
     return impl
 
 
-def use_kernels(impl, x):
-    """True when x goes through the Triton kernels; a clear error when impl="triton" cannot run."""
+def use_kernels(module, x):
+    """True when x goes through the Triton kernels in `module` (its .impl); a clear error when impl="triton"
+    cannot run."""
+    impl = module.impl
     if impl == "torch" or x.numel() == 0:
         return False
     if impl == "auto":
-        return kernels is not None and x.is_cuda and x.dtype in kernels.DTYPES
+        if kernels is None or x.device.type not in KERNEL_DEVICES or x.dtype not in kernels.DTYPES:
+            return False
+        from activations import selfcheck  # not at the top: selfcheck builds activations, which import this module
+        return selfcheck.trusted(module, x)
     if kernels is None:
         raise RuntimeError("impl='triton' needs Triton (pip install triton); use impl='auto' or 'torch'")
     if not (x.is_cuda or kernels.INTERPRETED):
