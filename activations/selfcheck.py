@@ -39,7 +39,6 @@ PROBE_SHAPE = (5, 517)  # odd: not a multiple of any block size, so the masked t
 # typical values. Just above, not at: LAM_MIN rounds below itself in fp32, and the float64 reference would clamp it.
 APA_PROBES = [(1.0, LAM_MIN * 1.000001), (1.2, 1e-6), (0.9, 0.37), (-0.6, 3.0)]
 ANACT_PROBES = [(1.0, 0.0), (1.3, 0.2), (1.0, -4.0)]  # (scale, shift) of 3 steps: init, update, out-of-bounds batch
-_TRUSTED = {}  # (family, device, dtype) -> bool, for trusted()
 
 
 class ProbeMismatch(Exception):
@@ -47,12 +46,10 @@ class ProbeMismatch(Exception):
 
 
 def family(module):
-    """The kernel family a module runs ('aglu', 'apa', 'nswish', 'nrelu', 'nswish/per_instance', ...), or None
-    when it never takes the kernels (channelwise APA/AGLU, or not a parametric activation)."""
-    if isinstance(module, APA):
-        return type(module).__name__.lower() if module.kappa.dim() == 0 else None
-    if isinstance(module, _NormalizedActivation):
-        return type(module).__name__.lower() + ("/per_instance" if module.per_instance else "")
+    """The kernel family a module runs (impl.family), or None when it never takes the kernels (channelwise
+    APA/AGLU, or not a parametric activation)."""
+    if isinstance(module, APA) and module.kappa.dim() == 0 or isinstance(module, _NormalizedActivation):
+        return impl.family(module)
     return None
 
 
@@ -154,18 +151,16 @@ def failure(name, device, dtype):
     return None
 
 
-def trusted(module, x):
-    """For impl="auto" outside a trainer: the first call per (family, device, dtype) checks the kernel (one line
-    when it fails); under torch.compile only an earlier eager check counts, else the PyTorch path is traced."""
-    key = (family(module), str(x.device), x.dtype)
-    if torch.compiler.is_compiling() or key in _TRUSTED:
-        return _TRUSTED.get(key, False)
-    reason = failure(key[0], x.device, x.dtype)
+def trusted(module, key):
+    """For impl="auto" outside a trainer (activations/impl.py): the first call per key = (family, device, dtype)
+    checks the kernel, with one line when it fails; the result is kept in impl.TRUSTED."""
+    name, device, dtype = key
+    reason = failure(name, device, dtype)
     if reason:
-        print(f"{key[0]}: PyTorch path: the Triton kernel failed its self-check on {device_name(x.device)} "
-              f"({str(x.dtype).replace('torch.', '')}): {reason}", flush=True)
-    _TRUSTED[key] = reason is None
-    return _TRUSTED[key]
+        print(f"{name}: PyTorch path: the Triton kernel failed its self-check on {device_name(device)} "
+              f"({str(dtype).replace('torch.', '')}): {reason}", flush=True)
+    impl.TRUSTED[key] = reason is None
+    return impl.TRUSTED[key]
 
 
 def device_name(device):

@@ -32,7 +32,7 @@ FAMILIES = ["aglu", "apa", "nswish", "nrelu", "nswish/per_instance", "nrelu/per_
 def auto_on_cpu(monkeypatch):
     """"auto" considers CPU tensors (the interpreter runs the kernels), with a fresh cache of checked families."""
     monkeypatch.setattr(impl, "KERNEL_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(selfcheck, "_TRUSTED", {})
+    monkeypatch.setattr(impl, "TRUSTED", {})
 
 
 def raising(*args, **kwargs):
@@ -84,7 +84,7 @@ def test_auto_checks_once_and_falls_back_with_one_line(auto_on_cpu, monkeypatch,
     assert len(calls) == checked + 1  # checked once
     assert not capsys.readouterr().out
 
-    monkeypatch.setattr(selfcheck, "_TRUSTED", {})
+    monkeypatch.setattr(impl, "TRUSTED", {})
     monkeypatch.setattr(kernels, "apa", raising)
     assert torch.equal(auto(x), plain(x)) and torch.equal(auto(x), plain(x))
     lines = capsys.readouterr().out.splitlines()
@@ -202,3 +202,27 @@ def test_a_run_falls_back_and_trains_as_the_pytorch_path(auto_on_cpu, monkeypatc
     assert decisions["activations"]["aglu"]["impl"] == "torch"
     assert decisions["precision"]["value"] == "float32" and decisions["compile"]["value"] is False
     assert train_losses(tmp_path / "auto") == train_losses(tmp_path / "torch")
+
+
+def test_auto_under_compile_is_one_graph_and_checks_nothing_inside(auto_on_cpu, monkeypatch):
+    """Inside torch.compile "auto" runs no check: it takes the kernel only where an eager call (or a trainer's
+    select) checked it before, else the PyTorch path; either way one graph, no break."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    auto, plain = activations.build("aglu"), activations.build("aglu", impl="torch")
+    plain.load_state_dict(auto.state_dict())
+    x = torch.randn(4, 33)
+    calls = []
+    real = kernels.apa
+    monkeypatch.setattr(kernels, "apa", lambda *a: calls.append(1) or real(*a))
+    try:
+        torch.testing.assert_close(torch.compile(auto, backend="aot_eager", fullgraph=True)(x), plain(x))
+        assert not calls and not impl.TRUSTED
+        auto(x)  # eager: the check runs, the kernel is trusted
+        assert impl.TRUSTED == {("aglu", "cpu", torch.float32): True}
+        torch._dynamo.reset()
+        checked = len(calls)
+        torch.testing.assert_close(torch.compile(auto, backend="aot_eager", fullgraph=True)(x), plain(x))
+        assert len(calls) > checked
+    finally:
+        torch._dynamo.reset()
