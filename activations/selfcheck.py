@@ -24,6 +24,7 @@ import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
 import activations
 from activations.aglu import APA, LAM_MIN
@@ -240,13 +241,14 @@ def select(model, shape, platform, device, dtype, compiled, dist_info=None):
             reason = failure(name, device, dtype)
             if reason is not None:
                 reason = f"the Triton kernel failed its self-check on {where}: {reason}"
-                if not master:
-                    print(f"rank {dist_info.rank}: {name}: {reason}", flush=True)
-        if reason is None:
-            try:
-                ms = time_paths(modules[0], shape, device, dtype, compiled)
-            except Exception as e:  # noqa: BLE001 - a kernel that checks out small but fails at full size
-                reason = f"the Triton kernel failed at {shape[0]}x{shape[1]} on {where}: {type(e).__name__}: {e}"[:400]
+            else:
+                try:
+                    ms = time_paths(modules[0], shape, device, dtype, compiled)
+                except Exception as e:  # noqa: BLE001 - a kernel that checks out small but fails at full size
+                    reason = (f"the Triton kernel failed at {shape[0]}x{shape[1]} on {where}: "
+                              f"{type(e).__name__}: {e}")[:400]
+            if reason is not None and not master:  # rank 0 prints the decision; this rank says why it voted no
+                print(f"rank {dist_info.rank}: {name}: {reason}", flush=True)
         local[name] = (reason, ms)
 
     names = list(groups)
@@ -254,7 +256,6 @@ def select(model, shape, platform, device, dtype, compiled, dist_info=None):
     votes = torch.tensor([[float(local[n][0] is not None), *(local[n][1] or {"triton": 0.0, "torch": 0.0}).values()]
                           for n in names], dtype=torch.float64)
     if dist_info is not None and dist_info.ddp:
-        import torch.distributed as dist
         on = votes.to(dist_info.device) if dist_info.device_type == "cuda" else votes
         dist.all_reduce(on, op=dist.ReduceOp.SUM)
         votes = on.cpu()

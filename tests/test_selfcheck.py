@@ -35,6 +35,18 @@ def auto_on_cpu(monkeypatch):
     monkeypatch.setattr(impl, "TRUSTED", {})
 
 
+@pytest.fixture
+def counted_aglu(monkeypatch):
+    """(an impl="auto" AGLU, its impl="torch" twin, an input, the list of kernel calls)."""
+    torch.manual_seed(0)
+    auto, plain = activations.build("aglu"), activations.build("aglu", impl="torch")
+    plain.load_state_dict(auto.state_dict())
+    calls = []
+    real = kernels.apa
+    monkeypatch.setattr(kernels, "apa", lambda *a: calls.append(1) or real(*a))
+    return auto, plain, torch.randn(4, 33), calls
+
+
 def raising(*args, **kwargs):
     raise RuntimeError("ptxas fatal: simulated failure")
 
@@ -67,16 +79,10 @@ def test_a_wrong_lam_gradient_fails_the_check(monkeypatch):
     assert "lam gradient differs" in selfcheck.failure("apa", "cpu", torch.bfloat16)
 
 
-def test_auto_checks_once_and_falls_back_with_one_line(auto_on_cpu, monkeypatch, capsys):
+def test_auto_checks_once_and_falls_back_with_one_line(auto_on_cpu, counted_aglu, monkeypatch, capsys):
     """Outside a trainer: the first call per (family, device, dtype) checks the kernel; a failing one gives the
     PyTorch path's exact result and one line naming the activation, the device and the reason."""
-    torch.manual_seed(0)
-    auto, plain = activations.build("aglu"), activations.build("aglu", impl="torch")
-    plain.load_state_dict(auto.state_dict())
-    x = torch.randn(4, 33)
-    calls = []
-    real = kernels.apa
-    monkeypatch.setattr(kernels, "apa", lambda *a: calls.append(1) or real(*a))
+    auto, plain, x, calls = counted_aglu
     torch.testing.assert_close(auto(x), plain(x))
     checked = len(calls)
     assert checked > 1  # the probe ran the kernel, then the forward used it
@@ -204,17 +210,11 @@ def test_a_run_falls_back_and_trains_as_the_pytorch_path(auto_on_cpu, monkeypatc
     assert train_losses(tmp_path / "auto") == train_losses(tmp_path / "torch")
 
 
-def test_auto_under_compile_is_one_graph_and_checks_nothing_inside(auto_on_cpu, monkeypatch):
+def test_auto_under_compile_is_one_graph_and_checks_nothing_inside(auto_on_cpu, counted_aglu):
     """Inside torch.compile "auto" runs no check: it takes the kernel only where an eager call (or a trainer's
     select) checked it before, else the PyTorch path; either way one graph, no break."""
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    auto, plain = activations.build("aglu"), activations.build("aglu", impl="torch")
-    plain.load_state_dict(auto.state_dict())
-    x = torch.randn(4, 33)
-    calls = []
-    real = kernels.apa
-    monkeypatch.setattr(kernels, "apa", lambda *a: calls.append(1) or real(*a))
+    auto, plain, x, calls = counted_aglu
     try:
         torch.testing.assert_close(torch.compile(auto, backend="aot_eager", fullgraph=True)(x), plain(x))
         assert not calls and not impl.TRUSTED
