@@ -45,7 +45,6 @@ if not torch.cuda.is_available():  # before triton's first import: the kernels t
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import activations  # noqa: E402
 from activations import selfcheck  # noqa: E402

@@ -36,9 +36,8 @@ def test_cpu_part_passes_and_lists_what_it_skipped(tmp_path):
 def test_a_failing_kernel_is_a_fail_and_exit_1(tmp_path, monkeypatch, capsys):
     """In process: a kernel that disagrees with PyTorch turns the check (and the exit code) to FAIL with the reason."""
     pytest.importorskip("triton")
-    sys.path.insert(0, str(ROOT / "bench"))
-    import gpu_check
     from activations import kernels
+    from bench import gpu_check
 
     real = kernels.anact
     monkeypatch.setattr(kernels, "anact", lambda *a: real(*a) * 1.01)
