@@ -122,8 +122,11 @@ class GPTTrainer(Trainer):
                     _, loss = model(x, y)
                     loss = loss / self.accum
                 loss_sum += loss.detach()
-                loss.backward()
+                self.scaler.scale(loss).backward()
         return loss_sum, self.accum * x.numel()
+
+    def mlp_shape(self):
+        return self.cfg.optim.batch_size * self.cfg.optim.seq_len, 4 * self.cfg.model.n_embd
 
     def step_fields(self, tok_per_s):
         mfu = self.model.estimate_mfu(tok_per_s / self.dist.world_size, self.cfg.optim.seq_len, self.device_name)

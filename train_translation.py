@@ -194,6 +194,9 @@ class TranslationTrainer(Trainer):
                 f"(of {self.pairs[1]}, max len {cfg.data.max_len}) | {len(self.loader)} steps/epoch | "
                 f"{f'{self.batch_shapes()} batch shapes' if self.batch_shapes() else 'exact-length batches'}")
 
+    def mlp_shape(self):
+        return self.cfg.data.max_tokens, self.model.cfg.ffn_dim
+
     def batch_shapes(self):
         return self.loader.shapes()
 
@@ -204,7 +207,7 @@ class TranslationTrainer(Trainer):
         x, y_in, y_out = self.loader.next_batch(self.dist.device)
         with self.autocast:
             loss = self.model.loss(model(x, y_in), y_out, self.cfg.optim.label_smoothing)
-        loss.backward()
+        self.scaler.scale(loss).backward()
         return loss, (y_out != self.model.cfg.pad_id).sum()
 
     def step_fields(self, tok_per_s):

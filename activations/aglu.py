@@ -110,7 +110,7 @@ class APA(nn.Module):
         self.lam = nn.Parameter(_init(lam_init, shape))
 
     def forward(self, z):
-        if self.kappa.dim() == 0 and use_kernels(self.impl, z):
+        if self.kappa.dim() == 0 and use_kernels(self, z):
             return kernels.apa(z, self.kappa, self.lam, LAM_MIN, self.gated)
         return _APAFunction.apply(z, self.kappa, self.lam, self.gated)
 

@@ -142,7 +142,7 @@ class _NormalizedActivation(nn.Module):
         return lam_n + self.beta * torch.tanh(self.alpha)
 
     def forward(self, x):
-        if use_kernels(self.impl, x) and not (self.per_instance and x.shape[-1] > kernels.MAX_ROW):
+        if use_kernels(self, x) and not (self.per_instance and x.shape[-1] > kernels.MAX_ROW):
             return self._forward_kernels(x)
         act = _ACTS[self.kind][0]
         with torch.no_grad():

@@ -31,9 +31,12 @@ from triton.language.extra import libdevice
 from triton.runtime.interpreter import InterpretedFunction
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_ROW = 16384  # anact_rows holds a whole row in registers; longer rows take the PyTorch path
+# anact_rows holds a whole row in registers (8 warps, 32 values per thread at 8192); longer rows take the PyTorch
+# path. 16384 spilled registers to local memory on sm_80 and sm_90 with 8 or 16 warps (tests/test_kernels.py).
+MAX_ROW = 8192
 BLOCK = 1024  # elements per program of the pointwise kernels (not tuned on a GPU yet)
 STATS_BLOCK = 4096  # fewer, larger blocks: fewer partials for the float64 merge
+STATS_WARPS = 16  # 8 per thread; with 8 warps (16 per thread) ptxas spilled 8 bytes on sm_90 (tests/test_kernels.py)
 TINY = tl.constexpr(1.1754943508222875e-38)  # torch.finfo(torch.float32).tiny, anact.py's floor for Var[x]
 # True when TRITON_INTERPRET=1 was set before triton's first import (tl.sum & co. are then interpreted
 # too); a compile-time constant for the kernels.
@@ -250,7 +253,7 @@ def anact_stats(x: torch.Tensor, swish: bool) -> torch.Tensor:
     blocks = triton.cdiv(n, STATS_BLOCK)
     partial = torch.empty(blocks, 5, device=x.device, dtype=torch.float32)
     with _on_device(x):
-        _anact_stats_kernel[(blocks,)](x, partial, n, SWISH=swish, BLOCK=STATS_BLOCK, num_warps=8)
+        _anact_stats_kernel[(blocks,)](x, partial, n, SWISH=swish, BLOCK=STATS_BLOCK, num_warps=STATS_WARPS)
     # Chan et al.'s merge: mean = sum n_b mean_b / n, M2 = sum M2_b + sum n_b (mean_b - mean)^2
     p = partial.double()
     counts = (n - STATS_BLOCK * torch.arange(blocks, device=x.device, dtype=torch.float64)).clamp_max(STATS_BLOCK)

@@ -4,6 +4,7 @@ Without a GPU they run in Triton's interpreter (numpy), which tests/conftest.py 
 is first imported. Tiny odd shapes (not multiples of the block sizes) keep the interpreter fast. One
 interpreter difference: it truncates fp32 -> bf16 where a GPU rounds to nearest, so bf16 outputs are
 within one bf16 ulp (2^-7 relative) of the fp32 result here, half that on a GPU."""
+import json
 import os
 import subprocess
 import sys
@@ -285,35 +286,107 @@ def test_ddp_gradients(tmp_path):
         dist.destroy_process_group()
 
 
-COMPILE_FOR_H100 = """
+COMPILE_EVERY_VARIANT = """
+import itertools, json, os, subprocess, sys, tempfile
+from concurrent.futures import ProcessPoolExecutor
+
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from activations import kernels as K
 
-def build(fn, pointers, scalars, constexprs, **options):
-    signature = {**{p: "*bf16" if p in ("x_ptr", "z_ptr", "grad_ptr", "out_ptr") else "*fp32" for p in pointers},
-                 **scalars, **{c: "constexpr" for c in constexprs}}
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+FLAGS = list(itertools.product((True, False), repeat=2))
+IO = ("x_ptr", "z_ptr", "grad_ptr", "out_ptr")  # the tensors in the activation's dtype; the rest are fp32
+
+
+@triton.jit
+def _copy(x_ptr, y_ptr):
+    tl.store(y_ptr, tl.load(x_ptr))
+
+
+def variants():
+    \"\"\"(kernel, scalar args, constexprs, options) of every launch kernels.py makes. anact_rows' BLOCK is any
+    power of two up to MAX_ROW, with block / 256 warps (1 to 8): those with the same values per thread compile to
+    the same per-thread code, so the largest of each count stands for its class (8 up to 2048, then 16, 32).\"\"\"
+    for gated, backward in FLAGS:
+        yield K._apa_kernel, {"n": "i32", "lam_min": "fp32"}, dict(GATED=gated, BACKWARD=backward, BLOCK=K.BLOCK), {}
+    for swish in (True, False):
+        yield K._anact_stats_kernel, {"n": "i32"}, dict(SWISH=swish, BLOCK=K.STATS_BLOCK), {"num_warps": K.STATS_WARPS}
+    for swish, backward in FLAGS:
+        yield K._anact_kernel, {"n": "i32"}, dict(SWISH=swish, BACKWARD=backward, BLOCK=K.BLOCK), {}
+        for block in (2048, 4096, K.MAX_ROW):
+            yield (K._anact_rows_kernel, {"n_cols": "i32", "eps": "fp32"}, dict(SWISH=swish, BACKWARD=backward,
+                   BLOCK=block), {"num_warps": min(max(block // 256, 1), 8)})
+
+
+def compile_one(fn, scalars, constexprs, options, dtype, arch):
+    pointers = [a for a in fn.arg_names if a.endswith("_ptr")]
+    signature = {**{p: f"*{dtype}" if p in IO else "*fp32" for p in pointers}, **scalars,
+                 **{c: "constexpr" for c in constexprs}}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(pointers))}
-    triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", arch, 32),
+                          options=options)
 
-build(K._apa_kernel, ["z_ptr", "grad_ptr", "out_ptr", "partial_ptr", "kappa_ptr", "lam_ptr"],
-      {"n": "i32", "lam_min": "fp32"}, {"GATED": True, "BACKWARD": True, "BLOCK": K.BLOCK})
-build(K._anact_stats_kernel, ["x_ptr", "partial_ptr"], {"n": "i32"}, {"SWISH": True, "BLOCK": K.STATS_BLOCK},
-      num_warps=8)
-build(K._anact_kernel, ["x_ptr", "grad_ptr", "out_ptr", "partial_ptr", "scale_ptr", "mu_ptr"], {"n": "i32"},
-      {"SWISH": True, "BACKWARD": True, "BLOCK": K.BLOCK})
-build(K._anact_rows_kernel, ["x_ptr", "grad_ptr", "out_ptr", "partial_ptr", "adj_ptr"],
-      {"n_cols": "i32", "eps": "fp32"}, {"SWISH": False, "BACKWARD": True, "BLOCK": 4096}, num_warps=8)
-print("compiled")
+
+def usage(kernel):
+    \"\"\"cuobjdump -res-usage of the cubin: {"REG": 56, "STACK": 0, "LOCAL": 0, ...}.\"\"\"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    line = out.split("Function", 1)[1].splitlines()[1]
+    return {k: int(v) for k, v in (item.split(":", 1) for item in line.split() if ":" in item and "[" not in item)}
+
+
+def arch_rows(arch):
+    try:  # is this arch one the installed Triton (and its ptxas) targets at all?
+        compile_one(_copy, {}, {}, {}, "fp32", arch)
+    except Exception as e:
+        return [{"arch": arch, "unsupported": f"{type(e).__name__}: {e}"[:300]}]
+    rows = []
+    for fn, scalars, constexprs, options in variants():
+        for dtype in ("bf16", "fp32"):
+            row = {"arch": arch, "kernel": fn.__name__, "dtype": dtype, **constexprs, **options}
+            try:
+                row.update(usage(compile_one(fn, scalars, constexprs, options, dtype, arch)))
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {e}"[:1000]
+            rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    with ProcessPoolExecutor(2) as pool:
+        for rows in pool.map(arch_rows, [int(a) for a in sys.argv[1:]]):
+            for row in rows:
+                print(json.dumps(row))
 """
+REQUIRED_ARCHS, NEWER_ARCHS = (80, 90), (100, 120)  # A100, H100; B200, RTX 50xx when this Triton targets them
 
 
-def test_kernels_compile_for_an_h100():
-    """The interpreter runs Python, so it misses what only the compiler rejects (a non-constexpr global,
-    branch types); compile the backward kernels (the largest) for sm_90 to PTX and cubin, no GPU needed."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+def test_every_kernel_variant_compiles_without_spills(tmp_path):
+    """The interpreter runs Python, so it misses what only the compiler rejects (a non-constexpr global, branch
+    types) and what only ptxas sees: compile every kernel variant (each constexpr combination, bf16 and fp32) for
+    sm_80 and sm_90, and the newer archs this Triton supports, to cubin with no GPU, and read each cubin's
+    resource usage: a register spill (stack or local memory) fails, as it would cost bandwidth on every call."""
+    script = tmp_path / "compile_every_variant.py"
+    script.write_text(COMPILE_EVERY_VARIANT)
     root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_H100], cwd=root, env={**env, "PYTHONPATH": str(root)},
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(root), TRITON_CACHE_DIR=str(tmp_path / "triton_cache"), TRITON_DEFAULT_FP_FUSION="1")
+    result = subprocess.run([sys.executable, str(script), *map(str, REQUIRED_ARCHS + NEWER_ARCHS)], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    unsupported = {r["arch"] for r in rows if "unsupported" in r}
+    assert not unsupported & set(REQUIRED_ARCHS), rows
+    compiled = [r for r in rows if "unsupported" not in r]
+    assert {r["arch"] for r in compiled} == set(REQUIRED_ARCHS + NEWER_ARCHS) - unsupported
+    per_arch = 2 * (4 + 2 + 4 + 4 * 3)  # (apa, anact_stats, anact, anact_rows x 3 blocks) x (bf16, fp32)
+    assert len(compiled) == per_arch * (len(REQUIRED_ARCHS + NEWER_ARCHS) - len(unsupported))
+    errors = [r for r in compiled if "error" in r]
+    assert not errors, errors[:3]
+    spills = [r for r in compiled if r["STACK"] or r["LOCAL"]]
+    assert not spills, spills

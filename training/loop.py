@@ -19,11 +19,12 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from training import distributed
+from activations import selfcheck
+from training import distributed, hardware
 from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resume_training,
                                  save_training_checkpoint)
 from training.config import ConfigError, to_dict
-from training.precision import autocast_context, resolve_precision
+from training.precision import PRECISIONS, autocast_context, grad_scaler
 from training.runlog import RunLog, environment
 from training.stop import GracefulStop
 
@@ -60,6 +61,10 @@ class Trainer:
         """Evaluations at this step: (fields for metrics.jsonl, text for the stdout line); may log scalars."""
         raise NotImplementedError
 
+    def mlp_shape(self):
+        """(rows, width) of the activation's input in one micro-batch: where impl="auto" times kernels and PyTorch."""
+        raise NotImplementedError
+
     def batch_shapes(self):
         """How many distinct batch shapes training feeds the model: each is compiled once, with
         dynamic=False; None when shapes vary freely (compiled with dynamic=True)."""
@@ -84,14 +89,15 @@ class Trainer:
         self.waiting = (0, "the checkpoint to resume from")  # (step, what): named if a collective times out
         try:
             torch.manual_seed(run.seed)
-            self.precision = resolve_precision(run.dtype, d.device_type)
+            platform, self.precision, use_compile, decisions = hardware.decide(run, d)
             self.autocast = autocast_context(d.device_type, self.precision)
+            self.scaler = grad_scaler(d.device_type, self.precision)
             if d.device_type == "cuda":
                 torch.backends.cuda.matmul.allow_tf32 = True
                 torch.backends.cudnn.allow_tf32 = True
             if run.compile_mode not in COMPILE_MODES:
                 raise ConfigError(f"unknown compile_mode {run.compile_mode!r}; choose {', '.join(COMPILE_MODES)}")
-            self.use_compile = use_compile = d.device_type == "cuda" if run.compile is None else run.compile
+            self.use_compile = use_compile
             ckpt = self.checkpoint_to_resume()
             self.waiting = (ckpt["step"] if ckpt else 0, "the trainer's setup (data, tokenizer)")
             self.build(ckpt)
@@ -100,9 +106,14 @@ class Trainer:
                 start_step = resume_training(ckpt, self.model_config, d.world_size, d.rank, self.model,
                                              self.optimizer, self.loader)
                 self.tokens = ckpt.get("tokens", 0)
+                if ckpt.get("scaler"):
+                    self.scaler.load_state_dict(ckpt["scaler"])
+            # before compile and DDP: the kernels checked and timed on this GPU, at this run's shape and dtype
+            decisions["activations"] = selfcheck.select(self.model, self.mlp_shape(), platform, d.device,
+                                                        PRECISIONS[self.precision], use_compile, d)
             self.log = RunLog(run.out_dir, d.master, resume_step=start_step if ckpt else None,
                               tensorboard=run.tensorboard)
-            self.log.write_run_info(to_dict(cfg), environment(d))
+            self.log.write_run_info(to_dict(cfg), {**environment(d), "decisions": decisions})
             if d.master:
                 where = f"resuming {ckpt['path']} at step {start_step}" if ckpt else "starting from scratch"
                 if d.restart:  # torchrun --max-restarts started this attempt after a failure
@@ -198,13 +209,17 @@ class Trainer:
                 group["lr"] = lr
             self.waiting = (step, "the gradient all-reduce (DDP backward)")
             loss, tokens = self.forward_backward(train_model)
+            self.scaler.unscale_(self.optimizer)  # a no-op unless float16: clip the true gradients
             norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), cfg.optim.grad_clip).item()
             self.waiting = (step, "the loss all-reduce")
             stats = distributed.all_reduce_mean(torch.stack([loss.detach().float(), torch.as_tensor(
                 tokens, dtype=torch.float32, device=loss.device)]), d)
             loss_value, step_tokens = stats[0].item(), round(stats[1].item() * d.world_size)
-            stop_if_not_finite(step, loss_value, norm, lr, self.model, cfg.run.out_dir, self.lr_flag)
-            self.optimizer.step()
+            # under float16 an overflowed gradient is the GradScaler's to handle: it skips the step, lowers the scale
+            stop_if_not_finite(step, loss_value, 0.0 if self.scaler.is_enabled() else norm, lr, self.model,
+                               cfg.run.out_dir, self.lr_flag)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
             if d.device_type == "cuda":
                 torch.cuda.synchronize()
@@ -232,6 +247,7 @@ class Trainer:
                 state = {"kind": self.kind, "model": self.model.state_dict(), "model_config": self.model_config,
                          "config": to_dict(cfg), "optimizer": self.optimizer.state_dict(), "tokens": self.tokens,
                          "val_loss": self.evals[-1].get("val_loss") if self.evals else None,
+                         "scaler": self.scaler.state_dict(),
                          **self.checkpoint_state()}
                 self.waiting = (step, f"checkpoint model_{step:05d}.pt (gathering states, then rank 0 saving it)")
                 save_training_checkpoint(state, self.loader, d, cfg.run.out_dir, step, cfg.run.keep_checkpoints)

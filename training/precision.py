@@ -1,24 +1,27 @@
-"""Numerics shared by the trainers: which precision a run uses and the autocast context for it."""
+"""Numerics shared by the trainers: which precision a run uses, its autocast context and its GradScaler."""
 import contextlib
 
 import torch
 
-PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from training.hardware import choose_precision, detect
+
+PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_precision(requested, device_type):
-    """'auto' -> bfloat16 autocast on CUDA (as the anchor recipe), float32 elsewhere."""
-    if requested == "auto":
-        return "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    if requested not in PRECISIONS:
-        raise ValueError(f"unknown dtype {requested!r}; choose auto, {', '.join(PRECISIONS)} "
-                         "(float16 would need loss scaling; bfloat16 does not)")
-    return requested
+    """'auto' -> bfloat16 autocast on CUDA GPUs with bf16, float16 on those without, float32 elsewhere
+    (training/hardware.py says why)."""
+    return choose_precision(requested, detect(device_type))[0]
 
 
 def autocast_context(device_type, precision):
-    """Weights stay float32; matmuls run in bfloat16 under autocast. float32 runs get a no-op context."""
+    """Weights stay float32; matmuls run in bfloat16/float16 under autocast. float32 runs get a no-op context."""
     if precision == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, dtype=PRECISIONS[precision])
 
+
+def grad_scaler(device_type, precision):
+    """float16's 5 exponent bits underflow small gradients: scale the loss up, unscale before clipping, skip
+    the steps whose gradients overflowed (torch.amp.GradScaler). A disabled scaler, a no-op, otherwise."""
+    return torch.amp.GradScaler(device_type, enabled=precision == "float16")

@@ -1,0 +1,280 @@
+"""The Triton kernels prove themselves on the GPU they run on before impl="auto" trusts them (issue 19).
+
+Nobody who wrote activations/kernels.py had a GPU: the first one they meet is a user's, at the start of a
+long run. So under impl="auto":
+
+    check(family, device, dtype)   runs the kernel beside the PyTorch path on a probe (random values, |z| up
+                                   to 30, lam at its clamp, NSwish's tracked statistics) and compares outputs,
+                                   input and parameter gradients and running buffers with the float64 PyTorch
+                                   path. An exception (Triton/ptxas error, driver mismatch, unsupported GPU) or
+                                   a value outside the dtype's tolerance is the reason not to use the kernel.
+    select(model, ...)             what the trainers call once, after building the model and before compile
+                                   and DDP: check each kernel family of the model, time kernel and PyTorch
+                                   path forward + backward at the model's MLP shape the way the run executes
+                                   them (compiled when it compiles), agree across ranks with one all_reduce,
+                                   and fix each activation's impl to the faster correct path. One line per
+                                   family says what was chosen and why.
+    trusted(family, x)             the same check, cached per (family, device, dtype), for "auto" modules used
+                                   outside a trainer (evaluation scripts, notebooks) on their first call.
+
+impl="triton" is never checked: it asks for the kernels and fails loudly when they do not run.
+"""
+import copy
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import activations
+from activations.aglu import APA, LAM_MIN
+from activations.anact import _NormalizedActivation
+from activations import impl
+
+# The tolerance of tests/test_kernels.py: fp32 rounding, or one ulp of a 16-bit output (the interpreter
+# truncates to bf16 where a GPU rounds). Parameter gradients are fp32 sums in every case.
+TOLERANCE = {torch.float32: (1e-4, 1e-6), torch.bfloat16: (1e-2, 1e-5), torch.float16: (2e-3, 1e-5)}
+PARAM_TOLERANCE = (1e-4, 1e-5)
+PROBE_SHAPE = (5, 517)  # odd: not a multiple of any block size, so the masked tails run too
+# (kappa, lam): lam just above its clamp (where fp32 cancellation hides, kernels.py), below it (no gradient),
+# typical values. Just above, not at: LAM_MIN rounds below itself in fp32, and the float64 reference would clamp it.
+APA_PROBES = [(1.0, LAM_MIN * 1.000001), (1.2, 1e-6), (0.9, 0.37), (-0.6, 3.0)]
+ANACT_PROBES = [(1.0, 0.0), (1.3, 0.2), (1.0, -4.0)]  # (scale, shift) of 3 steps: init, update, out-of-bounds batch
+
+
+class ProbeMismatch(Exception):
+    pass
+
+
+def family(module):
+    """The kernel family a module runs (impl.family), or None when it never takes the kernels (channelwise
+    APA/AGLU, or not a parametric activation)."""
+    if isinstance(module, APA) and module.kappa.dim() == 0 or isinstance(module, _NormalizedActivation):
+        return impl.family(module)
+    return None
+
+
+def build(name, path):
+    base, _, variant = name.partition("/")
+    return activations.build(base, impl=path, **({"per_instance": True} if variant else {}))
+
+
+def _probe_input(shape, dtype, device, seed, spread=30.0):
+    """|z| up to `spread` (a linspace) plus 3 N(0,1), and a gradient; drawn on the CPU from their own
+    generator, so the check leaves every RNG stream of the run untouched."""
+    g = torch.Generator().manual_seed(seed)
+    n = torch.Size(shape).numel()
+    z = torch.cat([torch.linspace(-spread, spread, n // 4, dtype=torch.float64),
+                   3 * torch.randn(n - n // 4, generator=g, dtype=torch.float64)])
+    grad = torch.randn(n, generator=g, dtype=torch.float64)
+    return z.reshape(shape).to(dtype).to(device), grad.reshape(shape).to(dtype).to(device)
+
+
+def _compare(what, got, want, rtol, atol):
+    got = got.detach().double().cpu()
+    want = want.detach().double().cpu()
+    if got.shape != want.shape:
+        raise ProbeMismatch(f"{what}: shape {tuple(got.shape)}, PyTorch path {tuple(want.shape)}")
+    bad = ~((got - want).abs() <= atol + rtol * want.abs())  # NaN where PyTorch is finite counts as bad
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0])
+        raise ProbeMismatch(f"{what} differs from the PyTorch path at {int(bad.sum())} of {bad.numel()} "
+                            f"values (e.g. {got.flatten()[i].item():.6g} vs {want.flatten()[i].item():.6g}; "
+                            f"rtol {rtol:g}, atol {atol:g})")
+
+
+def _step(module, x, grad):
+    xg = x.clone().requires_grad_()
+    out = module(xg)
+    out.backward(grad)
+    return out, xg.grad
+
+
+def _pair(name, device, **state):
+    """(kernel module, float64 PyTorch-path module) with the same parameters."""
+    kern = build(name, "triton").to(device)
+    ref = build(name, "torch").to(device).double()
+    with torch.no_grad():
+        for key, value in state.items():
+            getattr(kern, key).fill_(value)
+        ref.load_state_dict(kern.state_dict())
+    return kern, ref
+
+
+def _check_pair(kern, ref, x, grad, rtol, atol, label):
+    out, gx = _step(kern, x, grad)
+    out64, gx64 = _step(ref, x.double(), grad.double())
+    _compare(f"{label} output", out, out64, rtol, atol)
+    _compare(f"{label} input gradient", gx, gx64, rtol, atol)
+    if out.dtype != x.dtype or gx.dtype != x.dtype:
+        raise ProbeMismatch(f"{label}: output {out.dtype}, gradient {gx.dtype} for a {x.dtype} input")
+
+
+def check(name, device, dtype):
+    """Raise (ProbeMismatch, or whatever the kernel raised) unless kernel family `name` matches the float64
+    PyTorch path on `device` in `dtype`: output, input gradient, parameter gradients, running statistics."""
+    device = torch.device(device)
+    rtol, atol = TOLERANCE[dtype]
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+            torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
+        if name in ("aglu", "apa"):
+            for i, (kappa, lam) in enumerate(APA_PROBES):
+                kern, ref = _pair(name, device, kappa=kappa, lam=lam)
+                x, grad = _probe_input(PROBE_SHAPE, dtype, device, seed=i)
+                label = f"kappa {kappa:g}, lam {lam:g}:"
+                _check_pair(kern, ref, x, grad, rtol, atol, label)
+                for p in ("kappa", "lam"):
+                    _compare(f"{label} {p} gradient", getattr(kern, p).grad, getattr(ref, p).grad, *PARAM_TOLERANCE)
+            return
+        kern, ref = _pair(name, device, alpha=0.4)
+        if name.endswith("/per_instance"):
+            x, grad = _probe_input((4, 3, 301), dtype, device, seed=0, spread=3.0)
+            rows = torch.linspace(0.1, 4, 12, dtype=torch.float64).reshape(4, 3, 1).to(device)
+            _check_pair(kern, ref, (x.double() * rows + rows - 1).to(dtype), grad, rtol, atol, "rows:")
+        else:
+            for i, (scale, shift) in enumerate(ANACT_PROBES):
+                x, grad = _probe_input((7, 601), dtype, device, seed=i, spread=3.0)
+                _check_pair(kern, ref, (scale * x.double() + shift).to(dtype), grad, rtol, atol, f"step {i}:")
+                for (key, b), b64 in zip(kern.named_buffers(), ref.buffers()):
+                    _compare(f"step {i}: running {key}", b, b64, 1e-5, 1e-6)
+            kern.eval(), ref.eval()
+            x, grad = _probe_input((3, 601), dtype, device, seed=7, spread=3.0)
+            _check_pair(kern, ref, x, grad, rtol, atol, "evaluation:")
+        _compare("alpha gradient", kern.alpha.grad, ref.alpha.grad, *PARAM_TOLERANCE)
+
+
+def failure(name, device, dtype):
+    """check() as a one-line reason, or None when the kernel passed."""
+    try:
+        check(name, device, dtype)
+    except Exception as e:  # noqa: BLE001 - any failure of the kernel (Triton, ptxas, driver) means "do not use it"
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'no message'}"[:400]
+    return None
+
+
+def trusted(module, key):
+    """For impl="auto" outside a trainer (activations/impl.py): the first call per key = (family, device, dtype)
+    checks the kernel, with one line when it fails; the result is kept in impl.TRUSTED."""
+    name, device, dtype = key
+    reason = failure(name, device, dtype)
+    if reason:
+        print(f"{name}: PyTorch path: the Triton kernel failed its self-check on {device_name(device)} "
+              f"({str(dtype).replace('torch.', '')}): {reason}", flush=True)
+    impl.TRUSTED[key] = reason is None
+    return impl.TRUSTED[key]
+
+
+def device_name(device):
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_paths(module, shape, device, dtype, compiled, reps=10, warmup=3):
+    """Median ms of forward + backward (input and parameter gradients) of `module` through the kernel and the
+    PyTorch path at `shape`, interleaved so that drift hits both, compiled as the run will be (mode default:
+    the activation has no matmul for max-autotune to tune). Returns {"triton": ms, "torch": ms}."""
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+        grad = torch.randn(shape, device=device, dtype=dtype)
+        steps = {}
+        for path in ("triton", "torch"):
+            m = copy.deepcopy(module)
+            m.impl = path
+            fn = torch.compile(m, dynamic=False) if compiled else m
+            params = list(m.parameters())
+            steps[path] = (lambda fn=fn, params=params: torch.autograd.grad(fn(x), [x, *params], grad))
+        for step in steps.values():
+            for _ in range(warmup):
+                step()
+        times = {path: [] for path in steps}
+        for _ in range(reps):
+            for path, step in steps.items():
+                _sync(device)
+                t0 = time.perf_counter()
+                step()
+                _sync(device)
+                times[path].append(1e3 * (time.perf_counter() - t0))
+    return {path: statistics.median(t) for path, t in times.items()}
+
+
+def blocker(platform):
+    """Why "auto" cannot use the kernels on this platform at all (training/hardware.py), or None."""
+    if platform.device_type not in impl.KERNEL_DEVICES:
+        return f"not a CUDA device ({platform.device_type})"
+    if impl.kernels is None:
+        return "Triton is not installed"
+    if platform.capability is not None and platform.capability < (7, 0):
+        return f"{platform.name} is {platform.sm}; Triton needs compute capability 7.0 or newer"
+    return None
+
+
+def select(model, shape, platform, device, dtype, compiled, dist_info=None):
+    """Fix impl on every impl="auto" parametric activation of `model`: the Triton kernels where they pass the
+    check on every rank and are faster at `shape` = (rows, width) of the MLP, else the PyTorch path.
+    Prints one line per kernel family (nothing where the kernels cannot run, e.g. on a CPU); returns
+    {family: {"impl", "reason", "triton_ms", "torch_ms"}} for run.json. Every rank must call it (one
+    all_reduce under DDP, whatever the platform, so ranks on different hardware still agree)."""
+    groups = {}
+    for m in model.modules():
+        if getattr(m, "impl", None) == "auto" and isinstance(m, (APA, _NormalizedActivation)):
+            groups.setdefault(family(m), []).append(m)
+    if not groups:
+        return {}
+    master = dist_info is None or dist_info.master
+    blocked = blocker(platform)
+    dtype_name = str(dtype).replace("torch.", "")
+    where = f"{platform.name}, {dtype_name}"
+    local = {}  # family -> (reason it cannot use the kernels here, or None; timings or None)
+    for name, modules in groups.items():
+        reason, ms = blocked, None
+        if name is None:
+            reason = "channelwise parameters always take the PyTorch path"
+        elif name.endswith("/per_instance") and impl.kernels is not None and shape[1] > impl.kernels.MAX_ROW:
+            reason = f"rows of {shape[1]} exceed the per-instance kernel's {impl.kernels.MAX_ROW}"
+        if reason is None:
+            reason = failure(name, device, dtype)
+            if reason is not None:
+                reason = f"the Triton kernel failed its self-check on {where}: {reason}"
+            else:
+                try:
+                    ms = time_paths(modules[0], shape, device, dtype, compiled)
+                except Exception as e:  # noqa: BLE001 - a kernel that checks out small but fails at full size
+                    reason = (f"the Triton kernel failed at {shape[0]}x{shape[1]} on {where}: "
+                              f"{type(e).__name__}: {e}")[:400]
+            if reason is not None and not master:  # rank 0 prints the decision; this rank says why it voted no
+                print(f"rank {dist_info.rank}: {name}: {reason}", flush=True)
+        local[name] = (reason, ms)
+
+    names = list(groups)
+    # one collective: per family, the ranks that cannot use the kernel, and the summed timings
+    votes = torch.tensor([[float(local[n][0] is not None), *(local[n][1] or {"triton": 0.0, "torch": 0.0}).values()]
+                          for n in names], dtype=torch.float64)
+    if dist_info is not None and dist_info.ddp:
+        on = votes.to(dist_info.device) if dist_info.device_type == "cuda" else votes
+        dist.all_reduce(on, op=dist.ReduceOp.SUM)
+        votes = on.cpu()
+    decisions = {}
+    world = dist_info.world_size if dist_info is not None else 1
+    for name, (failed, triton_ms, torch_ms) in zip(names, votes.tolist()):
+        reason = local[name][0]
+        record = {"impl": "torch", "reason": reason, "triton_ms": None, "torch_ms": None}
+        if failed == 0:
+            t, p = triton_ms / world, torch_ms / world
+            record.update(impl="triton" if t <= p else "torch", triton_ms=t, torch_ms=p,
+                          reason=f"Triton {t:.3f} ms vs PyTorch {p:.3f} ms, {'compiled' if compiled else 'eager'} "
+                                 f"fwd+bwd at {shape[0]}x{shape[1]} on {where}")
+        elif reason is None:
+            record["reason"] = f"the Triton kernel failed on {int(failed)} other rank(s) (their lines say why)"
+        for m in groups[name]:
+            m.impl = record["impl"]
+        decisions[name or "channelwise"] = record
+        if master and platform.device_type in impl.KERNEL_DEVICES:
+            label = "Triton kernel" if record["impl"] == "triton" else "PyTorch path"
+            print(f"{name or 'channelwise'}: {label} ({record['reason']})", flush=True)
+    return decisions

@@ -1,0 +1,464 @@
+"""One command for any GPU owner: everything nanoact could not run without a GPU, run on yours, PASS/FAIL with numbers.
+
+    python bench/gpu_check.py                      # one GPU: <= ~10 minutes; on a CPU: the kernels in Triton's interpreter
+    python bench/gpu_check.py --out gpu_check/     # where gpu_check.json and gpu_check.md go (default: gpu_check/)
+    python bench/gpu_check.py --only kernels,resume
+    python bench/gpu_check.py --smoke              # every section at toy sizes on this device (tests the script itself)
+
+Checks, each PASS / FAIL (or SKIP with the reason) with its figures:
+    kernels       every Triton kernel (AGLU, APA, NSwish, NReLU, per-instance) against the float64 PyTorch path: outputs,
+                  input and parameter gradients, running statistics, in bf16 and fp32 (activations/selfcheck.py); on a
+                  GPU also fwd+bwd time of each activation and path, eager and compiled, against compiled GELU at
+                  65536 x 3072 bf16
+    train_step    bench/train_step.py: the plain reference GPT-2 against nanoact gelu, aglu, nswish, 124M, compiled,
+                  B=64 T=1024 when memory allows: ms/step, tok/s, MFU, peak memory, ratios, from one run
+    loss_chunks   --loss-chunks 8 against the plain loss (loss and gradients) and the peak memory of each
+    attention     each SDPA backend (--attention-backend), eager, and each --compile-mode: which run, how fast
+    resume        train_gpt2.py 20 steps on synthetic shards (defaults: bf16, compile, impl auto) against 10 steps
+                  resumed from its step-10 checkpoint
+    hellaswag     bench/hellaswag.py: the in-loop HellaSwag pass on 500 items, compiled, 124M random weights
+    translation   train_translation.py: the first compiled step and compiled tok/s against eager, padded batches
+    ddp           with 2+ GPUs: torchrun on every GPU against grad accumulation on one, same total batch
+
+Writes OUT/gpu_check.json and OUT/gpu_check.md (a block to paste into BENCHMARKS.md or a bug report: device,
+torch/Triton/CUDA versions, every figure). Exits 1 when a check FAILs.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+if not torch.cuda.is_available():  # before triton's first import: the kernels then run in its interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+import activations  # noqa: E402
+from activations import selfcheck  # noqa: E402
+from activations.impl import kernels  # noqa: E402
+from training.hardware import detect  # noqa: E402
+from training.loop import COMPILE_MODES  # noqa: E402
+from training.runlog import git_revision  # noqa: E402
+
+SECTIONS = ("kernels", "train_step", "loss_chunks", "attention", "resume", "hellaswag", "translation", "ddp")
+BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+PARAMETRIC = ("aglu", "apa", "nswish", "nrelu", "nswish/per_instance", "nrelu/per_instance")
+
+
+class Skip(Exception):
+    pass
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def median_ms(step, reps, warmup=3):
+    for _ in range(warmup):
+        step()
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def run(cmd, timeout, env=None):
+    """A child process of this repository (its own torch, as a user runs it); its output kept for the report."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    result = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd[1:3]))} exited {result.returncode}: "
+                           f"{(result.stderr or result.stdout).strip()[-1500:]}")
+    return result.stdout
+
+
+def records(out_dir, kind):
+    rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+def gpu_batch():
+    """B for the 124M training step at T=1024: 64 (the recipe) when the GPU has the memory for it."""
+    gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return next(b for need, b in ((70, 64), (35, 32), (18, 16), (0, 8)) if gib >= need), round(gib, 1)
+
+
+# ---------------------------------------------------------------- sections
+def check_kernels(ctx):
+    if kernels is None:
+        raise Skip("Triton is not installed: impl='auto' uses the PyTorch path")
+    failures, fig = {}, {}
+    for name in PARAMETRIC:
+        for dtype in (torch.bfloat16, torch.float32):
+            reason = selfcheck.failure(name, ctx.device, dtype)
+            fig[f"{name} {str(dtype)[6:]}"] = "ok" if reason is None else reason
+            if reason:
+                failures[f"{name} {str(dtype)[6:]}"] = reason
+    if ctx.device == "cuda" or ctx.smoke:
+        fig["timing"] = time_activations(ctx)
+    return not failures, fig
+
+
+def time_activations(ctx):
+    """fwd+bwd ms (input and parameter gradients) of each activation and path, eager and compiled, and the
+    faster mode's ratio to compiled GELU, at the GPT-2 MLP shape."""
+    rows = 65536 if not ctx.smoke else 16
+    dtype = ctx.dtype
+    x = torch.randn(rows, 3072, device=ctx.device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+    out = {"shape": f"{rows}x3072 {str(dtype)[6:]}"}
+    cases = [("gelu", None)] + [(n, p) for n in ("aglu", "apa", "nswish", "nrelu") for p in ("torch", "triton")]
+    for name, path in cases:
+        row = {}
+        for mode in ("eager", "compiled"):
+            module = activations.build(name, **({"impl": path} if path else {})).to(ctx.device)
+            fn = torch.compile(module) if mode == "compiled" and ctx.compile else module
+            params = list(module.parameters())
+            try:
+                row[f"{mode}_ms"] = round(median_ms(lambda: torch.autograd.grad(fn(x), [x, *params], grad),
+                                                    reps=ctx.reps), 3)
+            except Exception as e:  # noqa: BLE001 - reported, not fatal: the check above decides PASS/FAIL
+                row[f"{mode}_ms"] = f"error: {type(e).__name__}: {e}"[:200]
+        out[f"{name} [{path}]" if path else name] = row
+    gelu_c = out["gelu"].get("compiled_ms")
+    for key, row in out.items():
+        times = [t for t in (row.get("eager_ms"), row.get("compiled_ms")) if isinstance(t, float)] if key != "shape" else []
+        if times and isinstance(gelu_c, float):
+            row["best_x_gelu_compiled"] = round(min(times) / gelu_c, 3)
+    return out
+
+
+def check_train_step(ctx):
+    batch, gib = (gpu_batch() if ctx.device == "cuda" else (2, None))
+    preset, seq = ("gpt2_124m", 1024) if not ctx.smoke else ("tiny", 64)
+    path = ctx.out / "train_step.json"
+    cmd = [sys.executable, "bench/train_step.py", "--preset", preset, "--batch-size", batch, "--seq-len", seq,
+           "--acts", "reference,gelu,aglu,nswish", "--json", path, "--device", ctx.device]
+    if ctx.compile:
+        cmd.append("--compile")
+    if ctx.smoke:
+        cmd += ["--steps", "1", "--rounds", "1", "--warmup", "1", "--no-peak"]
+    run(cmd, timeout=900)
+    results = json.loads(path.read_text())["results"]
+    base = results["reference"]["tok_per_s"]
+    fig = {"preset": preset, "B": batch, "T": seq, "gpu_memory_gib": gib, "compile": ctx.compile}
+    for label, r in results.items():
+        fig[label] = {"ms_per_step": round(r["ms_per_step"], 1), "tok_per_s": round(r["tok_per_s"]),
+                      "mfu": None if r["mfu"] is None else round(r["mfu"], 4),
+                      "peak_mib": None if r["peak_bytes"] is None else round(r["peak_bytes"] / 2**20),
+                      "tok_s_x_reference": round(r["tok_per_s"] / base, 3)}
+    ok = all(np.isfinite(r["tok_per_s"]) and r["tok_per_s"] > 0 for r in results.values())
+    return ok, fig
+
+
+def gpt(ctx, preset, **speed):
+    from bench.train_step import PRESETS
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**PRESETS[preset]), **speed).to(ctx.device)
+
+
+def check_loss_chunks(ctx):
+    from training.precision import autocast_context
+    preset, batch, seq = ("gpt2_124m", 8, 1024) if not ctx.smoke else ("tiny", 2, 64)
+    autocast = autocast_context(ctx.device, ctx.precision)
+    idx = torch.randint(0, 50257, (batch, seq + 1), generator=torch.Generator().manual_seed(0)).to(ctx.device)
+    plain = gpt(ctx, preset)
+    chunked = gpt(ctx, preset, loss_chunks=8)
+    chunked.load_state_dict(plain.state_dict())
+    out = {}
+    for label, model in (("plain", plain), ("chunks_8", chunked)):
+        if ctx.device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        with autocast:
+            _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        sync()
+        out[label] = {"loss": loss.item(), "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20)
+                      if ctx.device == "cuda" else None}
+    loss_diff = abs(out["plain"]["loss"] - out["chunks_8"]["loss"]) / abs(out["plain"]["loss"])
+    grad_diff = max(((p.grad - q.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
+                    for p, q in zip(plain.parameters(), chunked.parameters()))
+    tol = 1e-5 if ctx.precision == "float32" else 2e-3  # the same math in row chunks: rounding only
+    fig = {"preset": preset, "B": batch, "T": seq, "precision": ctx.precision, **out,
+           "loss_rel_diff": loss_diff, "max_grad_rel_diff": grad_diff, "tolerance": tol}
+    if out["plain"]["peak_mib"]:
+        fig["peak_ratio"] = round(out["chunks_8"]["peak_mib"] / out["plain"]["peak_mib"], 3)
+    return loss_diff <= tol and grad_diff <= 10 * tol, fig
+
+
+def step_ms(ctx, preset, batch, seq, spec, compile_on, steps):
+    """ms per training step of one bench/train_step.py contender, in this process."""
+    from bench.train_step import build, parse_contender, step_fn
+    args = SimpleNamespace(preset=preset, batch_size=batch, seq_len=seq, device=ctx.device, compile=compile_on,
+                           loss_chunks=0, attention_backend="auto", compile_mode="default",
+                           bf16=ctx.precision == "bfloat16")
+    model, compiled, opt = build(args, parse_contender(spec, args))
+    step = step_fn(args, compiled, opt)
+    counter = iter(range(10**6))
+    ms = median_ms(lambda: step(next(counter)), reps=steps)
+    del model, compiled, opt, step
+    if ctx.device == "cuda":
+        torch.cuda.empty_cache()
+    return round(ms, 1), round(batch * seq / ms * 1e3)
+
+
+def check_attention(ctx):
+    """SDPA backends eager at 124M (the kernel choice is what differs); compile modes on the 6-layer preset, where
+    max-autotune's GEMM search fits the time budget."""
+    big, small = (("gpt2_124m", 16, 1024), ("small", 32, 256)) if not ctx.smoke else (("tiny", 2, 64),) * 2
+    fig, failed = {"backends": {"preset": big[0], "B": big[1], "T": big[2]},
+                   "compile_modes": {"preset": small[0], "B": small[1], "T": small[2]}}, []
+    for backend in BACKENDS:
+        try:
+            ms, tok = step_ms(ctx, *big, f'gelu{{"attention_backend": "{backend}"}}', False, ctx.reps)
+            fig["backends"][backend] = {"runs": True, "ms_per_step": ms, "tok_per_s": tok}
+        except Exception as e:  # noqa: BLE001 - a backend this GPU lacks (flash before sm_80 ...) is a finding
+            fig["backends"][backend] = {"runs": False, "error": f"{type(e).__name__}: {e}"[:300]}
+            failed.append(backend)
+    for mode in COMPILE_MODES if ctx.compile else ():
+        try:
+            ms, tok = step_ms(ctx, *small, f'gelu{{"compile_mode": "{mode}"}}', True, ctx.reps)
+            fig["compile_modes"][mode] = {"runs": True, "ms_per_step": ms, "tok_per_s": tok}
+        except Exception as e:  # noqa: BLE001
+            fig["compile_modes"][mode] = {"runs": False, "error": f"{type(e).__name__}: {e}"[:300]}
+            failed.append(mode)
+        torch._dynamo.reset()
+    # "auto" and "default" are what a run uses unless told otherwise: those must run; the others are findings
+    return "auto" not in failed and "default" not in failed, fig
+
+
+def write_shards(directory, tokens=200_000, seed=0):
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for i, split in enumerate(("val", "train", "train")):
+        np.save(directory / f"synth_{split}_{i:06d}.npy", rng.integers(0, 50257, tokens, dtype=np.uint16))
+    return directory
+
+
+def gpt2_args(ctx, data, out, world=1, **extra):
+    size = dict(n_layer=4, n_head=4, n_embd=256, block_size=256, batch_size=16, seq_len=256) if not ctx.smoke else \
+        dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=2, seq_len=32)
+    cfg = dict(data_dir=data, out_dir=out, **size, total_batch_size=2 * size["batch_size"] * size["seq_len"] * world,
+               max_steps=20, warmup_steps=5, eval_interval=10, val_tokens=size["batch_size"] * size["seq_len"] * world,
+               checkpoint_interval=10, act="aglu", device=ctx.device)
+    cfg.update(extra)
+    if ctx.smoke:
+        cfg["compile"] = "false"
+    return [item for k, v in cfg.items() for item in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def check_resume(ctx):
+    data = write_shards(ctx.tmp / "shards")
+    full, resumed = ctx.tmp / "full", ctx.tmp / "resumed"
+    t0 = time.time()
+    stdout = run([sys.executable, "train_gpt2.py", *gpt2_args(ctx, data, full)], timeout=900)
+    seconds = time.time() - t0
+    shutil.copytree(full, resumed, ignore=shutil.ignore_patterns("*00020*"))
+    run([sys.executable, "train_gpt2.py", *gpt2_args(ctx, data, resumed), "--resume"], timeout=900)
+    a, b = records(full, "train"), records(resumed, "train")
+    va, vb = records(full, "eval")[-1]["val_loss"], records(resumed, "eval")[-1]["val_loss"]
+    diff = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a[10:], b[10:]))
+    # bit-equal on the CPU (tests/test_train_gpt2.py); a GPU's atomics (embedding backward) leave rounding noise
+    tol = 0.0 if ctx.device == "cpu" else 2e-3
+    decisions = [line for line in stdout.splitlines() if ":" in line and line.split(":")[0] in
+                 ("precision", "compile", "aglu")]
+    fig = {"steps_compared": len(b[10:]), "max_loss_rel_diff": diff, "val_loss": [va, vb], "tolerance": tol,
+           "first_run_seconds": round(seconds, 1), "decisions": decisions,
+           "tok_per_s_last": round(a[-1]["tok_per_s"])}
+    return len(a) == len(b) == 20 and diff <= tol and abs(va - vb) <= tol * abs(va) + 1e-12, fig
+
+
+def check_hellaswag(ctx):
+    path = ctx.out / "hellaswag.json"
+    cmd = [sys.executable, "bench/hellaswag.py", "--limit", 500 if not ctx.smoke else 8, "--json", path,
+           "--modes", "compiled" if ctx.compile else "eager", "--device", ctx.device]
+    if ctx.smoke:
+        cmd += ["--n-layer", "2", "--n-embd", "64"]
+    run(cmd, timeout=900)
+    report = json.loads(path.read_text())
+    mode = next(iter(report["modes"].values()))
+    fig = {"items": report["items"], "params_M": report["params_M"], **{k: mode[k] for k in
+           ("pass_seconds", "items_per_s", "first_call_seconds", "warmup_s", "forwards")}}
+    return mode["pass_seconds"] > 0, fig
+
+
+WORDS = ("haus baum kind frau mann hund katze wasser brot tisch stadt land buch zeit jahr tag weg hand auge wort "
+         "geht sieht macht hat ist war kommt liegt steht bleibt").split()
+
+
+def write_parallel(directory, pairs=3000, seed=0):
+    """Word-for-word pairs of 8-12 words: few distinct padded lengths, so compile time stays small."""
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", pairs), ("valid", 50), ("test", 50)):
+        de = [" ".join(rng.choice(WORDS, rng.integers(8, 13))) for _ in range(n)]
+        (directory / f"{split}.de").write_text("\n".join(de) + "\n")
+        (directory / f"{split}.en").write_text("\n".join(s[::-1] for s in de) + "\n")
+    return directory
+
+
+def check_translation(ctx):
+    data = write_parallel(ctx.tmp / "parallel")
+    steps = 40 if not ctx.smoke else 6
+    size = [] if not ctx.smoke else ["--enc-layers", "1", "--dec-layers", "1", "--d-model", "32", "--ffn-dim", "64",
+                                     "--n-head", "2"]
+    fig = {}
+    for mode, on in (("compiled", True), ("eager", False)):
+        if on and not ctx.compile:
+            continue
+        out = ctx.tmp / f"translation_{mode}"
+        run([sys.executable, "train_translation.py", "--data-dir", data, "--out-dir", out, "--spm-vocab-size", "200",
+             "--max-steps", steps, "--eval-interval", 10**6, "--test-at-end", "false", "--bleu-sentences", "8",
+             "--pad-multiple", "8", "--compile", str(on).lower(), "--device", ctx.device, "--act", "nswish",
+             "--log-interval", 10, *size], timeout=900)
+        rows = records(out, "train")
+        later = [r["tok_per_s"] for r in rows[len(rows) // 2:]]
+        fig[mode] = {"first_step_s": round(rows[0]["dt_ms"] / 1e3, 2), "tgt_tok_per_s": round(statistics.median(later)),
+                     "steps": len(rows), "slowest_later_step_ms": round(max(r["dt_ms"] for r in rows[1:]))}
+    if "compiled" in fig:
+        fig["compiled_x_eager"] = round(fig["compiled"]["tgt_tok_per_s"] / fig["eager"]["tgt_tok_per_s"], 3)
+    return all(v["steps"] == steps for k, v in fig.items() if isinstance(v, dict)), fig
+
+
+def check_ddp(ctx):
+    n = torch.cuda.device_count() if ctx.device == "cuda" else 0
+    if n < 2 and not ctx.smoke:
+        raise Skip(f"{n} GPU(s): DDP needs 2 or more")
+    n = max(n, 2)
+    data = write_shards(ctx.tmp / "ddp_shards")
+    one, many = ctx.tmp / "ddp_one", ctx.tmp / f"ddp_{n}"
+    run([sys.executable, "train_gpt2.py", *gpt2_args(ctx, data, one, world=n, max_steps=10)], timeout=900)
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "train_gpt2.py",
+         *gpt2_args(ctx, data, many, world=n, max_steps=10)], timeout=900)
+    a, b = records(one, "train"), records(many, "train")
+    diff = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
+    tol = 1e-5 if ctx.device == "cpu" else 5e-3  # another reduction order (and a GPU's atomics): rounding only
+    fig = {"world": n, "max_loss_rel_diff": diff, "tolerance": tol, "tok_per_s_1gpu": round(a[-1]["tok_per_s"]),
+           f"tok_per_s_{n}gpu": round(b[-1]["tok_per_s"])}
+    return len(a) == len(b) == 10 and diff <= tol, fig
+
+
+CHECKS = {"kernels": check_kernels, "train_step": check_train_step, "loss_chunks": check_loss_chunks,
+          "attention": check_attention, "resume": check_resume, "hellaswag": check_hellaswag,
+          "translation": check_translation, "ddp": check_ddp}
+
+
+# ---------------------------------------------------------------- report
+def environment(device):
+    p = detect(device)
+    env = {"device": p.name, "capability": p.sm, "bf16": p.bf16, "torch": torch.__version__, "triton": p.triton,
+           "cuda": torch.version.cuda, "python": platform.python_version(), "git": git_revision(),
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:])}
+    if device == "cuda":
+        env["gpus"] = torch.cuda.device_count()
+        env["memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    else:
+        env["interpreted_kernels"] = bool(kernels is not None and kernels.INTERPRETED)
+    return env
+
+
+def flat(fig, prefix=""):
+    """'key value' pairs of nested figures, for the markdown table."""
+    items = []
+    for k, v in fig.items():
+        if isinstance(v, dict):
+            items += flat(v, f"{prefix}{k}.")
+        elif isinstance(v, float):
+            items.append(f"{prefix}{k} {v:.4g}")
+        elif isinstance(v, list):
+            items.append(f"{prefix}{k} " + "; ".join(map(str, v)))
+        else:
+            items.append(f"{prefix}{k} {v}")
+    return items
+
+
+def markdown(env, results):
+    lines = [f"### gpu_check: {env['device']} ({env['capability']}), {env['date']}", "",
+             f"torch {env['torch']}, Triton {env['triton']}, CUDA {env['cuda']}, Python {env['python']}, "
+             f"git {env['git']}; command `{env['command']}`", "", "| check | result | seconds | figures |",
+             "|---|---|---|---|"]
+    for name, r in results.items():
+        figures = r.get("reason") or "<br>".join(flat(r.get("figures", {})))
+        lines.append(f"| {name} | {r['status']} | {r.get('seconds', '')} | {figures.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="gpu_check", help="directory for gpu_check.json and gpu_check.md")
+    p.add_argument("--only", help=f"comma-separated checks (default all): {', '.join(SECTIONS)}")
+    p.add_argument("--smoke", action="store_true", help="every check at toy sizes on this device, eager on a CPU")
+    p.add_argument("--reps", type=int, default=10, help="timed repetitions per figure")
+    args = p.parse_args(argv)
+    only = args.only.split(",") if args.only else list(SECTIONS)
+    unknown = set(only) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"error: unknown check(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    p_info = detect(device)
+    precision = "bfloat16" if device == "cuda" and p_info.bf16 else ("float16" if device == "cuda" else "float32")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = SimpleNamespace(device=device, smoke=args.smoke, reps=args.reps if not args.smoke else 2, out=out,
+                          precision=precision, dtype={"bfloat16": torch.bfloat16, "float16": torch.float16,
+                                                      "float32": torch.float32}[precision],
+                          compile=device == "cuda" and p_info.capability >= (7, 0) and p_info.triton is not None)
+    env = environment(device)
+    print(f"gpu_check on {env['device']} ({env['capability']}) | torch {env['torch']} | Triton {env['triton']} | "
+          f"CUDA {env['cuda']}" + (" | smoke sizes" if args.smoke else ""), flush=True)
+    results = {}
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
+        ctx.tmp = Path(tmp)
+        for name in SECTIONS:
+            if name not in only:
+                continue
+            if device != "cuda" and not args.smoke and name != "kernels":
+                results[name] = {"status": "SKIP", "reason": "needs a CUDA GPU (--smoke runs it at toy sizes here)"}
+                print(f"{name:12s} SKIP  needs a CUDA GPU", flush=True)
+                continue
+            t0 = time.time()
+            try:
+                ok, figures = CHECKS[name](ctx)
+                results[name] = {"status": "PASS" if ok else "FAIL", "figures": figures}
+            except Skip as e:
+                results[name] = {"status": "SKIP", "reason": str(e)}
+            except Exception as e:  # noqa: BLE001 - one broken check must not hide the others' figures
+                results[name] = {"status": "FAIL", "reason": f"{type(e).__name__}: {e}"[:2000],
+                                 "traceback": traceback.format_exc()[-4000:]}
+            results[name]["seconds"] = round(time.time() - t0, 1)
+            r = results[name]
+            print(f"{name:12s} {r['status']:5s} {r['seconds']:7.1f}s  "
+                  f"{r.get('reason') or '; '.join(flat(r['figures']))[:600]}", flush=True)
+    env["total_seconds"] = round(time.time() - started, 1)
+    (out / "gpu_check.json").write_text(json.dumps({"environment": env, "results": results}, indent=2,
+                                                   default=str) + "\n")
+    md = markdown(env, results)
+    (out / "gpu_check.md").write_text(md)
+    print("\n" + md + f"\nwritten: {out / 'gpu_check.json'}, {out / 'gpu_check.md'} ({env['total_seconds']}s)")
+    return 1 if any(r["status"] == "FAIL" for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
