@@ -208,6 +208,8 @@ class RunConfig:
     checkpoint_interval: int = 1000
     keep_checkpoints: int = 3
     tensorboard: bool = False
+    wandb_project: typing.Optional[str] = None  # also log to this Weights & Biases project (pip install wandb)
+    wandb_run_name: typing.Optional[str] = None  # None: the out_dir's name
 
 
 @dataclasses.dataclass
