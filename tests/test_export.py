@@ -144,6 +144,33 @@ def test_remote_code_generates_like_our_greedy_loop(make_checkpoint, tmp_path):
     assert torch.equal(got, seq)
 
 
+def test_remote_code_takes_left_and_right_padded_batches(make_checkpoint, tmp_path):
+    """generate() and lm-eval pad on the left: each row scores and generates as it does alone."""
+    ckpt = make_checkpoint(act="aglu")
+    to_transformers.export(ckpt, tmp_path / "hf")
+    _, ours, hf = exported_logits_match(ckpt, tmp_path / "hf", trust_remote_code=True)
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randint(0, 50257, (n,), generator=gen) for n in (7, 4, 2, 9)]
+    ids, mask = torch.full((4, 9), 50256), torch.zeros(4, 9, dtype=torch.long)
+    for i, (row, left) in enumerate(zip(rows, (2, 5, 3, 0))):  # row 2: pads on both sides
+        ids[i, left:left + len(row)], mask[i, left:left + len(row)] = row, 1
+    with torch.no_grad():
+        logits = hf(ids, attention_mask=mask).logits
+        for i, row in enumerate(rows):
+            alone = ours(row[None])[0][0, :, :50257]
+            assert (logits[i][mask[i].bool()] - alone).abs().max() < 1e-5
+        left_padded = ids.clone()
+        left_padded[2], mask[2] = torch.cat([torch.full((7,), 50256), rows[2]]), (torch.arange(9) >= 7).long()
+        got = hf.generate(left_padded, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=50256)
+        for i, row in enumerate(rows):
+            seq = row[None]
+            for _ in range(4):
+                seq = torch.cat([seq, ours(seq)[0][:, -1, :50257].argmax(-1, keepdim=True)], 1)
+            assert torch.equal(got[i, 9:], seq[0, len(row):])
+        with pytest.raises(ValueError, match="one run between its left and right padding"):
+            hf(ids, attention_mask=torch.tensor([[1, 0, 1, 1, 1, 1, 1, 1, 1]] * 4))
+
+
 def test_activation_registered_at_run_time_exports_with_no_change_to_export(make_checkpoint, tmp_path, monkeypatch):
     """Adding an activation = its file + a registration: export copies the file (tests/custom_activation.py,
     which itself imports from activations/) and registers the class by name in the remote code."""

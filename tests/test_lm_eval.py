@@ -203,9 +203,14 @@ def test_export_runs_in_lm_evals_own_hf_model(make_checkpoint, hellaswag_file, g
     results = {}
     for name, model, model_args in [("hf", "hf", f"pretrained={out},trust_remote_code=True"),
                                     ("ours", NanoactLM(checkpoint=str(ckpt), device="cpu", batch_size=4), None)]:
-        results[name] = simple_evaluate(model=model, model_args=model_args, tasks=["hellaswag_local", "text_local"],
-                                        task_manager=tasks, batch_size=4, device="cpu", bootstrap_iters=0)["results"]
+        results[name] = simple_evaluate(model=model, model_args=model_args, task_manager=tasks, batch_size=4,
+                                        tasks=["hellaswag_local", "text_local", "gen_local"], device="cpu",
+                                        bootstrap_iters=0, log_samples=True)
+    hf, ours = results["hf"]["results"], results["ours"]["results"]
     for metric in ("acc,none", "acc_norm,none"):
-        assert results["hf"]["hellaswag_local"][metric] == results["ours"]["hellaswag_local"][metric]
-    assert results["hf"]["text_local"]["bits_per_byte,none"] == pytest.approx(
-        results["ours"]["text_local"]["bits_per_byte,none"], rel=1e-4)
+        assert hf["hellaswag_local"][metric] == ours["hellaswag_local"][metric]
+    assert hf["text_local"]["bits_per_byte,none"] == pytest.approx(ours["text_local"]["bits_per_byte,none"], rel=1e-4)
+    # greedy generation of a batch of prompts of different lengths: lm-eval's hf model pads them on the left
+    generated = {name: [s["resps"][0][0] for s in sorted(r["samples"]["gen_local"], key=lambda s: s["doc_id"])]
+                 for name, r in results.items()}
+    assert generated["hf"] == generated["ours"] and all(generated["hf"])
