@@ -213,7 +213,6 @@ class Trainer:
                 f"{val[-1]:.4f}{best} | {out}/: log.txt, metrics.jsonl, run.json"
                 + (f", {ckpt.name}" if ckpt else ""))
 
-
     def outcome(self, step, start_step):
         """The finished run's numbers, for wandb's run summary."""
         val = [e["val_loss"] for e in self.evals if e.get("val_loss") is not None]
