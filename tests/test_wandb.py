@@ -46,7 +46,7 @@ def read_offline_run(out_dir):
     wandb.teardown()  # run.finish() returns before the wandb-core service has written everything; this waits
     runs = []
     for run_file in sorted((Path(out_dir) / "wandb").glob("offline-run-*/run-*.wandb")):
-        run = {"config": {}, "history": [], "summary": {}, "exit_code": None}
+        run = {"config": {}, "history": [], "summary": {}, "exit_code": None, "step_metric": {}}
         for record in wandb_records(run_file):
             kind = record.WhichOneof("record_type")
             if kind == "run":
@@ -59,6 +59,8 @@ def read_offline_run(out_dir):
                                        for i in record.history.item})
             elif kind == "summary":
                 run["summary"].update({i.key: json.loads(i.value_json) for i in record.summary.update if i.key})
+            elif kind == "metric":
+                run["step_metric"][record.metric.glob_name or record.metric.name] = record.metric.step_metric
             elif kind == "exit":
                 run["exit_code"] = record.exit.exit_code
         runs.append(run)
@@ -102,7 +104,7 @@ def test_gpt2_run_in_an_offline_wandb_run(tmp_path, wandb_offline):
     s = run["summary"]
     assert (s["final_step"], s["start_step"], s["final_val_loss"], s["best_val_loss"]) == (6, 0, val[-1], min(val))
     assert s["checkpoint"].endswith("model_00006.pt") and s["tokens"] == 6 * 128 and s["wall_time_s"] > 0
-    assert run["exit_code"] == 0
+    assert run["exit_code"] == 0 and run["step_metric"]["*"] == "step"  # plotted against our step
 
 
 def test_resumed_run_continues_its_wandb_run(tmp_path, wandb_offline, monkeypatch):
