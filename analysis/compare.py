@@ -4,9 +4,10 @@
     python -m analysis.compare runs/sweep/* --x tokens --smooth 0.95
     python -m analysis.compare log/aglu --telemetry           # also compare_telemetry.png: kappa, lam, rho ... per layer
     python analysis/compare.py ../build-nanogpt/log           # build-nanogpt's log.txt reads too
+    python -m analysis.compare ../llm.c/log124M log/gelu      # llm.c's main.log too
 
 Each RUN_DIR is a trainer's --out-dir (log.txt / metrics.jsonl / run.json, and hellaswag_*.json from
-eval/hellaswag.py, whose numbers get their own columns) or a build-nanogpt log directory.
+eval/hellaswag.py, whose numbers get their own columns), a build-nanogpt log directory or llm.c's -o directory.
 Runs still training, runs of different lengths and runs without HellaSwag or BLEU are fine.
 """
 import argparse

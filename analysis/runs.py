@@ -1,13 +1,17 @@
-"""Read a run directory into numbers: ours (`log.txt`, `metrics.jsonl`, `run.json`) or build-nanogpt's `log.txt`.
+"""Read a run directory into numbers: ours (`log.txt`, `metrics.jsonl`, `run.json`), build-nanogpt's `log.txt`
+or llm.c's `main.log`.
 
 A run directory holds any of:
   log.txt        `STEP KIND VALUE` lines (build-nanogpt's format): train, val, hella (acc_norm), bleu
+  main.log       llm.c's (`train_gpt2.cu -o DIR`) `s:STEP trl:LOSS lr:LR norm:NORM` train lines, `s:STEP tel:LOSS`
+                 val lines and `s:STEP eval:ACC` HellaSwag lines (acc_norm: the lowest mean token loss wins)
   metrics.jsonl  one JSON object per line with "step" and "kind": train records (loss, tok_per_s, tokens)
                  and eval records (val_loss, hellaswag_acc, hellaswag_acc_norm, bleu, telemetry, tokens)
   run.json       {"config": ..., "environment": ...}: activation, seed, max_steps, tokens per step
   hellaswag_*.json  results of eval/hellaswag.py on the run's checkpoints (both scorings); the full one
                  (no --limit) of the latest step is shown, else the largest limited one
-metrics.jsonl wins for every series it has; log.txt fills in the rest (build-nanogpt writes nothing else).
+metrics.jsonl wins for every series it has; log.txt, then main.log fill in the rest (build-nanogpt and llm.c
+write nothing else). In log.txt and main.log a later line for a step wins: a restarted run logs its steps again.
 A run still being written may end in a half-written line: that last line is skipped, any other bad line
 is an error naming the file and line.
 """
@@ -24,6 +28,7 @@ HELLASWAG_ITEMS = 10042  # the validation set build-nanogpt and our trainer scor
 METRIC_SERIES = {"loss": "train", "val_loss": "val", "hellaswag_acc_norm": "hella", "hellaswag_acc": "hella_acc",
                  "bleu": "bleu"}
 LOG_KINDS = {"train", "val", "hella", "bleu"}
+LLMC_STREAMS = {"trl": "train", "tel": "val", "eval": "hella"}  # llm.c's llmc/logger.h -> series
 
 
 class RunError(Exception):
@@ -91,6 +96,25 @@ def read_log_txt(path):
     return out
 
 
+def read_main_log(path):
+    """{series: {step: value}} from llm.c's main.log (`s:STEP NAME:VALUE ...` lines, llmc/logger.h)."""
+    out = {}
+    for n, line in _lines(path):
+        try:
+            fields = dict(field.split(":", 1) for field in line.split())
+            step = int(fields.pop("s"))
+            values = {name: float(value) for name, value in fields.items()}
+            if not line.startswith("s:") or not values:
+                raise ValueError
+        except (ValueError, KeyError):
+            raise RunError(f"{path}:{n}: cannot parse {line[:60]!r}; expected llm.c's 's:STEP NAME:VALUE' lines "
+                           "such as 's:100 tel:3.2841'") from None
+        for name, value in values.items():
+            if name in LLMC_STREAMS:
+                out.setdefault(LLMC_STREAMS[name], {})[step] = value
+    return out
+
+
 def read_metrics(path):
     records = []
     for n, line in _lines(path):
@@ -129,8 +153,10 @@ def load_run(path):
     if not path.is_dir():
         raise RunError(f"{path}: no such run directory")
     log_txt, metrics, run_json = path / "log.txt", path / "metrics.jsonl", path / "run.json"
-    if not log_txt.is_file() and not metrics.is_file():
-        raise RunError(f"{path}: no log.txt or metrics.jsonl here; pass the --out-dir of a training run")
+    main_log = path / "main.log"
+    if not (log_txt.is_file() or metrics.is_file() or main_log.is_file()):
+        raise RunError(f"{path}: no log.txt, metrics.jsonl or main.log here; pass the --out-dir of a training run "
+                       "(build-nanogpt's log directory, llm.c's -o directory)")
     config = None
     if run_json.is_file():
         try:
@@ -152,10 +178,11 @@ def load_run(path):
                 run.telemetry.append((step, tokens, r["telemetry"]))
             if r.get("kind") == "test":
                 run.test = r
-    if log_txt.is_file():
-        for kind, values in read_log_txt(log_txt).items():
-            if kind not in per_step:
-                per_step[kind] = {step: (value, None) for step, value in values.items()}
+    for log, read in ((log_txt, read_log_txt), (main_log, read_main_log)):
+        if log.is_file():
+            for kind, values in read(log).items():
+                if kind not in per_step:
+                    per_step[kind] = {step: (value, None) for step, value in values.items()}
 
     # without token counts in the records, the config's tokens per step gives them (the trainer's convention:
     # a train record at step s has seen s+1 steps of data, an eval record at step s has seen s)

@@ -11,6 +11,9 @@ or run directory) or hf=DIR, dtype=auto|float32|bfloat16, compile=True, max_gen_
 Tokenizer: tiktoken gpt2 (EOT 50256), the tokenizer GPT-2 and our FineWeb shards use.
 """
 import torch
+# lm-eval fills its registry with its own models ("hf", ...) only while the registry is empty: imported before
+# "nanoact" registers, so that `--model hf` and simple_evaluate(model="hf") keep working beside it.
+import lm_eval.models  # noqa: F401
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model

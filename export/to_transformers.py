@@ -1,31 +1,33 @@
 """Export a nanoact GPT-2 checkpoint as a transformers model directory.
 
     python export/to_transformers.py log/gelu/model_19072.pt out/gelu_hf
-    python export/to_transformers.py log/aglu out/aglu_hf --tokenizer-dir ../shared/assets/tokenizer
+    python export/to_transformers.py log/aglu out/aglu_hf
 
     AutoModelForCausalLM.from_pretrained("out/gelu_hf")                          # plain GPT2LMHeadModel
     AutoModelForCausalLM.from_pretrained("out/aglu_hf", trust_remote_code=True)  # custom code
+    AutoTokenizer.from_pretrained("out/aglu_hf")                                 # GPT-2's tokenizer
+    lm_eval --model hf --model_args pretrained=out/aglu_hf,trust_remote_code=True --tasks hellaswag
 
 Activations GPT-2 has (gelu -> "gelu_new", gelu_exact -> "gelu", relu, relu2, silu) export as a plain
 GPT2LMHeadModel: any GPT-2 tooling reads it. AGLU/APA/NSwish/NReLU (learned parameters, running
 statistics), and any other registered activation, export with remote code copied from the real model.py and
 activations/ at export time (export/remote_code.py), with the small wrapper export/transformers_wrapper.py.
-The vocabulary is cut back from 50304 to GPT-2's 50257. --tokenizer-dir takes a directory holding
-OpenAI's encoder.json + vocab.bpe and saves the equivalent transformers GPT-2 tokenizer.
+The vocabulary is cut back from 50304 to GPT-2's 50257. Every export holds GPT-2's tokenizer
+(export/tokenizer.py), built from tiktoken's gpt2 ranks, or from OpenAI's encoder.json + vocab.bpe with
+--tokenizer-dir; both give the same files.
 """
 import argparse
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import transformers
-from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from activations.basic import GELU, GELUExact, ReLU, ReLU2, SiLU
-from data.tokenizer import EOT, VOCAB_SIZE
+from data.tokenizer import EOT, VOCAB_SIZE, TokenizerError
 from export.remote_code import AUTO_MAP, write_remote_code
+from export.tokenizer import bpe_from_openai_files, bpe_from_tiktoken, save_gpt2_tokenizer
 from export.transformers_wrapper import NanoactConfig, NanoactForCausalLM
 from model import nanoact_to_hf
 from training.checkpoint import CheckpointError, load_gpt
@@ -65,22 +67,12 @@ def export_remote(model, out_dir):
     hf.save_pretrained(out_dir)
 
 
-def save_tokenizer(tokenizer_dir, out_dir):
-    vocab, merges = Path(tokenizer_dir) / "encoder.json", Path(tokenizer_dir) / "vocab.bpe"
-    if not (vocab.is_file() and merges.is_file()):
-        raise FileNotFoundError(f"{tokenizer_dir}: needs OpenAI's GPT-2 encoder.json and vocab.bpe")
-    if int(transformers.__version__.split(".")[0]) < 5:
-        tokenizer = GPT2TokenizerFast(vocab_file=str(vocab), merges_file=str(merges))
-    else:  # transformers 5 takes the vocabulary and merge pairs themselves (file paths are silently ignored)
-        lines = merges.read_text(encoding="utf-8").split("\n")[1:]  # line 0 is the "#version" header
-        pairs = [tuple(line.split()) for line in lines if line]
-        tokenizer = GPT2TokenizerFast(vocab=json.loads(vocab.read_text(encoding="utf-8")), merges=pairs)
-    tokenizer.save_pretrained(out_dir)
-
-
 def export(checkpoint, out_dir, tokenizer_dir=None):
-    """Write the transformers directory; returns "gpt2" or "remote" (which kind was written)."""
+    """Write the transformers directory, GPT-2's tokenizer included (from OpenAI's files in `tokenizer_dir`, else
+    from tiktoken); returns "gpt2" or "remote" (which kind was written)."""
     model, _ = load_gpt(checkpoint, "cpu")
+    # the tokenizer first: a missing tiktoken cache then fails before any file is written
+    vocab, merges = bpe_from_openai_files(tokenizer_dir) if tokenizer_dir else bpe_from_tiktoken()
     gpt2_names = {GPT2_ACTIVATIONS.get(type(block.mlp.act)) for block in model.transformer.h}
     plain = len(gpt2_names) == 1 and None not in gpt2_names  # one activation in every layer, and GPT-2 has it
     Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -88,8 +80,7 @@ def export(checkpoint, out_dir, tokenizer_dir=None):
         export_gpt2(model, out_dir, gpt2_names.pop())
     else:
         export_remote(model, out_dir)
-    if tokenizer_dir:
-        save_tokenizer(tokenizer_dir, out_dir)
+    save_gpt2_tokenizer(out_dir, vocab, merges, model.config.block_size)
     return "gpt2" if plain else "remote"
 
 
@@ -97,14 +88,15 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Export a nanoact GPT-2 checkpoint as a transformers model directory.")
     p.add_argument("checkpoint", help="checkpoint file, or run directory (its newest checkpoint)")
     p.add_argument("out_dir")
-    p.add_argument("--tokenizer-dir", help="directory with GPT-2's encoder.json + vocab.bpe to save a tokenizer")
+    p.add_argument("--tokenizer-dir", help="build the tokenizer from GPT-2's encoder.json + vocab.bpe in this "
+                   "directory instead of tiktoken's gpt2 ranks (the same files result)")
     args = p.parse_args(argv)
     try:
         kind = export(args.checkpoint, args.out_dir, args.tokenizer_dir)
-    except (CheckpointError, FileNotFoundError, ValueError) as e:
+    except (CheckpointError, FileNotFoundError, ValueError, TokenizerError) as e:
         sys.exit(f"error: {e}")
     how = "GPT2LMHeadModel" if kind == "gpt2" else "custom code: from_pretrained(..., trust_remote_code=True)"
-    print(f"wrote {args.out_dir} ({how})")
+    print(f"wrote {args.out_dir} ({how}; GPT-2 tokenizer: AutoTokenizer.from_pretrained)")
 
 
 if __name__ == "__main__":

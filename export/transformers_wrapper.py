@@ -61,10 +61,31 @@ class NanoactForCausalLM(PreTrainedModel, GenerationMixin):
         return {"input_ids": input_ids[:, -n:], "attention_mask": mask}
 
     def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
-        if attention_mask is not None and not torch.equal(attention_mask, attention_mask.cummin(dim=1).values):
-            raise ValueError("nanoact models use absolute positions from 0: pad on the right (no left padding)")
-        logits, _ = self.gpt(input_ids)
+        if attention_mask is None or bool(attention_mask.all()):
+            logits, _ = self.gpt(input_ids)
+        else:
+            logits = self.padded_logits(input_ids, attention_mask)
         loss = None
         if labels is not None:  # transformers' convention: labels are the inputs, shifted here, -100 ignored
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutput(loss=loss, logits=logits)
+
+    def padded_logits(self, input_ids, attention_mask):
+        """Logits of a padded batch, each row's tokens one run between pads. Right pads are harmless under the
+        causal mask, but GPT's absolute positions start at the first token it is given: rows with p left pads
+        (generate() and lm-eval pad on the left) run from column p on, grouped by p. Pad positions get 0."""
+        mask = attention_mask.bool()
+        lead, kept = (mask.cumsum(1) == 0).sum(1), mask.sum(1)
+        cols = torch.arange(mask.size(1), device=mask.device)
+        if not torch.equal(mask, (cols >= lead[:, None]) & (cols < (lead + kept)[:, None])):
+            raise ValueError("attention_mask: each row's tokens must be one run between its left and right padding")
+        logits = None
+        for p in lead.unique().tolist():
+            rows = lead == p
+            if p == mask.size(1):  # a row of padding only
+                continue
+            part, _ = self.gpt(input_ids[rows, p:])
+            if logits is None:
+                logits = part.new_zeros(*mask.shape, part.size(-1))
+            logits[rows, p:] = part
+        return logits

@@ -1,4 +1,5 @@
-"""Reading runs: build-nanogpt's log.txt and ours, the table numbers, the PNGs, and one-line errors."""
+"""Reading runs: build-nanogpt's log.txt, llm.c's main.log and ours, the table numbers, the PNGs, and one-line
+errors."""
 import json
 import math
 import subprocess
@@ -29,6 +30,34 @@ def nanogpt_log(path, steps=30, val_every=10, hella_every=10):
             if step < steps - 1:
                 truth["train"][step] = round(6 - step / 7, 6)
                 f.write(f"{step} train {truth['train'][step]:.6f}\n")
+    return truth
+
+
+def llmc_log(path, steps=30, val_every=10, restart_at=None):
+    """A main.log exactly as karpathy/llm.c's train_gpt2.cu writes it (llmc/logger.h formats, its loop's order:
+    val loss, then HellaSwag after step 0, then the step's train line). `restart_at`: the job died after that
+    step and was resumed (-y 1) from the checkpoint at step 10, appending steps 10.. again with new values."""
+    path.mkdir(parents=True, exist_ok=True)
+    truth = {"train": {}, "val": {}, "hella": {}}
+    with open(path / "main.log", "w") as f:
+        def run(first, last_logged, shift):
+            for step in range(first, last_logged + 1):
+                last = step == steps
+                if step % val_every == 0 or last:
+                    truth["val"][step] = round(5 - step / 10 + shift, 4)
+                    f.write(f"s:{step} tel:{truth['val'][step]:.4f}\n")
+                if (step > 0 and step % val_every == 0) or last:
+                    truth["hella"][step] = round(0.25 + step / 1000 + shift, 4)
+                    f.write(f"s:{step} eval:{truth['hella'][step]:.4f}\n")
+                if last:
+                    return
+                truth["train"][step] = round(6 - step / 7 + shift, 4)
+                f.write(f"s:{step} trl:{truth['train'][step]:.4f} lr:{6e-4 * step / steps:.6f} norm:{1 + step / 9:.2f}\n")
+        if restart_at is None:
+            run(0, steps, 0.0)
+        else:
+            run(0, restart_at, 0.0)
+            run(10, steps, 0.01)
     return truth
 
 
@@ -63,6 +92,20 @@ def test_nanogpt_log_parses_exactly(tmp_path):
     s = summary(run)
     assert s["final_val"] == truth["val"][29] and s["best_val"] == min(truth["val"].values())
     assert s["hella_acc_norm"] == truth["hella"][29] and s["hella_n"] == 10042 and s["tok_per_s"] is None
+
+
+@pytest.mark.parametrize("restart_at", [None, 17])
+def test_llmc_main_log_parses_exactly(tmp_path, restart_at):
+    truth = llmc_log(tmp_path / "log124M", restart_at=restart_at)
+    run = load_run(tmp_path / "log124M" / "main.log")  # the file itself also works
+    for kind in ("train", "val", "hella"):
+        assert [(s, v) for s, v, _ in run.series[kind]] == sorted(truth[kind].items())
+    assert run.series["train"][-1][0] == 29 and run.series["val"][-1][0] == 30
+    s = summary(run)
+    assert s["final_val"] == truth["val"][30] and s["best_val"] == min(truth["val"].values())
+    assert s["hella_acc_norm"] == truth["hella"][30] and s["label"] == "log124M"
+    if restart_at:  # the resumed job's lines for steps 10-17 replaced the first job's
+        assert s["final_val"] == pytest.approx(2.01) and dict((st, v) for st, v, _ in run.series["val"])[10] == 4.01
 
 
 def test_our_run_parses_with_tokens_hellaswag_and_bleu(tmp_path):
@@ -120,12 +163,14 @@ def test_ema_is_bias_corrected():
 
 def test_compare_cli_table_and_png(tmp_path, capsys):
     nanogpt_log(tmp_path / "nanogpt")
+    llmc_log(tmp_path / "llmc")
     our_run(tmp_path / "ours", bleu=True)
     our_run(tmp_path / "short", act="gelu", max_steps=40, stop_at=15)
     out = tmp_path / "cmp.png"
-    compare.main([str(tmp_path / "nanogpt"), str(tmp_path / "ours"), str(tmp_path / "short"), "-o", str(out)])
+    compare.main([str(tmp_path / d) for d in ("nanogpt", "llmc", "ours", "short")] + ["-o", str(out)])
     text = capsys.readouterr().out
     assert "| nanogpt " in text and "aglu/seed3" in text and "15/40" in text
+    assert "| llmc " in text and "| 2.0000 " in text and "28.00 [" in text  # llm.c's final val loss, HellaSwag
     assert "30.00 [26.1, 34.2]" in text  # hellaswag acc 0.3 over 500 items, Wilson interval
     data = out.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
@@ -156,7 +201,11 @@ def test_telemetry_png(tmp_path):
 
 @pytest.mark.parametrize("make, message", [
     (lambda p: None, "no such run directory"),
-    (lambda p: p.mkdir(), "no log.txt or metrics.jsonl"),
+    (lambda p: p.mkdir(), "no log.txt, metrics.jsonl or main.log"),
+    (lambda p: (p.mkdir(), (p / "main.log").write_text("s:0 tel:5.0\ns:1 trl:4.0 lr:x norm:1.00\n")),
+     r"main.log:2: cannot parse 's:1 trl:4.0 lr:x norm:1.00'"),
+    (lambda p: (p.mkdir(), (p / "main.log").write_text("step 0 loss 5.0\n")), "main.log:1: cannot parse"),
+    (lambda p: (p.mkdir(), (p / "main.log").write_text("s:3\n")), "main.log:1: cannot parse"),
     (lambda p: (p.mkdir(), (p / "log.txt").write_text("0 train 5.0\nhello world\n1 train 4.0\n")),
      r"log.txt:2: cannot parse 'hello world'"),
     (lambda p: (p.mkdir(), (p / "log.txt").write_text("0 train 5.0 extra\n")), "log.txt:1: cannot parse"),

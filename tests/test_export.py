@@ -17,6 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT.parent / "shared" / "assets" / "tokenizer"
 
 
+@pytest.fixture(autouse=True)
+def tiktoken_gpt2(gpt2_enc):
+    """Every export writes GPT-2's tokenizer from tiktoken's ranks: these tests need its offline cache."""
+
+
 def exported_logits_match(ckpt, out_dir, trust_remote_code=False, steps=0):
     """Max |our logits - exported model's logits| over the 50257 real tokens, and the loaded model."""
     from transformers import AutoModelForCausalLM
@@ -139,6 +144,33 @@ def test_remote_code_generates_like_our_greedy_loop(make_checkpoint, tmp_path):
     assert torch.equal(got, seq)
 
 
+def test_remote_code_takes_left_and_right_padded_batches(make_checkpoint, tmp_path):
+    """generate() and lm-eval pad on the left: each row scores and generates as it does alone."""
+    ckpt = make_checkpoint(act="aglu")
+    to_transformers.export(ckpt, tmp_path / "hf")
+    _, ours, hf = exported_logits_match(ckpt, tmp_path / "hf", trust_remote_code=True)
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randint(0, 50257, (n,), generator=gen) for n in (7, 4, 2, 9)]
+    ids, mask = torch.full((4, 9), 50256), torch.zeros(4, 9, dtype=torch.long)
+    for i, (row, left) in enumerate(zip(rows, (2, 5, 3, 0))):  # row 2: pads on both sides
+        ids[i, left:left + len(row)], mask[i, left:left + len(row)] = row, 1
+    with torch.no_grad():
+        logits = hf(ids, attention_mask=mask).logits
+        for i, row in enumerate(rows):
+            alone = ours(row[None])[0][0, :, :50257]
+            assert (logits[i][mask[i].bool()] - alone).abs().max() < 1e-5
+        left_padded = ids.clone()
+        left_padded[2], mask[2] = torch.cat([torch.full((7,), 50256), rows[2]]), (torch.arange(9) >= 7).long()
+        got = hf.generate(left_padded, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=50256)
+        for i, row in enumerate(rows):
+            seq = row[None]
+            for _ in range(4):
+                seq = torch.cat([seq, ours(seq)[0][:, -1, :50257].argmax(-1, keepdim=True)], 1)
+            assert torch.equal(got[i, 9:], seq[0, len(row):])
+        with pytest.raises(ValueError, match="one run between its left and right padding"):
+            hf(ids, attention_mask=torch.tensor([[1, 0, 1, 1, 1, 1, 1, 1, 1]] * 4))
+
+
 def test_activation_registered_at_run_time_exports_with_no_change_to_export(make_checkpoint, tmp_path, monkeypatch):
     """Adding an activation = its file + a registration: export copies the file (tests/custom_activation.py,
     which itself imports from activations/) and registers the class by name in the remote code."""
@@ -166,6 +198,47 @@ def test_tokenizer_saved_from_openai_files_matches_tiktoken(make_checkpoint, tmp
     assert tok.encode(text) == gpt2_enc.encode(text) and tok.eos_token_id == 50256
 
 
+SHARED_TEXT = ROOT.parent / "shared" / "assets" / "text"
+
+
+@pytest.mark.skipif(not (TOKENIZER / "encoder.json").is_file(), reason="../shared GPT-2 tokenizer files not present")
+def test_tokenizer_from_tiktoken_ranks_is_openais(make_checkpoint, tmp_path):
+    """The merges replayed from tiktoken's ranks are vocab.bpe line for line, so an export without
+    --tokenizer-dir writes the same tokenizer files as one with OpenAI's."""
+    from export.tokenizer import bpe_from_openai_files, bpe_from_tiktoken
+
+    assert bpe_from_tiktoken() == bpe_from_openai_files(TOKENIZER)
+    ckpt = make_checkpoint()
+    to_transformers.main([str(ckpt), str(tmp_path / "a")])
+    to_transformers.main([str(ckpt), str(tmp_path / "b"), "--tokenizer-dir", str(TOKENIZER)])
+    for name in ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert (tmp_path / "a" / "merges.txt").read_bytes() == (TOKENIZER / "vocab.bpe").read_bytes().replace(
+        b"\r\n", b"\n").rstrip(b"\n") + b"\n"
+
+
+@pytest.mark.skipif(not SHARED_TEXT.is_dir(), reason="../shared real text not present")
+def test_exported_tokenizer_gives_tiktokens_ids_on_real_text(make_checkpoint, tmp_path, gpt2_enc):
+    import gzip
+    import json
+
+    from transformers import AutoTokenizer
+
+    to_transformers.main([str(make_checkpoint(block_size=96)), str(tmp_path / "hf")])
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert (tok.bos_token_id, tok.eos_token_id, tok.model_max_length) == (50256, 50256, 96)
+    texts = [f.read_text(encoding="utf-8")[:200_000] for f in sorted(SHARED_TEXT.rglob("*.txt"))]
+    texts += [json.loads(line)["text"] for f in sorted(SHARED_TEXT.rglob("*.json.gz"))
+              for line in gzip.open(f, "rt", encoding="utf-8")]
+    texts.append("Grüße aus Köln — 東京 🙂\r\n\ttabs,   runs of spaces\u00a0and 12345678 digits.")
+    assert len(texts) > 30
+    for text in texts:
+        ids = gpt2_enc.encode(text)
+        assert tok.encode(text) == ids
+        assert tok.decode(ids) == text
+    assert tok.encode("a<|endoftext|>b") == gpt2_enc.encode("a<|endoftext|>b", allowed_special="all")
+
+
 def test_clear_errors(make_checkpoint, tmp_path):
     with pytest.raises(SystemExit, match="no such checkpoint file"):
         to_transformers.main([str(tmp_path / "missing.pt"), str(tmp_path / "out")])
@@ -174,6 +247,23 @@ def test_clear_errors(make_checkpoint, tmp_path):
         to_transformers.main([str(tmp_path / "t.pt"), str(tmp_path / "out")])
     with pytest.raises(SystemExit, match="needs OpenAI's GPT-2 encoder.json and vocab.bpe"):
         to_transformers.main([str(make_checkpoint()), str(tmp_path / "out"), "--tokenizer-dir", str(tmp_path)])
+
+
+def test_no_tiktoken_cache_is_one_line_before_any_file(make_checkpoint, tmp_path, monkeypatch):
+    from data.tokenizer import TokenizerError
+    from export import tokenizer
+
+    def offline():
+        raise TokenizerError("cannot load tiktoken's gpt2 encoding (ConnectionError); offline, point TIKTOKEN_CACHE_DIR")
+
+    monkeypatch.setattr(tokenizer, "gpt2_tokenizer", offline)
+    tokenizer.bpe_from_tiktoken.cache_clear()
+    try:
+        with pytest.raises(SystemExit, match="error: cannot load tiktoken's gpt2 encoding"):
+            to_transformers.main([str(make_checkpoint()), str(tmp_path / "out")])
+    finally:
+        tokenizer.bpe_from_tiktoken.cache_clear()
+    assert not (tmp_path / "out").exists()
 
 
 def test_exported_gpt2_evaluates_like_the_checkpoint(make_checkpoint, hellaswag_file, gpt2_enc, tmp_path):

@@ -184,3 +184,33 @@ def test_bad_model_args(make_checkpoint):
         NanoactLM(device="cpu")
     with pytest.raises(ValueError, match="positive integer"):
         NanoactLM(checkpoint=str(make_checkpoint()), device="cpu", batch_size="auto")
+
+
+@pytest.mark.parametrize("act", ["gelu", "aglu"])  # a plain GPT2LMHeadModel, and remote code
+def test_export_runs_in_lm_evals_own_hf_model(make_checkpoint, hellaswag_file, gpt2_enc, tmp_path, offline, act):
+    """`lm_eval --model hf --model_args pretrained=OUT,trust_remote_code=True` on an export with no other flag:
+    the tokenizer comes from the export itself, and the scores are our adapter's on the checkpoint."""
+    pytest.importorskip("accelerate")  # lm-eval's hf model imports it
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from export import to_transformers
+
+    ckpt, out = make_checkpoint(act=act), tmp_path / "hf"
+    to_transformers.main([str(ckpt), str(out)])
+    write_tasks(tmp_path, hellaswag_file(n=8))
+    tasks = TaskManager(include_path=str(tmp_path), include_defaults=False)
+    results = {}
+    for name, model, model_args in [("hf", "hf", f"pretrained={out},trust_remote_code=True"),
+                                    ("ours", NanoactLM(checkpoint=str(ckpt), device="cpu", batch_size=4), None)]:
+        results[name] = simple_evaluate(model=model, model_args=model_args, task_manager=tasks, batch_size=4,
+                                        tasks=["hellaswag_local", "text_local", "gen_local"], device="cpu",
+                                        bootstrap_iters=0, log_samples=True)
+    hf, ours = results["hf"]["results"], results["ours"]["results"]
+    for metric in ("acc,none", "acc_norm,none"):
+        assert hf["hellaswag_local"][metric] == ours["hellaswag_local"][metric]
+    assert hf["text_local"]["bits_per_byte,none"] == pytest.approx(ours["text_local"]["bits_per_byte,none"], rel=1e-4)
+    # greedy generation of a batch of prompts of different lengths: lm-eval's hf model pads them on the left
+    generated = {name: [s["resps"][0][0] for s in sorted(r["samples"]["gen_local"], key=lambda s: s["doc_id"])]
+                 for name, r in results.items()}
+    assert generated["hf"] == generated["ours"] and all(generated["hf"])

@@ -209,6 +209,8 @@ class RunConfig:
     keep_checkpoints: int = 3
     dist_timeout: float = 600.0  # seconds a collective may wait for the other ranks before the run stops naming them
     tensorboard: bool = False
+    wandb_project: typing.Optional[str] = None  # also log to this Weights & Biases project (pip install wandb)
+    wandb_run_name: typing.Optional[str] = None  # None: the out_dir's name
 
 
 @dataclasses.dataclass

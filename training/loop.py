@@ -112,7 +112,8 @@ class Trainer:
             decisions["activations"] = selfcheck.select(self.model, self.mlp_shape(), platform, d.device,
                                                         PRECISIONS[self.precision], use_compile, d)
             self.log = RunLog(run.out_dir, d.master, resume_step=start_step if ckpt else None,
-                              tensorboard=run.tensorboard)
+                              tensorboard=run.tensorboard, wandb_project=run.wandb_project,
+                              wandb_run_name=run.wandb_run_name)
             self.log.write_run_info(to_dict(cfg), {**environment(d), "decisions": decisions})
             if d.master:
                 where = f"resuming {ckpt['path']} at step {start_step}" if ckpt else "starting from scratch"
@@ -135,6 +136,7 @@ class Trainer:
             step = self.loop(train_model, start_step, stop)
             if not stop.requested:
                 self.finish(step)
+                self.log.summary(**self.outcome(step, start_step))
                 if d.master:
                     print(self.summary(step, start_step), flush=True)
         except RuntimeError as e:
@@ -267,6 +269,14 @@ class Trainer:
         return (f"done: steps {start_step}-{step} in {clock(time.time() - self.started)} | final val loss "
                 f"{val[-1]:.4f}{best} | {out}/: log.txt, metrics.jsonl, run.json"
                 + (f", {ckpt.name}" if ckpt else ""))
+
+    def outcome(self, step, start_step):
+        """The finished run's numbers, for wandb's run summary."""
+        val = [e["val_loss"] for e in self.evals if e.get("val_loss") is not None]
+        ckpt = latest_checkpoint(self.cfg.run.out_dir)
+        return {"start_step": start_step, "final_step": step, "tokens": self.tokens,
+                "wall_time_s": time.time() - self.started, "final_val_loss": val[-1] if val else None,
+                "best_val_loss": min(val) if val else None, "checkpoint": str(ckpt) if ckpt else None}
 
 
 def clock(seconds):

@@ -1,5 +1,6 @@
 """Run logs: a human stdout line, `log.txt` in build-nanogpt's `step kind value` format,
-`metrics.jsonl` with every record, and `run.json` with the resolved config, environment and git revision."""
+`metrics.jsonl` with every record, and `run.json` with the resolved config, environment and git revision;
+optionally the same records as TensorBoard events (`tb/`) and as a Weights & Biases run (`wandb/`)."""
 import json
 import os
 import platform
@@ -67,13 +68,39 @@ def _scalars(fields, prefix=""):
             yield f"{prefix}{key}", value
 
 
+def start_wandb(out_dir, project, name, resuming):
+    """A wandb run writing under OUT_DIR/wandb. A resumed training run continues its wandb run (the id is kept
+    in OUT_DIR/wandb_run_id); a fresh one starts a new run."""
+    try:
+        import wandb
+    except ImportError:
+        raise SystemExit("--wandb-project needs the wandb package: pip install wandb") from None
+    id_file = out_dir / "wandb_run_id"
+    run_id = id_file.read_text().strip() if resuming and id_file.is_file() else None  # None: wandb makes one
+    try:
+        run = wandb.init(project=project, name=name or out_dir.resolve().name, id=run_id, resume="allow",
+                         dir=out_dir)
+    except wandb.errors.Error as e:
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise SystemExit(f"--wandb-project: wandb could not start a run ({first_line}); run `wandb login`, or set "
+                         f"WANDB_MODE=offline and `wandb sync {out_dir}/wandb/offline-run-*` later") from None
+    id_file.write_text(run.id + "\n")
+    # Our step is the x axis, not wandb's own _step: a resumed run logs again the steps between its checkpoint
+    # and the crash, which wandb drops (with a warning each) when they are given as its step.
+    run.define_metric("step")
+    run.define_metric("*", step_metric="step")
+    return run
+
+
 class RunLog:
     """Only the master rank writes; other ranks get a RunLog that does nothing."""
 
-    def __init__(self, out_dir, master=True, resume_step=None, tensorboard=False):
+    def __init__(self, out_dir, master=True, resume_step=None, tensorboard=False, wandb_project=None,
+                 wandb_run_name=None):
         self.dir = Path(out_dir)
         self.master = master
-        self.tb = None
+        self.tb = self.wandb = None
+        self.finished = False
         if not master:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -90,15 +117,20 @@ class RunLog:
             except ImportError:
                 raise SystemExit("--tensorboard needs the tensorboard package: pip install tensorboard") from None
             self.tb = SummaryWriter(self.dir / "tb")
+        if wandb_project:
+            self.wandb = start_wandb(self.dir, wandb_project, wandb_run_name, resuming=resume_step is not None)
 
     def write_run_info(self, config, env):
         if self.master:
             tmp = self.dir / "run.json.tmp"
             tmp.write_text(json.dumps({"config": config, "environment": env}, indent=2, default=str))
             os.replace(tmp, self.dir / "run.json")
+            if self.wandb is not None:  # a resumed run changes options such as `resume` itself
+                self.wandb.config.update({**config, "environment": env}, allow_val_change=True)
 
     def scalar(self, step, kind, value):
-        """One `step kind value` line (train, val, hella, bleu ...), as build-nanogpt writes."""
+        """One `step kind value` line (train, val, hella, bleu ...), as build-nanogpt writes. Not sent to wandb:
+        every such number is also in a record."""
         if self.master:
             with open(self.text_path, "a") as f:
                 f.write(f"{step} {kind} {value:.6f}\n")
@@ -112,7 +144,19 @@ class RunLog:
             if self.tb is not None:
                 for key, value in _scalars(fields):
                     self.tb.add_scalar(key, value, step)
+            if self.wandb is not None:  # train/loss, eval/val_loss, ...; telemetry/... keeps its own section
+                kind = fields.get("kind", "record")
+                self.wandb.log({"step": step, **{key if "/" in key else f"{kind}/{key}": value
+                                                 for key, value in _scalars(fields)}})
+
+    def summary(self, **fields):
+        """The finished run's outcome (the trainer's closing line in numbers): wandb's run summary."""
+        self.finished = True
+        if self.wandb is not None:
+            self.wandb.summary.update(fields)
 
     def close(self):
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:  # a crash or a signal leaves the run unfinished: failed, as its exit status says
+            self.wandb.finish(exit_code=0 if self.finished else 1)
