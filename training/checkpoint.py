@@ -14,6 +14,7 @@ import torch
 
 from model import GPT, GPTConfig
 from training import distributed
+from training.foreign_checkpoints import nanogpt_checkpoint_in, read_foreign_checkpoint
 
 NAME = re.compile(r"^model_(\d+)\.pt$")
 
@@ -64,10 +65,14 @@ def load_checkpoint(path, kind=None, map_location="cpu"):
     """Load a checkpoint file (or the newest one in a directory) with one-line errors for bad input."""
     path = Path(path)
     if path.is_dir():
-        newest = latest_checkpoint(path)
+        newest = latest_checkpoint(path) or nanogpt_checkpoint_in(path)
         if newest is None:
             raise CheckpointError(f"{path}: no model_*.pt checkpoint in this directory; train first or give a file")
         path = newest
+    foreign = read_foreign_checkpoint(path, kind, map_location) if path.is_file() else None
+    if foreign is not None:  # build-nanogpt / nanoGPT: converted to our layout, read as data only
+        print(foreign["source"], flush=True)
+        return foreign
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file (checkpoints are written as <out_dir>/model_NNNNN.pt)")
     try:
