@@ -32,6 +32,7 @@ class Trainer:
     kind = None  # written into checkpoints: --resume refuses another trainer's
     lr_flag = "--lr"  # the option a non-finite loss message suggests lowering
     token_unit = "tok"  # what the tokens/s of the step line count
+    origin = "starting from scratch"  # build() may say which weights the model was initialised from
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -99,7 +100,7 @@ class Trainer:
                               tensorboard=run.tensorboard)
             self.log.write_run_info(to_dict(cfg), environment(d))
             if d.master:
-                where = f"resuming {ckpt['path']} at step {start_step}" if ckpt else "starting from scratch"
+                where = f"resuming {ckpt['path']} at step {start_step}" if ckpt else self.origin
                 print(f"{self.describe()} | {self.max_steps} steps | world {d.world_size} | {self.precision} | "
                       f"compile {use_compile} | {where}", flush=True)
             self.compiled = self.model
