@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -134,3 +133,12 @@ def test_bad_init_from_is_one_line(tmp_path):
     from test_train_gpt2 import cli_error
     message = cli_error(corpus_and_args(tmp_path) + ["--init-from", str(tmp_path / "nothing_here.pt")])
     assert "nothing_here.pt" in message and "\n" not in message
+
+
+def test_resume_in_a_build_nanogpt_log_directory_points_to_init_from(tmp_path):
+    from test_foreign_checkpoints import build_nanogpt_file, source_model
+    from test_train_gpt2 import cli_error
+
+    path = build_nanogpt_file(tmp_path, source_model(vocab_size=VOCAB, block_size=32))
+    message = cli_error(corpus_and_args(tmp_path) + ["--out-dir", str(path.parent), "--resume"])
+    assert "cannot be resumed exactly; start from its weights with --init-from" in message

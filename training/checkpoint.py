@@ -114,6 +114,9 @@ def resume_training(ckpt, model_config, world_size, rank, model, optimizer, load
     """Restore a training checkpoint into this process (model, optimizer, this rank's loader and RNG
     streams) after checking it was made by the same model and world size; returns its step."""
     path = ckpt.get("path", "the checkpoint")
+    if "source" in ckpt:  # build-nanogpt / nanoGPT: weights, but no data position or RNG states to continue
+        raise CheckpointError(f"{path} was written by another harness and cannot be resumed exactly; start from its "
+                              f"weights with --init-from {path} and another --out-dir")
     if ckpt["model_config"] != model_config:
         raise CheckpointError(f"{path} was trained with model config {ckpt['model_config']}; "
                               "resume with the same model options or use a new --out-dir")
