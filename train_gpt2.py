@@ -214,7 +214,7 @@ class GPTTrainer(Trainer):
 def read_init_source(name):
     """--init-from NAME -> (state dict in our layout, the source's model config, what it is)."""
     path = Path(name)
-    if path.is_file() or (path.is_dir() and not (path / "config.json").is_file()):
+    if path.suffix == ".pt" or (path.exists() and not (path / "config.json").is_file()):
         ckpt = load_checkpoint(path, kind="gpt2")
         return ckpt["model"], ckpt["model_config"], f"{ckpt['path']} (step {ckpt['step']})"
     architecture, state = pretrained_gpt2(name)
