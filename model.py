@@ -9,7 +9,6 @@ runs, so checkpoints do not record them and a resumed run may change them (tests
 import contextlib
 import inspect
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -78,16 +77,22 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.backends = backends
 
-    def forward(self, x):
+    def forward(self, x, cache=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if cache is not None:  # generation: this layer's keys and values of the earlier tokens, then ours
+            if cache:
+                k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
+            cache[:] = [k, v]
+        # new tokens are either the whole sequence (causal mask) or one token that sees every cached one
+        assert T in (1, k.size(2)), "a cached forward takes the prompt once, then one token at a time"
         # the kernel choice is a CUDA matter; on CPU it would turn PyTorch's CPU flash kernel on or off
         use = self.backends and x.is_cuda
         pick = sdpa_kernel(self.backends, set_priority=True) if use else contextlib.nullcontext()
         dropout = self.dropout if self.training else 0.0
         with pick:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, dropout_p=dropout)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -112,8 +117,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config, layer)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, cache=None):
+        x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -152,14 +157,17 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, cache=None):
+        """cache: None, or one list per layer (empty at first) in which attention keeps the keys and values
+        of the tokens seen so far, so that generation feeds each new token alone (see generate)."""
+        past = cache[0][0].size(2) if cache and cache[0] else 0
         T = idx.size(1)
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
+        if past + T > self.config.block_size:
+            raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(past, past + T, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
-            x = block(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, cache[i] if cache is not None else None)
         x = self.transformer.ln_f(x)
         if targets is not None and self.loss_chunks:
             return None, linear_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.reshape(-1),
@@ -193,9 +201,16 @@ class GPT(nn.Module):
         return self.flops_per_token(seq_len) * tokens_per_second / peak
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, use_cache=True):
+        """Sample max_new_tokens tokens after idx (B, T). With use_cache, the prompt is run once and then each
+        new token alone, attending to the cached keys/values; once the text outgrows block_size, positions
+        shift, so every step recomputes the last block_size tokens, as without the cache."""
+        cache = [[] for _ in self.transformer.h] if use_cache else None
         for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.block_size:])
+            if cache is not None and idx.size(1) <= self.config.block_size:
+                logits, _ = self(idx[:, -1:] if cache[0] else idx, cache=cache)
+            else:
+                logits, _ = self(idx[:, -self.config.block_size:])
             logits = logits[:, -1, :] / max(temperature, 1e-8)
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
@@ -206,25 +221,37 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_dir, act="gelu", act_kwargs=None):
-        """Load GPT-2 weights in transformers' GPT2LMHeadModel layout (a local directory or a hub name).
+        """Load GPT-2 weights in transformers' GPT2LMHeadModel layout (a local directory or a hub name such as
+        gpt2, gpt2-medium or openai-community/gpt2).
 
         The vocabulary stays 50257 so logits match transformers' exactly. A non-GELU `act` keeps the
         pretrained weights and adds the activation's own parameters at their init values.
         """
-        from transformers import GPT2LMHeadModel  # a slow import, needed only to read GPT-2 weights
-
-        if not Path(name_or_dir).is_dir() and "/" in str(name_or_dir):
-            raise FileNotFoundError(f"{name_or_dir}: no such directory (give a transformers GPT-2 directory or hub name)")
-        hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
-        hc = hf.config
-        config = GPTConfig(block_size=hc.n_positions, vocab_size=hc.vocab_size, n_layer=hc.n_layer, n_head=hc.n_head,
-                           n_embd=hc.n_embd, dropout=0.0, bias=True, act=act, act_kwargs=act_kwargs or {})
-        model = cls(config)
-        missing, unexpected = model.load_state_dict(hf_to_nanoact(hf.state_dict()), strict=False)
+        architecture, state = pretrained_gpt2(name_or_dir)
+        model = cls(GPTConfig(**architecture, act=act, act_kwargs=act_kwargs or {}))
+        missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if ".mlp.act." not in k]
         if missing or unexpected:
             raise ValueError(f"{name_or_dir} is not a GPT-2 checkpoint: missing {missing[:3]}, unexpected {unexpected[:3]}")
         return model
+
+
+def pretrained_gpt2(name_or_dir):
+    """(GPTConfig architecture fields, our state dict) of transformers GPT-2 weights: a directory written by
+    save_pretrained, or a hub name (read from the hub's cache when offline)."""
+    from transformers import GPT2LMHeadModel  # a slow import, needed only to read GPT-2 weights
+
+    try:
+        hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
+    except (OSError, ValueError) as e:  # transformers' messages span lines; the first says what failed
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise FileNotFoundError(f"{name_or_dir}: no transformers GPT-2 there ({first.strip()}); give a directory "
+                                "written by save_pretrained, or a hub name such as gpt2 or openai-community/gpt2 "
+                                "(downloaded once, then read from the cache offline)") from None
+    hc = hf.config
+    architecture = dict(block_size=hc.n_positions, vocab_size=hc.vocab_size, n_layer=hc.n_layer, n_head=hc.n_head,
+                        n_embd=hc.n_embd, dropout=0.0, bias=True)
+    return architecture, hf_to_nanoact(hf.state_dict())
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -3,6 +3,7 @@
     torchrun --standalone --nproc_per_node 8 train_gpt2.py --act aglu
     python train_gpt2.py --config configs/gpt2_cpu_tiny.toml --act nswish --max-steps 50
     python train_gpt2.py --config configs/gpt2_cpu_tiny.toml --resume      # continue the newest checkpoint
+    python train_gpt2.py --init-from gpt2 --act aglu ...    # fine-tune OpenAI's GPT-2 with another activation
 
 Every option is a field of TrainConfig below: set it in a TOML file (--config) or as --name value.
 The loop itself (resume, logs, compile/DDP, checkpoints, signals) is training/loop.py, shared with
@@ -10,7 +11,8 @@ train_translation.py; this file holds what is GPT-2's own: the model, the token 
 """
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import torch
 
@@ -18,8 +20,9 @@ from activations import telemetry
 from data.loader import ShardLoader
 from data.tokenizer import TokenizerError, gpt2_tokenizer
 from eval.hellaswag import evaluate_model
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, pretrained_gpt2
 from training import distributed
+from training.checkpoint import load_checkpoint
 from training.config import ConfigError, EvalConfig, RunConfig, run_cli
 from training.loop import Trainer, no_sync_unless
 from training.schedule import warmup_cosine
@@ -73,6 +76,14 @@ class TrainConfig:
     eval: GPTEvalConfig = field(default_factory=GPTEvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
     speed: SpeedConfig = field(default_factory=SpeedConfig)
+    # "": random init. Else the weights to start from: a checkpoint (file or run directory; ours, build-nanogpt's
+    # or nanoGPT's) or transformers GPT-2 (a directory, or a hub name: gpt2, gpt2-medium, openai-community/gpt2).
+    # Its architecture replaces the model section's; act, act_kwargs, plain_top_k and dropout stay this run's.
+    init_from: str = ""
+
+
+# what --init-from takes from the source model; the rest of the model section is the run's own
+ARCHITECTURE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias")
 
 
 def steps_per_rank(total, batch_size, seq_len, world_size, name="total_batch_size"):
@@ -93,8 +104,18 @@ class GPTTrainer(Trainer):
         cfg, d, o = self.cfg, self.dist, self.cfg.optim
         self.accum = steps_per_rank(o.total_batch_size, o.batch_size, o.seq_len, d.world_size)
         self.val_steps = steps_per_rank(cfg.data.val_tokens, o.batch_size, o.seq_len, d.world_size, "val_tokens")
+        source = None
+        if cfg.init_from and ckpt is None:
+            source = read_init_source(cfg.init_from)
+            cfg.model = replace(cfg.model, **{k: source[1][k] for k in ARCHITECTURE})
+        elif cfg.init_from:  # a resumed run continues its checkpoint, whose architecture came from the source
+            cfg.model = replace(cfg.model, **{k: ckpt["model_config"][k] for k in ARCHITECTURE})
+            if d.master:
+                print(f"--init-from {cfg.init_from} not read: the run resumes its own checkpoint", flush=True)
         # the model before the data: a bad activation, option or speed setting fails first
         self.model = GPT(cfg.model, cfg.speed.loss_chunks, cfg.speed.attention_backend).to(d.device)
+        if source is not None:
+            self.origin = init_weights(self.model, *source)
         self.model_config = asdict(cfg.model)
         self.optimizer = self.model.configure_optimizers(o.weight_decay, o.max_lr, o.betas, o.eps, d.device_type)
         self.loader = ShardLoader(cfg.data.data_dir, "train", o.batch_size, o.seq_len, d.rank, d.world_size,
@@ -191,6 +212,38 @@ class GPTTrainer(Trainer):
         self.model.train()
         for row in out.tolist():
             print(f"rank {d.rank} sample: {enc.decode([t for t in row if t < enc.n_vocab])!r}", flush=True)
+
+
+def read_init_source(name):
+    """--init-from NAME -> (state dict in our layout, the source's model config, what it is)."""
+    path = Path(name)
+    if path.suffix == ".pt" or (path.exists() and not (path / "config.json").is_file()):
+        ckpt = load_checkpoint(path, kind="gpt2")
+        return ckpt["model"], ckpt["model_config"], f"{ckpt['path']} (step {ckpt['step']})"
+    architecture, state = pretrained_gpt2(name)
+    return state, {**architecture, "act": "gelu", "act_kwargs": {}, "plain_top_k": 0}, f"transformers GPT-2 {name}"
+
+
+def init_weights(model, state, source_config, what):
+    """Load the source's weights into the new model. Another activation keeps every other weight (MLP
+    matrices included) and starts its own parameters at their init; returns the line saying so."""
+    config = asdict(model.config)
+    same_act = all(source_config.get(k, 0) == config[k] for k in ("act", "plain_top_k"))
+    kept = {k: v for k, v in state.items() if same_act or ".mlp.act." not in k}
+    ours = model.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} vs {tuple(ours[k].shape)}" for k, v in kept.items() if k in ours and
+             v.shape != ours[k].shape]
+    if wrong:
+        raise ConfigError(f"--init-from {what}: its weights do not fit this model: {wrong[:2]} (e.g. channelwise "
+                          "activation options that differ from the source's)")
+    missing, unexpected = model.load_state_dict(kept, strict=False)
+    missing = [k for k in missing if ".mlp.act." not in k]
+    if missing or unexpected:
+        raise ConfigError(f"--init-from {what}: not a GPT-2 of this layout (missing {missing[:3]}, unexpected "
+                          f"{unexpected[:3]})")
+    act = (f"activation {config['act']} and its parameters kept" if same_act else
+           f"activation {source_config.get('act')} -> {config['act']}: MLP weights kept, its parameters at their init")
+    return f"initialised from {what}: {act}; optimizer starts fresh"
 
 
 def train(cfg):

@@ -1,4 +1,5 @@
-"""Batches of (B, T) token windows from the uint16 shards written by data/fineweb.py.
+"""Batches of (B, T) token windows from the uint16 shards written by data/fineweb.py, build-nanogpt,
+llm.c or nanoGPT (data/shard_formats.py), mixed in one directory if need be.
 
 The data of one epoch is a stream of sequences: every shard is cut into (len - 1) // T windows of
 T + 1 tokens at stride T (so targets never overlap; the < T leftover tokens at a shard's end are
@@ -27,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.fineweb import EXPECTED, PREPARE_AGAIN, read_shard
+from data.fineweb import EXPECTED, PREPARE_AGAIN
+from data.shard_formats import find_shards, read_tokens, shard_patterns
 from data.tokenizer import VOCAB_SIZE
 
 
@@ -38,9 +40,10 @@ class ShardLoader:
         self.B, self.T, self.rank, self.world_size = B, T, rank, world_size
         self.seed, self.shuffle, self.split = seed, shuffle, split
         data_dir = Path(data_dir)
-        paths = sorted(data_dir.glob(f"*_{split}_*.npy"))
+        paths = find_shards(data_dir, split)
         if not paths:
-            problem = f"no '*_{split}_*.npy' token shards in {data_dir}/" if data_dir.is_dir() else \
+            problem = f"no {' or '.join(map(repr, shard_patterns(split)))} token shards in {data_dir}/" \
+                if data_dir.is_dir() else \
                 f"data directory {data_dir}/ does not exist"
             raise FileNotFoundError(f"{problem}; prepare the shards with `python data/fineweb.py --out {data_dir}` "
                                     "(add --input FILES for local text)")
@@ -132,7 +135,7 @@ def _check_manifest(data_dir, split):
 
 def _open_shard(path, T, vocab_size, recorded_tokens=None):
     """Memory-map one shard after checking it can feed the model: uint16, 1-D, >= T+1 tokens, ids < vocab."""
-    tokens = read_shard(path)
+    tokens = read_tokens(path)
     if recorded_tokens is not None and tokens.size != recorded_tokens:
         raise ValueError(f"{path}: {tokens.size:,} tokens but manifest.json records {recorded_tokens:,}; "
                          f"{PREPARE_AGAIN}")

@@ -145,3 +145,27 @@ def test_reference_gpt2_has_our_init_and_our_loss():
         grads = torch.autograd.grad(loss, list(ours.parameters()))
         for g, r in zip(grads, ref_grads):
             torch.testing.assert_close(g.to(dtype), r, rtol=1e-5, atol=1e-7)
+
+
+def test_kv_cache_gives_the_logits_and_tokens_of_the_full_forward():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**TINY, "block_size": 16}, act="aglu")).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(5.0)  # confident logits: greedy choices not decided by rounding
+        idx = torch.randint(0, 96, (2, 16))
+        cache = [[] for _ in model.transformer.h]
+        steps = [model(idx[:, :5], cache=cache)[0][:, -1]] + [model(idx[:, t:t + 1], cache=cache)[0][:, -1]
+                                                             for t in range(5, 16)]
+        full = model(idx)[0][:, 4:]
+        torch.testing.assert_close(torch.stack(steps, 1), full, rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="sequence length 17 exceeds block_size 16"):
+            model(idx[:, :1], cache=cache)
+    prompt = idx[:, :5]
+    # 30 new tokens: past block_size 16, where the window slides and the cache is left behind
+    cached = model.generate(prompt, 30, top_k=1)
+    assert torch.equal(cached, model.generate(prompt, 30, top_k=1, use_cache=False))
+    gen = [torch.Generator().manual_seed(3) for _ in range(2)]
+    assert torch.equal(model.generate(prompt, 8, generator=gen[0]), model.generate(prompt, 8, generator=gen[1],
+                                                                                  use_cache=False))

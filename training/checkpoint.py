@@ -28,6 +28,7 @@ import torch
 
 from model import GPT, GPTConfig
 from training import distributed
+from training.foreign_checkpoints import nanogpt_checkpoint_in, read_foreign_checkpoint
 
 NAME = re.compile(r"^model_(\d+)\.pt$")
 # np.random.get_state() as pickled by checkpoints written before the state was stored as a list
@@ -186,10 +187,14 @@ def load_checkpoint(path, kind=None, map_location="cpu"):
     """Load a checkpoint file (or the newest one in a directory) with one-line errors for bad input."""
     path = Path(path)
     if path.is_dir():
-        newest = latest_checkpoint(path)
+        newest = latest_checkpoint(path) or nanogpt_checkpoint_in(path)
         if newest is None:
             raise CheckpointError(f"{path}: no model_*.pt checkpoint in this directory; train first or give a file")
         path = newest
+    foreign = read_foreign_checkpoint(path, kind, map_location) if path.is_file() else None
+    if foreign is not None:  # build-nanogpt / nanoGPT: converted to our layout, read as data only
+        print(foreign["source"], flush=True)
+        return foreign
     state = read_checkpoint_file(path, map_location)
     missing = [key for key in REQUIRED if key not in state] if isinstance(state, dict) else list(REQUIRED)
     if "kind" not in missing and kind is not None and state["kind"] != kind:
@@ -260,6 +265,9 @@ def resume_training(ckpt, model_config, world_size, rank, model, optimizer, load
     """Restore a training checkpoint into this process (model, optimizer, this rank's loader and RNG
     streams) after checking it was made by the same model and world size; returns its step."""
     path = ckpt.get("path", "the checkpoint")
+    if "source" in ckpt:  # build-nanogpt / nanoGPT: weights, but no data position or RNG states to continue
+        raise CheckpointError(f"{path} was written by another harness and cannot be resumed exactly; start from its "
+                              f"weights with --init-from {path} and another --out-dir")
     if ckpt["model_config"] != model_config:
         raise CheckpointError(f"{path} was trained with model config {ckpt['model_config']}; "
                               "resume with the same model options or use a new --out-dir")

@@ -36,6 +36,7 @@ class Trainer:
     kind = None  # written into checkpoints: --resume refuses another trainer's
     lr_flag = "--lr"  # the option a non-finite loss message suggests lowering
     token_unit = "tok"  # what the tokens/s of the step line count
+    origin = "starting from scratch"  # build() may say which weights the model was initialised from
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -116,7 +117,7 @@ class Trainer:
                               wandb_run_name=run.wandb_run_name)
             self.log.write_run_info(to_dict(cfg), {**environment(d), "decisions": decisions})
             if d.master:
-                where = f"resuming {ckpt['path']} at step {start_step}" if ckpt else "starting from scratch"
+                where = f"resuming {ckpt['path']} at step {start_step}" if ckpt else self.origin
                 if d.restart:  # torchrun --max-restarts started this attempt after a failure
                     print(f"restart {d.restart}: " + (f"resuming {Path(ckpt['path']).name} at step {start_step}"
                                                       if ckpt else "starting from scratch (no checkpoint yet)"), flush=True)
