@@ -165,8 +165,8 @@ def _pickle_names(path):
             if pickle_name is None:
                 return None
             data = archive.read(pickle_name)
-    except (OSError, zipfile.BadZipFile):
-        return None
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError):  # damaged bytes (a bad name decodes as
+        return None  # UnicodeDecodeError): left to the ordinary loader, which checks the checksum and reports it
     strings, classes, recent = set(), set(), []
     try:
         for op, arg, _ in pickletools.genops(data):
