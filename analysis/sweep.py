@@ -40,7 +40,11 @@ from eval.stats import mean_std, paired
 TRAINERS = {"gpt2": ROOT / "train_gpt2.py", "translation": ROOT / "train_translation.py"}
 METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_norm"),
            ("bleu", "valid BLEU (greedy)"), ("test_bleu_greedy", "test BLEU greedy"), ("test_bleu_beam", "test BLEU beam")]
-RESERVED = {"--act", "--seed", "--out-dir", "--out_dir", "--resume", "--auto-resume", "--auto_resume", "--config"}
+RESERVED = {"--act", "--seed", "--out-dir", "--out_dir", "--resume", "--auto-resume", "--auto_resume", "--config",
+            "--init-seed-offset", "--init_seed_offset"}
+# The A/A control's torch seed is seed + this: far from any seed list, so no control run shares an init stream
+# with a baseline run, while the data order (the seed alone) stays the baseline's.
+CONTROL_INIT_SEED_OFFSET = 1_000_000
 LABEL = re.compile(r"[A-Za-z0-9.+-][A-Za-z0-9_.+-]*")
 
 
@@ -98,9 +102,10 @@ def run_sweep(args, overrides, out, corpus_options=()):
             raise SystemExit(f"error: {out} holds a sweep with other settings ({old['config']} {' '.join(old['overrides'])}); "
                              "use another --out-dir so finished runs are not mixed")
     plan_path.write_text(json.dumps({**plan, "acts": [label for label, _, _ in args.variants], "seeds": args.seeds,
-                                     "baseline": args.baseline,
+                                     "baseline": args.baseline, "control": args.control or None,
                                      "baselines": {label: base for label, _, base in args.variants}}, indent=2))
-    jobs = [(label, opts, seed) for label, opts, _ in args.variants for seed in args.seeds]
+    # seed by seed: a sweep stopped early still pairs every variant with its baseline on the first seeds
+    jobs = [(label, opts, seed) for seed in args.seeds for label, opts, _ in args.variants]
     for label, opts, seed in tqdm(jobs, desc=f"sweep {out}", unit="run"):
         path = run_dir(out, label, seed)
         if finished(path):
@@ -201,15 +206,16 @@ def seed_list(text):
 
 
 def read_plan(path):
-    """(trainer, config, seeds, [(label, options, baseline)], [(corpus, options)]) from a --plan TOML file."""
+    """(trainer, config, seeds, [(label, options, baseline)], [(corpus, options)], control) from a --plan TOML
+    file; control is false, true or the A/A control's label."""
     try:
         plan = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read --plan {path}: {e}") from None
-    unknown = set(plan) - {"trainer", "config", "seeds", "variants", "corpora"}
+    unknown = set(plan) - {"trainer", "config", "seeds", "control", "variants", "corpora"}
     if unknown or not isinstance(plan.get("variants"), dict) or not plan["variants"]:
-        raise ValueError(f"--plan {path}: expected keys trainer, config, seeds, [variants.LABEL] tables and optional "
-                         f"[corpora.NAME] tables{f'; unknown {sorted(unknown)}' if unknown else ''}")
+        raise ValueError(f"--plan {path}: expected keys trainer, config, seeds, optional control, [variants.LABEL] "
+                         f"tables and optional [corpora.NAME] tables{f'; unknown {sorted(unknown)}' if unknown else ''}")
     variants = []
     for label, table in plan["variants"].items():
         table = dict(table)
@@ -218,7 +224,10 @@ def read_plan(path):
             raise ValueError(f"--plan {path}: variant {label} has baseline {baseline!r}, which is not a variant")
         variants.append((label, options(table), baseline))
     corpora = [(name, options(table)) for name, table in plan.get("corpora", {}).items()]
-    return plan.get("trainer"), plan.get("config"), plan.get("seeds"), variants, corpora
+    control = plan.get("control", False)
+    if not isinstance(control, (bool, str)):
+        raise ValueError(f"--plan {path}: control must be true or the control's label, got {control!r}")
+    return plan.get("trainer"), plan.get("config"), plan.get("seeds"), variants, corpora, control
 
 
 def sweep_dirs(out):
@@ -240,6 +249,9 @@ def parse_args(argv):
     p.add_argument("--seeds", type=seed_list, help="comma-separated seeds")
     p.add_argument("--out-dir", help="sweep directory: one sub-directory per run, plus the report")
     p.add_argument("--baseline", help="activation the others are compared against (default: first of --acts)")
+    p.add_argument("--control", nargs="?", const=True, default=False, metavar="LABEL",
+                   help="add an A/A control: the baseline again as LABEL (default BASELINE_aa), same seeds and data "
+                        "order, another init stream; reported first")
     p.add_argument("--nproc-per-node", type=int, default=1, help="processes per run; >1 uses torchrun")
     p.add_argument("--report-only", metavar="DIR", help="only read the runs in DIR and write the report")
     args, overrides = p.parse_known_args(argv)
@@ -252,9 +264,10 @@ def parse_args(argv):
         if args.acts or args.baseline:
             p.error("--plan names the variants and their baselines; leave out --acts and --baseline")
         try:
-            trainer, config, seeds, args.variants, args.corpora = read_plan(args.plan)
+            trainer, config, seeds, args.variants, args.corpora, control = read_plan(args.plan)
         except ValueError as e:
             p.error(str(e))
+        args.control = args.control or control
         args.trainer, args.config, args.seeds = args.trainer or trainer, args.config or config, args.seeds or seeds
     elif args.acts:
         args.variants = [(a, ["--act", a], None) for a in args.acts]
@@ -283,6 +296,14 @@ def parse_args(argv):
     if args.nproc_per_node < 1:
         p.error("--nproc-per-node must be at least 1")
     args.baseline = args.baseline or labels[0]
+    if args.control:
+        label = args.control if isinstance(args.control, str) else f"{args.baseline}_aa"
+        if label in labels or not LABEL.fullmatch(label):
+            p.error(f"control label {label!r} must be new and made of letters, digits, . _ + -")
+        base_options = next(opts for name, opts, _ in args.variants if name == args.baseline)
+        args.variants.insert(labels.index(args.baseline) + 1, (
+            label, [*base_options, "--init-seed-offset", str(CONTROL_INIT_SEED_OFFSET)], args.baseline))
+        args.control, labels = label, [name for name, _, _ in args.variants]
     args.acts = labels
     return args, overrides
 

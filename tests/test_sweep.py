@@ -117,10 +117,10 @@ def test_sweep_skips_finished_runs_and_launches_the_rest(tmp_path, monkeypatch):
     sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu", "--seeds", "1,2",
                 "--out-dir", str(tmp_path / "s"), "--nproc-per-node", "2", "--max-steps", "10"])
     launched = [(c[c.index("--act") + 1], c[c.index("--seed") + 1]) for c in calls]
-    assert launched == [("gelu", "2"), ("aglu", "1"), ("aglu", "2")]
+    assert launched == [("aglu", "1"), ("gelu", "2"), ("aglu", "2")]  # seed by seed
     cmd = calls[0]
     assert cmd[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    assert cmd[-3:] == ["--auto-resume", "--max-steps", "10"] and cmd[cmd.index("--out-dir") + 1] == str(tmp_path / "s" / "gelu_seed2")
+    assert cmd[-3:] == ["--auto-resume", "--max-steps", "10"] and cmd[cmd.index("--out-dir") + 1] == str(tmp_path / "s" / "aglu_seed1")
     assert json.loads((tmp_path / "s" / "sweep.json").read_text())["paired"]["aglu"]["final_val"]["n"] == 2
 
     calls.clear()  # the same command again: everything is finished

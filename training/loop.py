@@ -79,7 +79,7 @@ class Trainer:
         self.dist = d = distributed.setup(run.device)
         stop = None
         try:
-            torch.manual_seed(run.seed)
+            torch.manual_seed(run.seed + run.init_seed_offset)
             self.precision = resolve_precision(run.dtype, d.device_type)
             self.autocast = autocast_context(d.device_type, self.precision)
             if d.device_type == "cuda":
