@@ -99,7 +99,7 @@ def plot_sweep(groups, result, out, smooth=0.9):
             if not steps:
                 continue
             ax.fill_between(steps, low, high, color=colors[a], alpha=0.18, linewidth=0)
-            ax.plot(steps, mean, color=colors[a], label=f"{a} ({len(runs)} seeds)",
+            ax.plot(steps, mean, color=colors[a], label=f"{a} ({len(runs)} seed{'s' * (len(runs) != 1)})",
                     linestyle="--" if a == result.get("control") else "-",
                     marker="o" if len(steps) < 30 else None, markersize=3)
             drawn.append((steps, mean, low, high))
