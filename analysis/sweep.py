@@ -5,20 +5,28 @@
     python -m analysis.sweep ... --nproc-per-node 8          # each run under torchrun
     python -m analysis.sweep --plan configs/sweep_translation_acts.toml --out-dir runs/translation_acts
     python -m analysis.sweep --report-only runs/sweep        # re-read the runs, rewrite the report(s)
+    python -m analysis.sweep --report-only runs/sweep --target-diff 0.01   # seeds to detect 0.01 nats
+    python -m analysis.sweep ... --control                   # with an A/A control, reported first
 
 --trainer gpt2 (train_gpt2.py, the default) or translation (train_translation.py). A --plan TOML file names
 the trainer, config and seeds, the variants (a label each, with its trainer options such as act,
 act_kwargs, plain_top_k, and the label it is compared against as `baseline`) and optionally corpora
 (a name each, with trainer options such as train_prefix): each corpus is a sweep of its own in
-OUT_DIR/{corpus}. Runs go one after another, each a subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed}
-(its output in train.out). A run whose final evaluation (translation: its test-set BLEU) is logged is
-skipped; an unfinished one continues from its newest checkpoint (--auto-resume), so rerunning the same command
-after a crash finishes the sweep. The report (stdout, sweep.md, sweep.json, compare.png,
-compare_telemetry.png in each sweep directory) has mean ± sample std per variant of the final val loss
-(and HellaSwag acc_norm / valid and test BLEU where logged), and for each variant the paired difference
-to its baseline (--acts: the first, or --baseline) over the seeds both finished: mean, std,
-t = mean / (std/sqrt n) and the 95% interval mean ± t_{0.975, n-1} std/sqrt(n). Negative val-loss
-differences favour the variant.
+OUT_DIR/{corpus}. Runs go one after another, seed by seed (every variant's seed 1, then seed 2 ...), each a
+subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed} (its output in train.out). A run whose final
+evaluation (translation: its test-set BLEU) is logged is skipped; an unfinished one continues from its newest
+checkpoint (--auto-resume), so rerunning the same command after a crash finishes the sweep.
+
+--control (or `control = true` / `control = "LABEL"` in a plan) adds an A/A control: the baseline again as
+BASELINE_aa with the same seeds, hence the same data order, but torch's RNG (init, dropout) seeded with
+seed + 1,000,000 (the trainer's --init-seed-offset). Its difference to the baseline is noise by construction.
+
+The report (analysis/sweep_report.py: stdout, sweep.md, sweep.json, compare.png, compare_telemetry.png in each
+sweep directory) has mean ± sample std per variant of the final val loss (and HellaSwag acc_norm / valid and
+test BLEU where logged), and for each variant the paired difference to its baseline (--acts: the first, or
+--baseline) over the seeds both finished: mean, std, t = mean / (std/sqrt n), the 95% interval
+mean ± t_{0.975, n-1} std/sqrt(n), the difference those seeds detect with 80% power and the seeds
+--target-diff (default: the observed difference) needs. Negative val-loss differences favour the variant.
 """
 import argparse
 import json
@@ -33,37 +41,19 @@ ROOT = Path(__file__).resolve().parents[1]
 from tqdm import tqdm
 
 import activations
-from analysis.compare import plot, plot_telemetry, table
-from analysis.runs import RunError, load_run, load_runs, markdown_table, summary
-from eval.stats import mean_std, paired
+from analysis.sweep_report import finished, report
 
 TRAINERS = {"gpt2": ROOT / "train_gpt2.py", "translation": ROOT / "train_translation.py"}
-METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_norm"),
-           ("bleu", "valid BLEU (greedy)"), ("test_bleu_greedy", "test BLEU greedy"), ("test_bleu_beam", "test BLEU beam")]
-RESERVED = {"--act", "--seed", "--out-dir", "--out_dir", "--resume", "--auto-resume", "--auto_resume", "--config"}
+RESERVED = {"--act", "--seed", "--out-dir", "--out_dir", "--resume", "--auto-resume", "--auto_resume", "--config",
+            "--init-seed-offset", "--init_seed_offset"}
+# The A/A control's torch seed is seed + this: far from any seed list, so no control run shares an init stream
+# with a baseline run, while the data order (the seed alone) stays the baseline's.
+CONTROL_INIT_SEED_OFFSET = 1_000_000
 LABEL = re.compile(r"[A-Za-z0-9.+-][A-Za-z0-9_.+-]*")
 
 
 def run_dir(out_dir, label, seed):
     return Path(out_dir) / f"{label}_seed{seed}"
-
-
-def variant_of(run):
-    """The variant label of a run: its directory name without `_seedN`, else its activation."""
-    match = re.fullmatch(r"(.+)_seed\d+", run.path.name)
-    return match.group(1) if match else run.setting("act")
-
-
-def finished(path):
-    """The run's final evaluation (at max_steps) is logged; translation: its test-set BLEU after the last step."""
-    try:
-        run = load_run(path)
-    except RunError:
-        return False
-    if run.setting("test_at_end"):
-        return run.test is not None
-    val, max_steps = run.series.get("val"), run.setting("max_steps")
-    return bool(val) and max_steps is not None and val[-1][0] == max_steps
 
 
 def options(table):
@@ -98,9 +88,10 @@ def run_sweep(args, overrides, out, corpus_options=()):
             raise SystemExit(f"error: {out} holds a sweep with other settings ({old['config']} {' '.join(old['overrides'])}); "
                              "use another --out-dir so finished runs are not mixed")
     plan_path.write_text(json.dumps({**plan, "acts": [label for label, _, _ in args.variants], "seeds": args.seeds,
-                                     "baseline": args.baseline,
+                                     "baseline": args.baseline, "control": args.control or None,
                                      "baselines": {label: base for label, _, base in args.variants}}, indent=2))
-    jobs = [(label, opts, seed) for label, opts, _ in args.variants for seed in args.seeds]
+    # seed by seed: a sweep stopped early still pairs every variant with its baseline on the first seeds
+    jobs = [(label, opts, seed) for seed in args.seeds for label, opts, _ in args.variants]
     for label, opts, seed in tqdm(jobs, desc=f"sweep {out}", unit="run"):
         path = run_dir(out, label, seed)
         if finished(path):
@@ -117,82 +108,6 @@ def run_sweep(args, overrides, out, corpus_options=()):
                              f"{path / 'train.out'}; rerun the same command to continue (finished runs are skipped)")
 
 
-def report(out_dir, acts=None, baseline=None):
-    """Read every run under out_dir and write sweep.md, sweep.json and compare.png there; returns the markdown.
-    Runs are grouped by variant (directory {label}_seed{seed}); each variant is compared with its baseline
-    (the plan's `baselines`, else `baseline`, else the first variant)."""
-    out = Path(out_dir)
-    plan = json.loads((out / "sweep_plan.json").read_text()) if (out / "sweep_plan.json").is_file() else {}
-    dirs = sorted(p for p in out.iterdir() if p.is_dir() and ((p / "log.txt").is_file() or (p / "metrics.jsonl").is_file()))
-    if not dirs:
-        raise SystemExit(f"error: {out}: no run directories (with log.txt or metrics.jsonl) inside")
-    try:
-        runs = load_runs(dirs)
-    except RunError as e:
-        raise SystemExit(f"error: {e}") from None
-    for run in runs:
-        if variant_of(run) is not None and run.setting("seed") is not None:
-            run.label = f"{variant_of(run)}/seed{run.setting('seed')}"
-    done = [run for run in runs if finished(run.path)]
-    unfinished = [run.label for run in runs if run not in done]
-    order = acts or plan.get("acts") or sorted({variant_of(r) for r in done})
-    order = [a for a in order if any(variant_of(r) == a for r in done)]
-    rank = {a: i for i, a in enumerate(order)}
-    runs.sort(key=lambda r: (rank.get(variant_of(r), len(rank)), str(variant_of(r)), r.setting("seed") or 0))
-    baseline = baseline or plan.get("baseline") or (order[0] if order else None)
-    baselines = {a: (plan.get("baselines") or {}).get(a) or baseline for a in order}
-
-    rows = {a: {} for a in order}  # variant -> metric -> {seed: value}
-    for run in done:
-        if variant_of(run) in rows:
-            s = summary(run)
-            for key, _ in METRICS:
-                if s[key] is not None:
-                    rows[variant_of(run)].setdefault(key, {})[run.setting("seed")] = s[key]
-    metrics = [(k, name) for k, name in METRICS if any(k in r for r in rows.values())]
-    result = {"baseline": baseline, "baselines": baselines, "acts": order, "unfinished": unfinished,
-              "runs": [summary(r) for r in runs],
-              "per_act": {a: {k: mean_std(list(rows[a].get(k, {}).values())) for k, _ in metrics} for a in order},
-              "paired": {a: {k: paired(rows[baselines[a]].get(k, {}), rows[a].get(k, {})) for k, _ in metrics}
-                         for a in order if a != baselines[a] and baselines[a] in rows}}
-
-    def pm(stat):
-        if stat["mean"] is None:
-            return "-"
-        return f"{stat['mean']:.4f} ± {stat['std']:.4f}" if stat["std"] is not None else f"{stat['mean']:.4f}"
-
-    md = [f"# Sweep {out}", "", table(runs), ""]
-    if unfinished:
-        md += [f"Unfinished (left out of the statistics): {', '.join(unfinished)}", ""]
-    md += ["Mean ± sample std over seeds:", "",
-           markdown_table(["variant", "n", *[name for _, name in metrics]],
-                          [[a, max((s["n"] for s in result["per_act"][a].values()), default=0),
-                            *[pm(result["per_act"][a][k]) for k, _ in metrics]] for a in order]), ""]
-    sources = set()
-    pair_rows = []
-    for a, per in result["paired"].items():
-        for k, name in metrics:
-            p = per[k]
-            sources.add(p["t_source"])
-            pair_rows.append([f"{a} - {baselines[a]}", name, p["n"], pm(p), "-" if p["t"] is None else f"{p['t']:.2f}",
-                              "-" if p["ci95"] is None else f"[{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}]"])
-    if pair_rows:
-        md += [f"Paired differences against the baseline over shared seeds (mean ± std, t = mean/(std/√n), 95% CI "
-               f"with t quantile from {', '.join(sorted(s for s in sources if s)) or 'n/a (n < 2)'}); "
-               "val loss: negative is better, HellaSwag/BLEU: positive is better:", "",
-               markdown_table(["pair", "metric", "n", "diff", "t", "95% CI"], pair_rows), ""]
-    text = "\n".join(md)
-    (out / "sweep.md").write_text(text)
-    (out / "sweep.json").write_text(json.dumps(result, indent=2))
-    try:
-        plot(runs, out / "compare.png")
-        if any(r.telemetry for r in runs):
-            plot_telemetry(runs, out / "compare_telemetry.png")
-    except RunError as e:  # nothing logged yet: the tables still stand
-        text += f"\n(no plot: {e})"
-    return text
-
-
 def seed_list(text):
     try:
         return [int(x) for x in text.split(",") if x]
@@ -201,15 +116,16 @@ def seed_list(text):
 
 
 def read_plan(path):
-    """(trainer, config, seeds, [(label, options, baseline)], [(corpus, options)]) from a --plan TOML file."""
+    """(trainer, config, seeds, [(label, options, baseline)], [(corpus, options)], control) from a --plan TOML
+    file; control is false, true or the A/A control's label."""
     try:
         plan = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read --plan {path}: {e}") from None
-    unknown = set(plan) - {"trainer", "config", "seeds", "variants", "corpora"}
+    unknown = set(plan) - {"trainer", "config", "seeds", "control", "variants", "corpora"}
     if unknown or not isinstance(plan.get("variants"), dict) or not plan["variants"]:
-        raise ValueError(f"--plan {path}: expected keys trainer, config, seeds, [variants.LABEL] tables and optional "
-                         f"[corpora.NAME] tables{f'; unknown {sorted(unknown)}' if unknown else ''}")
+        raise ValueError(f"--plan {path}: expected keys trainer, config, seeds, optional control, [variants.LABEL] "
+                         f"tables and optional [corpora.NAME] tables{f'; unknown {sorted(unknown)}' if unknown else ''}")
     variants = []
     for label, table in plan["variants"].items():
         table = dict(table)
@@ -218,7 +134,10 @@ def read_plan(path):
             raise ValueError(f"--plan {path}: variant {label} has baseline {baseline!r}, which is not a variant")
         variants.append((label, options(table), baseline))
     corpora = [(name, options(table)) for name, table in plan.get("corpora", {}).items()]
-    return plan.get("trainer"), plan.get("config"), plan.get("seeds"), variants, corpora
+    control = plan.get("control", False)
+    if not isinstance(control, (bool, str)):
+        raise ValueError(f"--plan {path}: control must be true or the control's label, got {control!r}")
+    return plan.get("trainer"), plan.get("config"), plan.get("seeds"), variants, corpora, control
 
 
 def sweep_dirs(out):
@@ -240,8 +159,13 @@ def parse_args(argv):
     p.add_argument("--seeds", type=seed_list, help="comma-separated seeds")
     p.add_argument("--out-dir", help="sweep directory: one sub-directory per run, plus the report")
     p.add_argument("--baseline", help="activation the others are compared against (default: first of --acts)")
+    p.add_argument("--control", nargs="?", const=True, default=False, metavar="LABEL",
+                   help="add an A/A control: the baseline again as LABEL (default BASELINE_aa), same seeds and data "
+                        "order, another init stream; reported first")
     p.add_argument("--nproc-per-node", type=int, default=1, help="processes per run; >1 uses torchrun")
     p.add_argument("--report-only", metavar="DIR", help="only read the runs in DIR and write the report")
+    p.add_argument("--target-diff", type=float, metavar="NATS",
+                   help="final val loss difference whose seeds the report counts (default: the observed one)")
     args, overrides = p.parse_known_args(argv)
     args.variants, args.corpora = [], []
     if args.report_only:
@@ -252,9 +176,10 @@ def parse_args(argv):
         if args.acts or args.baseline:
             p.error("--plan names the variants and their baselines; leave out --acts and --baseline")
         try:
-            trainer, config, seeds, args.variants, args.corpora = read_plan(args.plan)
+            trainer, config, seeds, args.variants, args.corpora, control = read_plan(args.plan)
         except ValueError as e:
             p.error(str(e))
+        args.control = args.control or control
         args.trainer, args.config, args.seeds = args.trainer or trainer, args.config or config, args.seeds or seeds
     elif args.acts:
         args.variants = [(a, ["--act", a], None) for a in args.acts]
@@ -283,6 +208,14 @@ def parse_args(argv):
     if args.nproc_per_node < 1:
         p.error("--nproc-per-node must be at least 1")
     args.baseline = args.baseline or labels[0]
+    if args.control:
+        label = args.control if isinstance(args.control, str) else f"{args.baseline}_aa"
+        if label in labels or not LABEL.fullmatch(label):
+            p.error(f"control label {label!r} must be new and made of letters, digits, . _ + -")
+        base_options = next(opts for name, opts, _ in args.variants if name == args.baseline)
+        args.variants.insert(labels.index(args.baseline) + 1, (
+            label, [*base_options, "--init-seed-offset", str(CONTROL_INIT_SEED_OFFSET)], args.baseline))
+        args.control, labels = label, [name for name, _, _ in args.variants]
     args.acts = labels
     return args, overrides
 
@@ -296,7 +229,7 @@ def main(argv=None):
     if not out.is_dir():
         raise SystemExit(f"error: {out}: no such sweep directory")
     for directory in sweep_dirs(out):
-        print(report(directory, args.acts, None if args.plan else args.baseline))
+        print(report(directory, args.acts, None if args.plan else args.baseline, args.target_diff))
         print(f"wrote {directory / 'sweep.md'}, sweep.json and the PNGs there")
 
 

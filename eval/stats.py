@@ -1,5 +1,5 @@
-"""Statistics for reading results: binomial intervals for accuracies, paired differences over seeds.
-Plain Python (no torch), so run reading and reports stay light."""
+"""Statistics for reading results: binomial intervals for accuracies, paired differences over seeds, and what
+a number of seeds can detect. Plain Python (no torch, scipy optional), so run reading and reports stay light."""
 import math
 import statistics
 
@@ -16,20 +16,46 @@ def wilson(k, n, z=Z95):
     return [centre - half, centre + half]
 
 
-# two-sided 95% quantiles of Student's t by degrees of freedom, used when scipy is not installed;
-# between rows the smaller df is taken (a slightly wider, conservative interval)
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-        20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+def _t_cdf(t, df):
+    """P(T <= t) for Student's t with a whole number of degrees of freedom, in closed form
+    (Abramowitz & Stegun 26.7.3/26.7.4: a finite series in cos(theta), theta = atan(t/sqrt(df)))."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: (2/pi)(theta + sin(theta)[cos + (2/3)cos^3 + (2*4)/(3*5)cos^5 + ...]) up to cos^(df-2)
+        term, total = math.cos(theta), 0.0
+        for j in range(1, (df - 1) // 2 + 1):
+            total += term
+            term *= c2 * (2 * j) / (2 * j + 1)
+        a = 2 / math.pi * (theta + math.sin(theta) * total)
+    else:  # even: sin(theta)[1 + (1/2)cos^2 + (1*3)/(2*4)cos^4 + ...] up to cos^(df-2)
+        term, total = 1.0, 0.0
+        for j in range(df // 2):
+            total += term
+            term *= c2 * (2 * j + 1) / (2 * j + 2)
+        a = math.sin(theta) * total
+    return (1 + a) / 2
 
 
-def t_quantile(df):
-    """(t_{0.975, df}, where it came from)."""
+def _t_ppf(p, df):
+    """The p quantile (p >= 0.5) of Student's t by bisection on the closed-form CDF, to float precision."""
+    lo, hi = 0.0, 1.0
+    while _t_cdf(hi, df) < p:
+        lo, hi = hi, 2 * hi
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if _t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def t_quantile(df, p=0.975):
+    """(t_{p, df}, where it came from): scipy when installed, else the exact closed form (whole df only)."""
     try:
         from scipy.stats import t
-        return float(t.ppf(0.975, df)), "scipy.stats.t"
+        return float(t.ppf(p, df)), "scipy.stats.t"
     except ImportError:
-        return T975[max(k for k in T975 if k <= df)], "table (scipy not installed)"
+        return _t_ppf(p, int(df)), "closed-form t CDF (scipy not installed)"
 
 
 def mean_std(values):
@@ -48,3 +74,33 @@ def paired(baseline, other):
         out["t"] = out["mean"] / se if se > 0 else math.copysign(math.inf, out["mean"]) if out["mean"] else 0.0
         out["ci95"] = [out["mean"] - q * se, out["mean"] + q * se]
     return out
+
+
+def detectable_difference(std, n, alpha=0.05, power=0.80):
+    """The smallest true paired difference that n seeds with this paired std detect with the given power at
+    two-sided level alpha: (t_{1-alpha/2, n-1} + t_{power, n-1}) * std / sqrt(n) (the t approximation of the
+    power of a paired t-test, n-1 degrees of freedom). None below 2 seeds."""
+    if n is None or n < 2 or std is None:
+        return None
+    return (t_quantile(n - 1, 1 - alpha / 2)[0] + t_quantile(n - 1, power)[0]) * std / math.sqrt(n)
+
+
+def seeds_needed(std, diff, alpha=0.05, power=0.80, most=10_000):
+    """The fewest seeds whose detectable difference is at most |diff| (the t quantiles depend on n, so n is
+    searched, not solved for); None when no number up to `most` does (diff 0, or tiny against std)."""
+    if std is None or diff is None or diff == 0:
+        return None
+    # t quantiles exceed the normal's, so n below ((z_{1-alpha/2} + z_power) std / diff)^2 cannot do: start there
+    z = statistics.NormalDist().inv_cdf
+    start = max(2, math.floor(((z(1 - alpha / 2) + z(power)) * std / abs(diff)) ** 2))
+    for n in range(start, most + 1):
+        if detectable_difference(std, n, alpha, power) <= abs(diff):
+            return n
+    return None
+
+
+def binomial_floor(p, n_items):
+    """Half the width of the 95% Wilson interval of an accuracy p on n_items: the benchmark's own noise,
+    which no number of seeds removes (every seed is scored on the same items)."""
+    lo, hi = wilson(round(p * n_items), n_items)
+    return (hi - lo) / 2

@@ -77,22 +77,65 @@ def test_report_statistics_equal_hand_computation(tmp_path):
     assert (tmp_path / "compare.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_t_quantile_without_scipy(monkeypatch):
+def no_scipy(monkeypatch):
     real_import = builtins.__import__
 
-    def no_scipy(name, *args, **kwargs):
+    def without(name, *args, **kwargs):
         if name.startswith("scipy"):
             raise ImportError(name)
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", no_scipy)
-    assert stats.t_quantile(2) == (4.303, "table (scipy not installed)")
-    assert stats.t_quantile(35)[0] == 2.042  # between rows: the smaller df, a wider interval
+    monkeypatch.setattr(builtins, "__import__", without)
+
+
+# Student's t quantiles in closed form: df 1 is Cauchy, tan(pi (p - 1/2)); df 2 is (2p - 1) / sqrt(2 p (1 - p))
+T975_1, T80_1 = math.tan(math.pi * 0.475), math.tan(math.pi * 0.3)
+T975_2, T80_2 = 0.95 / math.sqrt(2 * 0.975 * 0.025), 0.6 / math.sqrt(2 * 0.8 * 0.2)
+# published tables (6 digits) for df 3 and 4
+T975_3, T80_3, T975_4, T80_4 = 3.182446, 0.978472, 2.776445, 0.940965
+
+
+def test_t_quantile_without_scipy(monkeypatch):
+    no_scipy(monkeypatch)
+    assert stats.t_quantile(2) == (pytest.approx(T975_2, rel=1e-12), "closed-form t CDF (scipy not installed)")
+    assert stats.t_quantile(1)[0] == pytest.approx(T975_1, rel=1e-12)
+    assert stats.t_quantile(1, 0.80)[0] == pytest.approx(T80_1, rel=1e-12)
+    assert stats.t_quantile(2, 0.80)[0] == pytest.approx(T80_2, rel=1e-12)
+    for df, q975, q80 in ((3, T975_3, T80_3), (4, T975_4, T80_4)):
+        assert stats.t_quantile(df)[0] == pytest.approx(q975, abs=2e-6)
+        assert stats.t_quantile(df, 0.80)[0] == pytest.approx(q80, abs=2e-6)
+    assert stats.t_quantile(1000)[0] == pytest.approx(1.962339, abs=2e-6)  # towards the normal's 1.959964
     diffs = [-0.1, -0.2, -0.3]
     got = stats.paired({1: 0, 2: 0, 3: 0}, dict(zip((1, 2, 3), diffs)))
-    mean, sd, t, ci = t_ci(diffs, 4.303)
+    mean, sd, t, ci = t_ci(diffs, T975_2)
     assert got["t"] == pytest.approx(t) and got["ci95"] == pytest.approx(list(ci))
-    assert got["t_source"] == "table (scipy not installed)"
+    assert got["t_source"] == "closed-form t CDF (scipy not installed)"
+
+
+@pytest.mark.parametrize("scipy", [True, False], ids=["scipy", "no-scipy"])
+def test_detectable_difference_and_seeds_needed_by_hand(scipy, monkeypatch):
+    if scipy:
+        pytest.importorskip("scipy")
+    else:
+        no_scipy(monkeypatch)
+    s = 0.0067  # the issue's relu - gelu: paired std 0.0067 over 3 seeds, observed 0.0132
+    assert stats.detectable_difference(s, 3) == pytest.approx((T975_2 + T80_2) * s / math.sqrt(3), rel=1e-10)
+    assert round(stats.detectable_difference(s, 3), 3) == 0.021
+    assert stats.detectable_difference(s, 4) == pytest.approx((T975_3 + T80_3) * s / 2, rel=1e-5)  # 0.01394
+    assert stats.detectable_difference(s, 5) == pytest.approx((T975_4 + T80_4) * s / math.sqrt(5), rel=1e-5)  # 0.01114
+    assert stats.seeds_needed(s, 0.013) == 5 and stats.seeds_needed(s, -0.013) == 5  # 4 seeds: 0.01394 > 0.013
+    assert stats.seeds_needed(s, 0.0140) == 4 and stats.seeds_needed(s, 0.03) == 3
+    assert stats.seeds_needed(s, 0.07) == 2  # (T975_1 + T80_1) s / sqrt 2 = 0.0667
+    assert stats.seeds_needed(s, 0) is None and stats.seeds_needed(s, 1e-9) is None  # no number of seeds does
+    assert stats.detectable_difference(s, 1) is None and stats.seeds_needed(0.0, 0.001) == 2
+
+
+def test_binomial_floor_by_hand():
+    n, z = 10042, 1.959963984540054
+    p = round(0.30 * n) / n
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert stats.binomial_floor(0.30, n) == pytest.approx(half, rel=1e-12)
+    assert round(stats.binomial_floor(0.30, n), 4) == 0.009  # the ±0.9 points of a 124M-sized HellaSwag score
 
 
 def test_paired_uses_shared_seeds_only():
@@ -117,10 +160,10 @@ def test_sweep_skips_finished_runs_and_launches_the_rest(tmp_path, monkeypatch):
     sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu", "--seeds", "1,2",
                 "--out-dir", str(tmp_path / "s"), "--nproc-per-node", "2", "--max-steps", "10"])
     launched = [(c[c.index("--act") + 1], c[c.index("--seed") + 1]) for c in calls]
-    assert launched == [("gelu", "2"), ("aglu", "1"), ("aglu", "2")]
+    assert launched == [("aglu", "1"), ("gelu", "2"), ("aglu", "2")]  # seed by seed
     cmd = calls[0]
     assert cmd[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    assert cmd[-3:] == ["--auto-resume", "--max-steps", "10"] and cmd[cmd.index("--out-dir") + 1] == str(tmp_path / "s" / "gelu_seed2")
+    assert cmd[-3:] == ["--auto-resume", "--max-steps", "10"] and cmd[cmd.index("--out-dir") + 1] == str(tmp_path / "s" / "aglu_seed1")
     assert json.loads((tmp_path / "s" / "sweep.json").read_text())["paired"]["aglu"]["final_val"]["n"] == 2
 
     calls.clear()  # the same command again: everything is finished
@@ -314,4 +357,102 @@ def test_bad_plans(tmp_path, plan, message, capsys, monkeypatch):
     (tmp_path / "plan.toml").write_text(plan)
     with pytest.raises(SystemExit):
         sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
+    assert message in capsys.readouterr().err
+
+
+def fake_sweep(out, finals, control=None, baseline="gelu"):
+    """Finished fake runs {(label, seed): final val loss} and a sweep_plan.json naming them in order."""
+    for (label, seed), final in finals.items():
+        fake_run(out / f"{label}_seed{seed}", label.removesuffix("_aa"), seed, final)
+    acts = list(dict.fromkeys(label for label, _ in finals))
+    (out / "sweep_plan.json").write_text(json.dumps({"acts": acts, "baseline": baseline, "control": control,
+                                                     "baselines": {a: baseline for a in acts}}))
+
+
+def test_report_power_spread_and_control(tmp_path):
+    gelu = {1: 3.50, 2: 3.60, 3: 3.40}
+    finals = {("gelu", s): v for s, v in gelu.items()}
+    finals.update({("gelu_aa", s): v + d for (s, v), d in zip(gelu.items(), (0.004, -0.003, 0.001))})
+    finals.update({("relu", s): v + d for (s, v), d in zip(gelu.items(), (0.0132 - 0.0067, 0.0132, 0.0132 + 0.0067))})
+    finals.update({("aglu", s): v + d for (s, v), d in zip(gelu.items(), (0.3, -0.2, 0.05))})
+    fake_sweep(tmp_path, finals, control="gelu_aa")
+    text = sweep.report(tmp_path)
+    result = json.loads((tmp_path / "sweep.json").read_text())
+    relu = result["paired"]["relu"]["final_val"]
+    assert relu["std"] == pytest.approx(0.0067) and relu["mean"] == pytest.approx(0.0132)
+    assert relu["detectable"] == pytest.approx((T975_2 + T80_2) * 0.0067 / math.sqrt(3), rel=1e-9)
+    assert relu["seeds_needed"] == 5
+    assert "relu - gelu, final val loss: 3 seeds can detect 0.021 nats; the observed 0.013 would need 5 seeds." in text
+    # the control comes first, before the runs table and first among the pairs, and holds: its interval has 0
+    assert result["acts"][:2] == ["gelu", "gelu_aa"] and list(result["paired"])[0] == "gelu_aa"
+    assert result["control_reliable"] is True and "contains 0, as it must" in text
+    assert text.index("A/A control gelu_aa - gelu") < text.index("| run ")
+    assert "unreliable" not in text
+    # aglu's seed std (0.25 - 0.1 ...) against gelu's 0.1: flagged; relu and the control are not
+    ratio = statistics.stdev([3.8, 3.4, 3.45]) / statistics.stdev([3.5, 3.6, 3.4])
+    assert [(f["variant"], f["metric"]) for f in result["spread_flags"]] == [("aglu", "final_val")]
+    assert result["spread_flags"][0]["ratio"] == pytest.approx(ratio)
+    assert f"**aglu needs more seeds**: its seed std of final val loss (0.2179) is {ratio:.1f}x gelu's (0.1000)" in text
+
+    sweep.main(["--report-only", str(tmp_path), "--target-diff", "0.03"])  # a named difference, in nats
+    text = (tmp_path / "sweep.md").read_text()
+    assert "relu - gelu, final val loss: 3 seeds can detect 0.021 nats; the named 0.03 would need 3 seeds." in text
+    assert json.loads((tmp_path / "sweep.json").read_text())["target_diff"] == 0.03
+
+
+def test_control_that_excludes_zero_says_the_sweep_is_unreliable(tmp_path):
+    finals = {("gelu", s): v for s, v in {1: 3.5, 2: 3.6, 3: 3.4}.items()}
+    finals.update({("gelu_aa", s): v + 0.05 + s / 1000 for (_, s), v in finals.items()})
+    finals.update({("relu", s): v + 0.01 for (_, s), v in list(finals.items())[:3]})
+    fake_sweep(tmp_path, finals, control="gelu_aa")
+    text = sweep.report(tmp_path)
+    assert json.loads((tmp_path / "sweep.json").read_text())["control_reliable"] is False
+    assert "excludes 0. The sweep is unreliable" in text and text.index("unreliable") < text.index("| run ")
+
+
+def test_hellaswag_power_has_the_binomial_floor(tmp_path):
+    for act, shift in (("gelu", 0.0), ("relu", 0.01)):
+        for seed in (1, 2, 3):
+            fake_run(tmp_path / f"{act}_seed{seed}", act, seed, 3.5, hella=0.30 + shift + seed / 1000 * (act == "relu"))
+    text = sweep.report(tmp_path, acts=["gelu", "relu"])
+    hella = json.loads((tmp_path / "sweep.json").read_text())["paired"]["relu"]["hella_acc_norm"]
+    assert hella["items"] == 10042 and hella["binomial_floor"] == pytest.approx(stats.binomial_floor(0.30, 10042))
+    assert "the benchmark alone is ±0.0090 (10,042 items), a floor no number of seeds lowers." in text
+
+
+def test_control_from_the_cli_and_a_plan(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_subprocess_run(cmd, stdout=None, stderr=None):
+        calls.append(cmd)
+        path = Path(cmd[cmd.index("--out-dir") + 1])
+        fake_run(path, cmd[cmd.index("--act") + 1], int(cmd[cmd.index("--seed") + 1]), 3.0)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_subprocess_run)
+    sweep.main(["--config", "c.toml", "--acts", "gelu,relu", "--seeds", "1,2", "--control", "--out-dir",
+                str(tmp_path / "cli")])
+    launched = [Path(c[c.index("--out-dir") + 1]).name for c in calls]
+    assert launched == ["gelu_seed1", "gelu_aa_seed1", "relu_seed1", "gelu_seed2", "gelu_aa_seed2", "relu_seed2"]
+    offsets = {Path(c[c.index("--out-dir") + 1]).name: c[c.index("--init-seed-offset") + 1] if "--init-seed-offset"
+               in c else None for c in calls}
+    assert offsets["gelu_aa_seed2"] == str(sweep.CONTROL_INIT_SEED_OFFSET) and offsets["gelu_seed2"] is None
+    assert calls[1][calls[1].index("--act") + 1] == "gelu" and calls[1][calls[1].index("--seed") + 1] == "1"
+    result = json.loads((tmp_path / "cli" / "sweep.json").read_text())
+    assert result["control"] == "gelu_aa" and list(result["paired"]) == ["gelu_aa", "relu"]
+
+    (tmp_path / "plan.toml").write_text('config = "c.toml"\nseeds = [1]\ncontrol = "same"\n[variants.gelu]\n'
+                                        'act = "gelu"\n[variants.relu]\nact = "relu"\n')
+    args, _ = sweep.parse_args(["--plan", str(tmp_path / "plan.toml"), "--out-dir", "x"])
+    assert args.variants[1] == ("same", ["--act", "gelu", "--init-seed-offset", "1000000"], "gelu")
+    assert args.control == "same" and args.acts == ["gelu", "same", "relu"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--control", "relu"], "control label 'relu' must be new"),
+    (["--init-seed-offset", "3"], "--init-seed-offset is set by the sweep"),
+])
+def test_bad_control(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["--config", "c.toml", "--acts", "gelu,relu", "--seeds", "1", "--out-dir", "x", *argv])
     assert message in capsys.readouterr().err

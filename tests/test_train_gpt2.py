@@ -253,3 +253,18 @@ def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc,
     evals = [json.loads(r) for r in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     accs = [r["hellaswag_acc"] for r in evals if r["kind"] == "eval"]
     assert len(accs) == 2 and all(a in {i / 8 for i in range(9)} for a in accs)
+
+
+def test_init_seed_offset_changes_the_init_and_keeps_the_data_order(tmp_path):
+    """A sweep's A/A control: torch's RNG from seed + init_seed_offset, the data order from the seed alone."""
+    from training.checkpoint import load_checkpoint
+
+    data = write_corpus(tmp_path / "data")
+    runs = {"seed1": dict(seed=1), "seed1+7": dict(seed=1, init_seed_offset=7), "seed8": dict(seed=8)}
+    for name, options in runs.items():
+        train_in_process(args(data, tmp_path / name, max_steps=2, eval_interval=2, checkpoint_interval=2, **options))
+    first = {name: (train_losses(tmp_path / name)[0][0], train_losses(tmp_path / name)[1][0]) for name in runs}
+    assert first["seed1+7"][1] == first["seed8"][1] != first["seed1"][1]  # step-0 val loss: the init of seed 8
+    assert first["seed1+7"][0] != first["seed8"][0]  # same init, other batches: the data order is not seed 8's
+    loader = load_checkpoint(tmp_path / "seed1+7" / "model_00002.pt")["loader"][0]
+    assert loader == load_checkpoint(tmp_path / "seed1" / "model_00002.pt")["loader"][0] and loader["seed"] == 1

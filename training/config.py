@@ -197,7 +197,9 @@ def help_text(cls, defaults=None):
 class RunConfig:
     """What every training run has, whatever the model: where it writes, how it runs, when it saves."""
     out_dir: str = "log"
-    seed: int = 1337
+    seed: int = 1337  # data order, and torch's RNG (init, dropout) with init_seed_offset
+    # torch's RNG gets seed + init_seed_offset: another init stream over the same data order (a sweep's A/A control)
+    init_seed_offset: int = 0
     device: str = "auto"  # auto: cuda, then mps, then cpu
     dtype: str = "auto"  # auto: bfloat16 autocast on CUDA, float32 elsewhere; or float32 / bfloat16
     compile: typing.Optional[bool] = None  # None: on for CUDA, off elsewhere

@@ -89,7 +89,7 @@ class Trainer:
         stop = None
         self.waiting = (0, "the checkpoint to resume from")  # (step, what): named if a collective times out
         try:
-            torch.manual_seed(run.seed)
+            torch.manual_seed(run.seed + run.init_seed_offset)
             platform, self.precision, use_compile, decisions = hardware.decide(run, d)
             self.autocast = autocast_context(d.device_type, self.precision)
             self.scaler = grad_scaler(d.device_type, self.precision)

@@ -1,0 +1,218 @@
+"""The report of a sweep directory: what the seeds say and what they could have said.
+
+For every variant, mean ± sample std over seeds; for every variant against its baseline, the paired
+difference over the seeds both finished (mean, std, t, 95% interval) and its power: the smallest difference
+these seeds detect at 80% power and alpha 0.05, and the seeds a target difference needs (--target-diff for
+the final val loss, else the observed difference). A variant whose seed std is more than twice its
+baseline's is flagged. An A/A control (the baseline again with another init stream) is reported first: if
+its interval excludes 0, identical settings differ "significantly" and no interval of the sweep can be trusted.
+Written to sweep.md, sweep.json and compare.png (analysis/sweep_plot.py) in the sweep directory.
+"""
+import json
+import re
+from pathlib import Path
+
+from analysis.compare import plot_telemetry, table
+from analysis.runs import RunError, load_run, load_runs, markdown_table, summary
+from analysis.sweep_plot import plot_sweep
+from eval.stats import binomial_floor, detectable_difference, mean_std, paired, seeds_needed
+
+METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_norm"),
+           ("bleu", "valid BLEU (greedy)"), ("test_bleu_greedy", "test BLEU greedy"), ("test_bleu_beam", "test BLEU beam")]
+UNITS = {"final_val": "nats", "hella_acc_norm": "acc_norm", "bleu": "BLEU", "test_bleu_greedy": "BLEU",
+         "test_bleu_beam": "BLEU"}
+SPREAD_FLAG = 2.0  # a variant's seed std above this multiple of its baseline's gets flagged
+
+
+def variant_of(run):
+    """The variant label of a run: its directory name without `_seedN`, else its activation."""
+    match = re.fullmatch(r"(.+)_seed\d+", run.path.name)
+    return match.group(1) if match else run.setting("act")
+
+
+def finished(path):
+    """The run's final evaluation (at max_steps) is logged; translation: its test-set BLEU after the last step."""
+    try:
+        run = load_run(path)
+    except RunError:
+        return False
+    if run.setting("test_at_end"):
+        return run.test is not None
+    val, max_steps = run.series.get("val"), run.setting("max_steps")
+    return bool(val) and max_steps is not None and val[-1][0] == max_steps
+
+
+def _num(x):
+    return f"{abs(x):.2g}"
+
+
+def add_power(pair, key, target_diff=None, baseline_mean=None, hella_items=None):
+    """Adds detectable (80% power, alpha 0.05), target and seeds_needed (and for HellaSwag the binomial
+    floor of its item count at the baseline's accuracy) to a paired() result."""
+    pair["detectable"] = detectable_difference(pair["std"], pair["n"])
+    pair["target"] = target_diff if key == "final_val" and target_diff is not None else pair["mean"]
+    pair["seeds_needed"] = seeds_needed(pair["std"], pair["target"])
+    if key == "hella_acc_norm" and baseline_mean is not None and hella_items:
+        pair["binomial_floor"], pair["items"] = binomial_floor(baseline_mean, hella_items), hella_items
+    return pair
+
+
+def power_sentence(name, metric, key, pair, named):
+    """One plain sentence: what these seeds can detect, and what the target difference needs."""
+    n, unit = pair["n"], UNITS[key]
+    if n < 2:
+        return f"{name}, {metric}: {n} shared seed{'s' * (n != 1)}: no interval and no detectable difference yet."
+    if pair["std"] == 0:
+        text = f"{name}, {metric}: the {n} paired differences are identical, so any difference is detected"
+    else:
+        which = "the named" if named else "the observed"
+        text = f"{name}, {metric}: {n} seeds can detect {_num(pair['detectable'])} {unit}"
+        if not pair["target"]:
+            text += f"; {which} difference is 0, which no number of seeds tells from 0"
+        elif pair["seeds_needed"] is None:
+            text += f"; {which} {_num(pair['target'])} would need more than 10,000 seeds"
+        else:
+            text += f"; {which} {_num(pair['target'])} would need {pair['seeds_needed']} seeds"
+    if "binomial_floor" in pair:
+        text += (f"; the benchmark alone is ±{pair['binomial_floor']:.4f} ({pair['items']:,} items), "
+                 "a floor no number of seeds lowers")
+    return text + "."
+
+
+def spread_flags(per_act, baselines, metrics):
+    """[(variant, metric key, its std, baseline std, ratio)] for seed stds above SPREAD_FLAG x the baseline's."""
+    flags = []
+    for a, base in baselines.items():
+        for k, _ in metrics:
+            s, b = per_act[a].get(k, {}).get("std"), per_act.get(base, {}).get(k, {}).get("std")
+            if a != base and s is not None and b and s > SPREAD_FLAG * b:
+                flags.append((a, k, s, b, s / b))
+    return flags
+
+
+def control_verdict(control, base, pairs, metrics):
+    """(reliable: True/False/None, sentence) for the A/A control against its baseline."""
+    intervals = [(name, pairs[k]) for k, name in metrics if pairs[k]["ci95"] is not None]
+    head = f"A/A control {control} - {base} (the baseline again, same seeds and data order, another init stream)"
+    if not intervals:
+        return None, f"{head}: fewer than 2 shared seeds, no verdict yet."
+    bad = [(name, p) for name, p in intervals if p["ci95"][0] > 0 or p["ci95"][1] < 0]
+    shown = bad or intervals
+    detail = "; ".join(f"{name} {p['mean']:+.4f}, 95% CI [{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}]"
+                       for name, p in shown)
+    if bad:
+        return False, (f"**{head}: {detail}: {'these exclude' if len(shown) > 1 else 'excludes'} 0. The sweep is unreliable: identical settings differ beyond "
+                       "their interval, so the seeds do not capture the run-to-run noise (too few seeds for a "
+                       "heavy-tailed spread, nondeterminism, or a difference that is not the variant's). "
+                       "Do not read the intervals below as evidence.**")
+    return True, (f"{head}: {detail}: {'every interval contains' if len(shown) > 1 else 'contains'} 0, as it must. Its paired std is what a change of init alone moves "
+                  "the result; a variant that draws its own parameters from torch's RNG (AGLU) shifts every "
+                  "later init, so it is paired with the baseline on data order only, like this control.")
+
+
+def report(out_dir, acts=None, baseline=None, target_diff=None):
+    """Read every run under out_dir and write sweep.md, sweep.json and compare.png there; returns the markdown.
+    Runs are grouped by variant (directory {label}_seed{seed}); each variant is compared with its baseline
+    (the plan's `baselines`, else `baseline`, else the first variant). target_diff (final val loss, nats):
+    the difference whose seeds the report counts; default the observed one."""
+    out = Path(out_dir)
+    plan = json.loads((out / "sweep_plan.json").read_text()) if (out / "sweep_plan.json").is_file() else {}
+    dirs = sorted(p for p in out.iterdir() if p.is_dir() and ((p / "log.txt").is_file() or (p / "metrics.jsonl").is_file()))
+    if not dirs:
+        raise SystemExit(f"error: {out}: no run directories (with log.txt or metrics.jsonl) inside")
+    try:
+        runs = load_runs(dirs)
+    except RunError as e:
+        raise SystemExit(f"error: {e}") from None
+    for run in runs:
+        if variant_of(run) is not None and run.setting("seed") is not None:
+            run.label = f"{variant_of(run)}/seed{run.setting('seed')}"
+    done = [run for run in runs if finished(run.path)]
+    unfinished = [run.label for run in runs if run not in done]
+    order = acts or plan.get("acts") or sorted({variant_of(r) for r in done})
+    order = [a for a in order if any(variant_of(r) == a for r in done)]
+    baseline = baseline or plan.get("baseline") or (order[0] if order else None)
+    control = plan.get("control") if plan.get("control") in order else None
+    if control:  # shown first, right after its baseline
+        order.remove(control)
+        order.insert(order.index(baseline) + 1 if baseline in order else 0, control)
+    rank = {a: i for i, a in enumerate(order)}
+    runs.sort(key=lambda r: (rank.get(variant_of(r), len(rank)), str(variant_of(r)), r.setting("seed") or 0))
+    baselines = {a: (plan.get("baselines") or {}).get(a) or baseline for a in order}
+
+    rows = {a: {} for a in order}  # variant -> metric -> {seed: value}
+    hella_items = 0
+    for run in done:
+        if variant_of(run) in rows:
+            s = summary(run)
+            hella_items = max(hella_items, s["hella_n"] or 0)
+            for key, _ in METRICS:
+                if s[key] is not None:
+                    rows[variant_of(run)].setdefault(key, {})[run.setting("seed")] = s[key]
+    metrics = [(k, name) for k, name in METRICS if any(k in r for r in rows.values())]
+    per_act = {a: {k: mean_std(list(rows[a].get(k, {}).values())) for k, _ in metrics} for a in order}
+    pairs = {a: {k: add_power(paired(rows[baselines[a]].get(k, {}), rows[a].get(k, {})), k, target_diff,
+                              per_act[baselines[a]][k]["mean"], hella_items) for k, _ in metrics}
+             for a in order if a != baselines[a] and baselines[a] in rows}
+    flags = spread_flags(per_act, baselines, metrics)
+    reliable, verdict = control_verdict(control, baselines[control], pairs[control], metrics) if control in pairs \
+        else (None, None)
+    result = {"baseline": baseline, "baselines": baselines, "acts": order, "unfinished": unfinished,
+              "control": control, "control_reliable": reliable, "target_diff": target_diff,
+              "runs": [summary(r) for r in runs], "per_act": per_act, "paired": pairs,
+              "spread_flags": [{"variant": a, "metric": k, "std": s, "baseline_std": b, "ratio": r}
+                               for a, k, s, b, r in flags]}
+
+    def pm(stat):
+        if stat["mean"] is None:
+            return "-"
+        return f"{stat['mean']:.4f} ± {stat['std']:.4f}" if stat["std"] is not None else f"{stat['mean']:.4f}"
+
+    md = [f"# Sweep {out}", ""]
+    if verdict:
+        md += [verdict, ""]
+    md += [table(runs), ""]
+    if unfinished:
+        md += [f"Unfinished (left out of the statistics): {', '.join(unfinished)}", ""]
+    md += ["Mean ± sample std over seeds:", "",
+           markdown_table(["variant", "n", *[name for _, name in metrics]],
+                          [[a, max((s["n"] for s in per_act[a].values()), default=0),
+                            *[pm(per_act[a][k]) for k, _ in metrics]] for a in order]), ""]
+    for a, k, s, b, ratio in flags:
+        md += [f"- **{a} needs more seeds**: its seed std of {dict(metrics)[k]} ({s:.4f}) is {ratio:.1f}x "
+               f"{baselines[a]}'s ({b:.4f}); for the precision of the baseline's mean it needs about "
+               f"{ratio ** 2:.0f}x the seeds."]
+    if flags:
+        md.append("")
+    sources, pair_rows, sentences = set(), [], []
+    for a, per in pairs.items():
+        for k, name in metrics:
+            p = per[k]
+            sources.add(p["t_source"])
+            pair_rows.append([f"{a} - {baselines[a]}", name, p["n"], pm(p), "-" if p["t"] is None else f"{p['t']:.2f}",
+                              "-" if p["ci95"] is None else f"[{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}]",
+                              "-" if p["detectable"] is None else f"{p['detectable']:.4f}",
+                              p["seeds_needed"] or "-"])
+            sentences.append("- " + power_sentence(f"{a} - {baselines[a]}", name, k, p,
+                                                   k == "final_val" and target_diff is not None))
+    if pair_rows:
+        target = "the named difference" if target_diff is not None else "the observed difference"
+        md += [f"Paired differences against the baseline over shared seeds (mean ± std, t = mean/(std/√n), 95% CI "
+               f"with t quantile from {', '.join(sorted(s for s in sources if s)) or 'n/a (n < 2)'}); "
+               "val loss: negative is better, HellaSwag/BLEU: positive is better. Detectable: the smallest true "
+               "difference these seeds find with 80% power at alpha 0.05, (t_0.975 + t_0.80) std/√n with n-1 "
+               f"degrees of freedom; seeds: how many {target} needs"
+               f"{f' ({target_diff} nats for the val loss)' if target_diff is not None else ''}:", "",
+               markdown_table(["pair", "metric", "n", "diff", "t", "95% CI", "detectable (80%)", "seeds needed"],
+                              pair_rows), "",
+               "What these seeds can detect:", "", *sentences, ""]
+    text = "\n".join(md)
+    (out / "sweep.md").write_text(text)
+    (out / "sweep.json").write_text(json.dumps(result, indent=2))
+    try:
+        plot_sweep({a: [r for r in done if variant_of(r) == a] for a in order}, result, out / "compare.png")
+        if any(r.telemetry for r in runs):
+            plot_telemetry(runs, out / "compare_telemetry.png")
+    except RunError as e:  # nothing logged yet: the tables still stand
+        text += f"\n(no plot: {e})"
+    return text
