@@ -169,3 +169,26 @@ def test_kv_cache_gives_the_logits_and_tokens_of_the_full_forward():
     gen = [torch.Generator().manual_seed(3) for _ in range(2)]
     assert torch.equal(model.generate(prompt, 8, generator=gen[0]), model.generate(prompt, 8, generator=gen[1],
                                                                                   use_cache=False))
+
+
+def test_one_seed_gives_the_same_weights_whatever_the_activation():
+    """AGLU draws kappa and lam while the model is built; the weights must not shift with those draws, or an
+    aglu - gelu pair at one seed would be paired on data order only (issue of the seed study)."""
+    def weights(act):
+        torch.manual_seed(3)
+        model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, act=act))
+        return model.state_dict(), torch.rand(4)  # and the stream after the build: dropout, data order
+
+    gelu, after_gelu = weights("gelu")
+    for act in ("aglu", "nswish", "relu"):
+        other, after = weights(act)
+        shared = [k for k in gelu if k in other]
+        assert len(shared) == len(gelu)
+        assert all(torch.equal(gelu[k], other[k]) for k in shared), act
+        assert torch.equal(after, after_gelu)
+    aglu_a, _ = weights("aglu")
+    torch.manual_seed(4)
+    aglu_b = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, act="aglu")).state_dict()
+    kappas = [k for k in aglu_a if k.endswith("kappa")]
+    assert len({aglu_a[k].item() for k in kappas}) == len(kappas)  # each layer draws its own
+    assert any(not torch.equal(aglu_a[k], aglu_b[k]) for k in kappas)  # and another seed draws others
