@@ -56,7 +56,7 @@ def test_swap_to_aglu_near_gelu_then_fine_tune_and_auto_resume(tmp_path, hf_gpt2
     model = train_in_process(argv)
     out = capsys.readouterr().out
     assert "activation gelu -> aglu: MLP weights kept, its parameters at their init; optimizer starts fresh" in out
-    first = torch.load(tmp_path / "run" / "model_00002.pt", weights_only=False)
+    first = torch.load(tmp_path / "run" / "model_00002.pt", weights_only=True)
     assert first["model_config"]["act"] == "aglu" and first["model_config"]["n_layer"] == 2
     # an untrained copy: the MLP matrices are GPT-2's, AGLU starts at (1.702, 1), i.e. sigmoid-GELU
     start = train_in_process(corpus_and_args(tmp_path / "again", max_steps=0) + near_gelu)
@@ -99,7 +99,7 @@ def test_init_from_a_nanogpt_checkpoint_with_another_activation(tmp_path, capsys
 
 def test_init_from_our_checkpoint_keeps_the_learned_activation(tmp_path, make_checkpoint, capsys):
     path = make_checkpoint(act="aglu", vocab_size=VOCAB, block_size=32)
-    source = torch.load(path, weights_only=False)["model"]
+    source = torch.load(path, weights_only=True)["model"]
     model = train_in_process(corpus_and_args(tmp_path, max_steps=0) + ["--init-from", str(path), "--act", "aglu"])
     for k, v in source.items():
         assert torch.equal(model.state_dict()[k], v), k
