@@ -106,8 +106,8 @@ def control_verdict(control, base, pairs, metrics):
                        "heavy-tailed spread, nondeterminism, or a difference that is not the variant's). "
                        "Do not read the intervals below as evidence.**")
     return True, (f"{head}: {detail}: {'every interval contains' if len(shown) > 1 else 'contains'} 0, as it must. Its paired std is what a change of init alone moves "
-                  "the result; a variant that draws its own parameters from torch's RNG (AGLU) shifts every "
-                  "later init, so it is paired with the baseline on data order only, like this control.")
+                  "the result; the other variants share the baseline's data order and its weights' init at each "
+                  "seed (AGLU's own kappa/lam draws included, which leave the weights' stream alone).")
 
 
 def report(out_dir, acts=None, baseline=None, target_diff=None):
