@@ -220,6 +220,15 @@ class GPT(nn.Module):
         return idx
 
     @classmethod
+    def from_checkpoint(cls, ckpt, device="cpu"):
+        """The model (in eval mode) of a GPT-2 checkpoint as training/checkpoint.py's load_checkpoint(path,
+        kind="gpt2") reads it (ours, build-nanogpt's or nanoGPT's; as data, never code). This file reads no
+        file itself: it stays the single GPT-2 file that export/ copies as transformers remote code."""
+        model = cls(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+        return model.to(device).eval()
+
+    @classmethod
     def from_pretrained(cls, name_or_dir, act="gelu", act_kwargs=None):
         """Load GPT-2 weights in transformers' GPT2LMHeadModel layout (a local directory or a hub name such as
         gpt2, gpt2-medium or openai-community/gpt2).

@@ -19,7 +19,7 @@ import torch
 
 from data.tokenizer import EOT, VOCAB_SIZE, TokenizerError, gpt2_tokenizer
 from model import GPT
-from training.checkpoint import CheckpointError, load_gpt
+from training.checkpoint import CheckpointError, load_checkpoint
 from training.distributed import pick_device
 from training.precision import autocast_context, resolve_precision
 
@@ -32,7 +32,7 @@ def load_model(source, device):
     transformers_dir = path.is_dir() and (path / "config.json").is_file()
     if transformers_dir or not (path.exists() or path.suffix == ".pt"):
         return GPT.from_pretrained(source).to(device).eval()
-    return load_gpt(source, device)[0]
+    return GPT.from_checkpoint(load_checkpoint(source, kind="gpt2"), device)
 
 
 def read_prompt(args):

@@ -271,18 +271,11 @@ def train(cfg):
     return TranslationTrainer(cfg).fit()
 
 
-def load_translation_model(path, device="cpu"):
-    """(model in eval mode, sentencepiece processor, checkpoint) from a translation checkpoint or run dir."""
-    ckpt = load_checkpoint(path, kind="translation")
-    model = Transformer(TranslationConfig(**ckpt["model_config"])).to(device)
-    model.load_state_dict(ckpt["model"])
-    return model.eval(), load_sentencepiece(ckpt["spm"]), ckpt
-
-
 def evaluate(cfg):
     """--eval-only: greedy and beam BLEU of a checkpoint on --split, written beside the checkpoint."""
     d = distributed.setup(cfg.run.device)
-    model, sp, ckpt = load_translation_model(cfg.eval.eval_only, d.device)
+    ckpt = load_checkpoint(cfg.eval.eval_only, kind="translation")
+    model, sp = Transformer.from_checkpoint(ckpt, d.device), load_sentencepiece(ckpt["spm"])
     data = cfg.data
     if not (data.data_dir or data.train_prefix or data.valid_prefix or data.test_prefix):
         data = from_dict(DataConfig, ckpt["config"]["data"])  # the files the run was trained with

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from model import GPT, GPTConfig
-from training.checkpoint import load_gpt
+from training.checkpoint import load_checkpoint
 from training.distributed import pick_device
 from training.precision import autocast_context, resolve_precision
 
@@ -52,7 +52,7 @@ def main(argv=None):
     device = pick_device(args.device)
     autocast = autocast_context(device.split(":")[0], resolve_precision(args.dtype, device.split(":")[0]))
     if args.checkpoint:
-        model, _ = load_gpt(args.checkpoint, device)
+        model = GPT.from_checkpoint(load_checkpoint(args.checkpoint, kind="gpt2"), device)
     else:
         torch.manual_seed(0)
         model = GPT(GPTConfig(n_layer=args.n_layer, n_head=max(1, args.n_embd // 64), n_embd=args.n_embd))

@@ -20,7 +20,7 @@ from data.tokenizer import EOT
 from eval import hellaswag
 from eval.scoring import score_batch
 from model import GPT, GPTConfig
-from training.checkpoint import load_gpt
+from training.checkpoint import load_checkpoint
 from training.distributed import pick_device
 from training.precision import autocast_context, resolve_precision
 
@@ -74,7 +74,7 @@ def main(argv=None):
         cached_s = time.time() - t0
 
     if args.checkpoint:
-        base, _ = load_gpt(args.checkpoint, device)
+        base = GPT.from_checkpoint(load_checkpoint(args.checkpoint, kind="gpt2"), device)
     else:
         torch.manual_seed(0)
         base = GPT(GPTConfig(n_layer=args.n_layer, n_head=args.n_head or max(1, args.n_embd // 64),

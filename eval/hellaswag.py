@@ -45,7 +45,7 @@ from eval.scoring import block_size_of, bucket, pack_rows, row_length, score_bat
 from eval.stats import wilson
 from model import GPT
 from training import distributed
-from training.checkpoint import CheckpointError, load_gpt
+from training.checkpoint import CheckpointError, load_checkpoint
 from training.precision import autocast_context, resolve_precision
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -366,7 +366,8 @@ def main(argv=None):
             if args.hf:
                 model, ckpt = GPT.from_pretrained(args.hf).to(d.device).eval(), None
             else:
-                model, ckpt = load_gpt(args.checkpoint, d.device)
+                ckpt = load_checkpoint(args.checkpoint, kind="gpt2")
+                model = GPT.from_checkpoint(ckpt, d.device)
             if d.master:
                 print(f"scoring {describe(args, ckpt)}", flush=True)
             autocast = autocast_context(d.device_type, resolve_precision(args.dtype, d.device_type))

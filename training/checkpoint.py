@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model import GPT, GPTConfig
 from training import distributed
 from training.foreign_checkpoints import nanogpt_checkpoint_in, read_foreign_checkpoint
 
@@ -234,14 +233,6 @@ def newest_good_checkpoint(out_dir, kind, d):
     return ckpt, skipped
 
 
-def load_gpt(path, device="cpu"):
-    """A nanoact GPT-2 checkpoint (file, or run directory -> newest) as (model in eval mode, checkpoint dict)."""
-    ckpt = load_checkpoint(path, kind="gpt2")
-    model = GPT(GPTConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), ckpt
-
-
 def save_training_checkpoint(state, loader, d, out_dir, step, keep_last=None):
     """Add every rank's loader and RNG states to `state` (collective: all ranks call it), save it on the
     master rank, and wait until it is on disk everywhere. Returns the path on the master, else None."""
@@ -298,8 +289,3 @@ def set_rng_state(state):
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
-
-def unwrap(model):
-    """The plain nn.Module under DDP and torch.compile wrappers (their state-dict keys carry prefixes)."""
-    model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model)
