@@ -7,7 +7,6 @@ Two speed options are constructor arguments, not config fields: they change how 
 runs, so checkpoints do not record them and a resumed run may change them (tests/test_speed.py).
 """
 import contextlib
-import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -177,16 +176,6 @@ class GPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
-
-    def configure_optimizers(self, weight_decay, learning_rate, betas, eps, device_type):
-        """AdamW; decay only >=2-D weights, so biases, LayerNorms and activation scalars never decay."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=fused)
 
     def flops_per_token(self, seq_len):
         """Training FLOPs per token: 6N for the matmuls plus the attention scores (PaLM appendix B)."""

@@ -11,7 +11,7 @@ train_translation.py; this file holds what is GPT-2's own: the model, the token 
 """
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -23,8 +23,9 @@ from eval.hellaswag import evaluate_model
 from model import GPT, GPTConfig, pretrained_gpt2
 from training import distributed
 from training.checkpoint import load_checkpoint
-from training.config import ConfigError, EvalConfig, RunConfig, run_cli
+from training.config import ConfigError, EvalConfig, RunConfig, run_cli, to_dict
 from training.loop import Trainer, no_sync_unless
+from training.optimizer import adamw
 from training.schedule import warmup_cosine
 
 
@@ -116,8 +117,8 @@ class GPTTrainer(Trainer):
         self.model = GPT(cfg.model, cfg.speed.loss_chunks, cfg.speed.attention_backend).to(d.device)
         if source is not None:
             self.origin = init_weights(self.model, *source)
-        self.model_config = asdict(cfg.model)
-        self.optimizer = self.model.configure_optimizers(o.weight_decay, o.max_lr, o.betas, o.eps, d.device_type)
+        self.model_config = to_dict(cfg.model)
+        self.optimizer = adamw(self.model, o.max_lr, o.weight_decay, o.betas, o.eps, d.device_type)
         self.loader = ShardLoader(cfg.data.data_dir, "train", o.batch_size, o.seq_len, d.rank, d.world_size,
                                   seed=cfg.run.seed, shuffle=cfg.data.shuffle, vocab_size=cfg.model.vocab_size)
         self.val_loader = ShardLoader(cfg.data.data_dir, "val", o.batch_size, o.seq_len, d.rank, d.world_size,
@@ -227,7 +228,7 @@ def read_init_source(name):
 def init_weights(model, state, source_config, what):
     """Load the source's weights into the new model. Another activation keeps every other weight (MLP
     matrices included) and starts its own parameters at their init; returns the line saying so."""
-    config = asdict(model.config)
+    config = to_dict(model.config)
     same_act = all(source_config.get(k, 0) == config[k] for k in ("act", "plain_top_k"))
     kept = {k: v for k, v in state.items() if same_act or ".mlp.act." not in k}
     ours = model.state_dict()

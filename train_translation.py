@@ -13,9 +13,7 @@ The loop itself (resume, logs, compile/DDP, checkpoints, signals) is training/lo
 train_gpt2.py; this file holds what is the translation model's own: the model, the corpus, BLEU.
 """
 import dataclasses
-import json
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,14 +23,14 @@ import torch.distributed as dist
 from activations import telemetry
 from data import DataError
 from data.parallel_corpus import TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model
-from eval.bleu import corpus_bleu
+from eval.bleu import decode_cost, split_bleu, translate_and_score
 from training import distributed
 from training.checkpoint import load_checkpoint
-from training.config import ConfigError, EvalConfig, RunConfig, from_dict, run_cli
+from training.config import ConfigError, EvalConfig, RunConfig, from_dict, run_cli, to_dict
 from training.loop import Trainer
-from training.precision import autocast_context, resolve_precision
+from training.precision import autocast_for
+from training.optimizer import adamw
 from training.schedule import inverse_sqrt
-from translation.decode import translate
 from translation.model import Transformer, TranslationConfig
 
 
@@ -110,47 +108,6 @@ def tokenizer(cfg, d, src, tgt):
     return model
 
 
-def decode_cost(n, seconds):
-    return f"{n} sentences in {seconds:.1f}s = {n / max(seconds, 1e-9):.1f} sent/s"
-
-
-def bleu_of(model, sp, src, ref, ecfg, d, beam, progress=False):
-    """Translate src (split over ranks), gather, score: (BLEU, signature, hypotheses, decode seconds) on
-    every rank."""
-    t0 = time.time()
-    mine = translate(model, sp, src[d.rank::d.world_size], beam, ecfg.len_penalty, ecfg.max_len_a, ecfg.max_len_b,
-                     ecfg.decode_batch, d.device, progress and d.master)
-    parts = distributed.gather_objects(mine, d)
-    hyps = [None] * len(src)
-    for r, part in enumerate(parts):
-        hyps[r::d.world_size] = part
-    seconds = time.time() - t0
-    score, signature = corpus_bleu(hyps, ref)
-    return score, signature, hyps, seconds
-
-
-def split_bleu(model, sp, data, ecfg, d, out_dir, split):
-    """Greedy and beam BLEU on the first --test-sentences sentences of a split (0: all) and the decoding
-    speed; translations and scores written to out_dir."""
-    src, ref = split_lines(data, split)
-    total = len(src)
-    n = min(ecfg.test_sentences or total, total)
-    src, ref = src[:n], ref[:n]
-    subset = "" if n == total else f" (first {n} of {total} sentences)"
-    results = {}
-    for beam in sorted({1, ecfg.beam}):
-        name = "greedy" if beam == 1 else f"beam{beam}"
-        score, signature, hyps, seconds = bleu_of(model, sp, src, ref, ecfg, d, beam, progress=True)
-        results[name] = {"bleu": score, "signature": signature, "sentences": n, "of": total,
-                         "seconds": round(seconds, 2), "sentences_per_s": round(n / max(seconds, 1e-9), 2)}
-        if d.master:
-            Path(out_dir, f"translations_{split}_{name}.txt").write_text("\n".join(hyps) + "\n")
-            print(f"{split} BLEU ({name}) = {score:.2f}{subset}  {signature} | {decode_cost(n, seconds)}", flush=True)
-    if d.master:
-        Path(out_dir, f"bleu_{split}.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
-
-
 class TranslationTrainer(Trainer):
     kind = "translation"
     token_unit = "tgt tok"
@@ -178,13 +135,9 @@ class TranslationTrainer(Trainer):
         self.val_loader = TokenBatchLoader(*valid_ids, cfg.data.max_tokens, 0, d.rank, d.world_size, shuffle=False)
         self.max_steps = cfg.optim.max_steps or cfg.optim.epochs * len(self.loader)
         self.model = Transformer(mcfg).to(d.device)
-        self.model_config = dataclasses.asdict(mcfg)
+        self.model_config = to_dict(mcfg)
         o = cfg.optim
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
-                                            {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=o.betas,
-                                           eps=o.eps)
+        self.optimizer = adamw(self.model, o.lr, o.weight_decay, o.betas, o.eps, d.device_type)
         self.pairs = (len(train_ids[0]), len(train_src))
 
     def describe(self):
@@ -227,7 +180,7 @@ class TranslationTrainer(Trainer):
             src, ref = self.valid_text
             n = self.cfg.eval.bleu_sentences or len(src)
             with self.autocast:
-                bleu, _, _, seconds = bleu_of(model, self.sp, src[:n], ref[:n], self.cfg.eval, d, 1)
+                bleu, _, _, seconds = translate_and_score(model, self.sp, src[:n], ref[:n], self.cfg.eval, d, 1)
             self.log.scalar(step, "bleu", bleu)
             fields.update(bleu=bleu, bleu_sentences=n, bleu_seconds=seconds)
             text += f" | valid BLEU (greedy) {bleu:.2f} | {decode_cost(n, seconds)}"
@@ -257,8 +210,8 @@ class TranslationTrainer(Trainer):
         if not self.cfg.eval.test_at_end:
             return
         try:
-            results = split_bleu(self.model, self.sp, self.cfg.data, self.cfg.eval, self.dist, self.cfg.run.out_dir,
-                                 "test")
+            results = split_bleu(self.model, self.sp, *split_lines(self.cfg.data, "test"), self.cfg.eval, self.dist,
+                                 self.cfg.run.out_dir, "test")
             self.log.record(step, kind="test", sentences=results["greedy"]["sentences"],
                             **{f"bleu_{k}": v["bleu"] for k, v in results.items()},
                             **{f"sent_per_s_{k}": v["sentences_per_s"] for k, v in results.items()})
@@ -281,9 +234,10 @@ def evaluate(cfg):
         data = from_dict(DataConfig, ckpt["config"]["data"])  # the files the run was trained with
     if d.master:
         print(f"{ckpt['path']}: step {ckpt['step']}, act {ckpt['model_config']['act']}", flush=True)
-    autocast = autocast_context(d.device_type, resolve_precision(cfg.run.dtype, d.device_type))
+    autocast = autocast_for(d.device_type, cfg.run.dtype)
     with autocast:
-        results = split_bleu(model, sp, data, cfg.eval, d, Path(ckpt["path"]).parent, cfg.eval.split)
+        results = split_bleu(model, sp, *split_lines(data, cfg.eval.split), cfg.eval, d, Path(ckpt["path"]).parent,
+                             cfg.eval.split)
     distributed.cleanup(d)
     return results
 

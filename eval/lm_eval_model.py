@@ -24,7 +24,7 @@ from eval.scoring import bucket, row_length, score_rows
 from model import GPT
 from training.checkpoint import load_checkpoint
 from training.distributed import pick_device
-from training.precision import autocast_context, resolve_precision
+from training.precision import autocast_for
 
 
 def as_bool(value):
@@ -48,7 +48,7 @@ class NanoactLM(TemplateLM):
         if as_bool(compile):
             self.model = torch.compile(self.model)
         device_type = self._device.split(":")[0]
-        self.autocast = autocast_context(device_type, resolve_precision(dtype, device_type))
+        self.autocast = autocast_for(device_type, dtype)
         self.batch_size = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
         self.enc = gpt2_tokenizer()

@@ -6,6 +6,7 @@ import torch
 
 from model import GPT, GPTConfig, nanoact_to_hf
 from training.checkpoint import load_checkpoint
+from training.optimizer import adamw
 
 TINY = dict(block_size=32, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
 
@@ -35,7 +36,7 @@ def test_gpt2_init_scales_residual_projections():
 
 def test_weight_decay_only_on_matrices():
     model = GPT(GPTConfig(**TINY, act="aglu"))
-    opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), 1e-8, "cpu")
+    opt = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, "cpu")
     decayed, plain = opt.param_groups
     assert decayed["weight_decay"] == 0.1 and all(p.dim() >= 2 for p in decayed["params"])
     assert plain["weight_decay"] == 0.0

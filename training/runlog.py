@@ -2,7 +2,6 @@
 `metrics.jsonl` with every record, and `run.json` with the resolved config, environment and git revision;
 optionally the same records as TensorBoard events (`tb/`) and as a Weights & Biases run (`wandb/`)."""
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -10,6 +9,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from data.files import atomic_file
 
 
 def git_revision():
@@ -39,9 +40,8 @@ def _truncate_after(path, keep):
     lines = path.read_text().splitlines(keepends=True)
     kept = [line for line in lines if keep(line)]
     if len(kept) != len(lines):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, path)
+        with atomic_file(path, "w") as f:
+            f.write("".join(kept))
 
 
 def _step_of_text(line):
@@ -122,9 +122,8 @@ class RunLog:
 
     def write_run_info(self, config, env):
         if self.master:
-            tmp = self.dir / "run.json.tmp"
-            tmp.write_text(json.dumps({"config": config, "environment": env}, indent=2, default=str))
-            os.replace(tmp, self.dir / "run.json")
+            with atomic_file(self.dir / "run.json", "w") as f:
+                f.write(json.dumps({"config": config, "environment": env}, indent=2, default=str))
             if self.wandb is not None:  # a resumed run changes options such as `resume` itself
                 self.wandb.config.update({**config, "environment": env}, allow_val_change=True)
 
