@@ -27,7 +27,7 @@ from eval.bleu import decode_cost, split_bleu, translate_and_score
 from training import distributed
 from training.checkpoint import load_checkpoint
 from training.config import ConfigError, EvalConfig, RunConfig, from_dict, run_cli, to_dict
-from training.loop import Trainer
+from training.loop import Evaluation, Parts, Trainer
 from training.precision import autocast_for
 from training.optimizer import adamw
 from training.schedule import inverse_sqrt
@@ -109,11 +109,14 @@ def tokenizer(cfg, d, src, tgt):
 
 
 class TranslationTrainer(Trainer):
+    """The model (the DeepNorm encoder-decoder with the run's activation), the parallel corpus in token-budget
+    batches, and the evaluations: validation loss, greedy BLEU, activation telemetry; test BLEU at the end."""
     kind = "translation"
     token_unit = "tgt tok"
 
-    def build(self, ckpt):
-        cfg, d = self.cfg, self.dist
+    def build(self, ctx, ckpt):
+        cfg, d, o = self.cfg, ctx.dist, self.cfg.optim
+        self.ctx = ctx
         Transformer.check_config(cfg.model)  # a bad activation or option fails before the data is read
         train_src, train_tgt = split_lines(cfg.data, "train")
         self.spm_bytes = ckpt["spm"] if ckpt else tokenizer(cfg, d, train_src, train_tgt)
@@ -126,79 +129,72 @@ class TranslationTrainer(Trainer):
             raise ConfigError(f"pad/bos/eos ids {mcfg.pad_id}/{mcfg.bos_id}/{mcfg.eos_id} differ from the "
                               f"sentencepiece model's {sp.pad_id()}/{sp.bos_id()}/{sp.eos_id()}; leave them at their "
                               "defaults")
+        self.model = Transformer(mcfg).to(d.device)
         train_ids = encode(sp, train_src, train_tgt, cfg.data.max_len)
         self.valid_text = split_lines(cfg.data, "valid")
         valid_ids = encode(sp, *self.valid_text, mcfg.max_positions - 1)
-        pad_multiple = cfg.data.pad_multiple or (8 if self.use_compile else 1)
+        pad_multiple = cfg.data.pad_multiple or (8 if ctx.compile else 1)
         self.loader = TokenBatchLoader(*train_ids, cfg.data.max_tokens, cfg.data.max_sentences, d.rank,
                                        d.world_size, seed=cfg.run.seed, pad_multiple=pad_multiple)
         self.val_loader = TokenBatchLoader(*valid_ids, cfg.data.max_tokens, 0, d.rank, d.world_size, shuffle=False)
-        self.max_steps = cfg.optim.max_steps or cfg.optim.epochs * len(self.loader)
-        self.model = Transformer(mcfg).to(d.device)
-        self.model_config = to_dict(mcfg)
-        o = cfg.optim
-        self.optimizer = adamw(self.model, o.lr, o.weight_decay, o.betas, o.eps, d.device_type)
-        self.pairs = (len(train_ids[0]), len(train_src))
-
-    def describe(self):
-        m, cfg = self.model.cfg, self.cfg
-        return (f"{self.model.num_params() / 1e6:.2f}M parameters | act {m.act} (plain top {m.plain_top_k}) | "
-                f"{m.norm} {m.enc_layers}-{m.dec_layers} | vocab {m.vocab_size} | {self.pairs[0]} train pairs "
-                f"(of {self.pairs[1]}, max len {cfg.data.max_len}) | {len(self.loader)} steps/epoch | "
-                f"{f'{self.batch_shapes()} batch shapes' if self.batch_shapes() else 'exact-length batches'}")
-
-    def mlp_shape(self):
-        return self.cfg.data.max_tokens, self.model.cfg.ffn_dim
-
-    def batch_shapes(self):
-        return self.loader.shapes()
+        shapes = self.loader.shapes()
+        return Parts(model=self.model, loader=self.loader, model_config=to_dict(mcfg),
+                     optimizer=adamw(self.model, o.lr, o.weight_decay, o.betas, o.eps, d.device_type),
+                     max_steps=o.max_steps or o.epochs * len(self.loader),
+                     mlp_shape=(cfg.data.max_tokens, mcfg.ffn_dim), batch_shapes=shapes,
+                     description=f"{self.model.num_params() / 1e6:.2f}M parameters | act {mcfg.act} (plain top "
+                                 f"{mcfg.plain_top_k}) | {mcfg.norm} {mcfg.enc_layers}-{mcfg.dec_layers} | vocab "
+                                 f"{mcfg.vocab_size} | {len(train_ids[0])} train pairs (of {len(train_src)}, max len "
+                                 f"{cfg.data.max_len}) | {len(self.loader)} steps/epoch | "
+                                 f"{f'{shapes} batch shapes' if shapes else 'exact-length batches'}")
 
     def learning_rate(self, step):
         return inverse_sqrt(step, self.cfg.optim.warmup_steps, self.cfg.optim.lr)
 
     def forward_backward(self, model):
-        x, y_in, y_out = self.loader.next_batch(self.dist.device)
-        with self.autocast:
+        x, y_in, y_out = self.loader.next_batch(self.ctx.dist.device)
+        with self.ctx.autocast:
             loss = self.model.loss(model(x, y_in), y_out, self.cfg.optim.label_smoothing)
-        self.scaler.scale(loss).backward()
+        self.ctx.scaler.scale(loss).backward()
         return loss, (y_out != self.model.cfg.pad_id).sum()
 
     def step_fields(self, tok_per_s):
         return {"epoch": self.loader.epoch}
 
-    def checkpoint_state(self):
-        bleu = self.evals[-1].get("bleu") if self.evals else None
-        return {"bleu": bleu, "spm": self.spm_bytes}
+    def checkpoint_state(self, evaluation):
+        return {"bleu": evaluation.get("bleu") if evaluation else None, "spm": self.spm_bytes}
 
-    def evaluate(self, step, last):
+    def evaluate(self, step, last, model):
         """Validation loss on the whole valid split, greedy BLEU on its first --bleu-sentences sentences and
-        activation telemetry (on a mid-length validation batch); `val` / `bleu` lines in log.txt."""
-        d, model = self.dist, self.model
+        activation telemetry (on a mid-length validation batch), all on the uncompiled model: decoding runs
+        ever-changing shapes; `val` / `bleu` lines in log.txt."""
+        d, model = self.ctx.dist, self.model
         val = self.validation_loss()
-        fields, text = {"val_loss": val}, f"val loss {val:.4f}"
+        result = Evaluation({"val_loss": val}, f"val loss {val:.4f}")
         if step > 0:  # an untrained model's BLEU is 0 and its greedy outputs run to the length cap
             src, ref = self.valid_text
             n = self.cfg.eval.bleu_sentences or len(src)
-            with self.autocast:
+            with self.ctx.autocast:
                 bleu, _, _, seconds = translate_and_score(model, self.sp, src[:n], ref[:n], self.cfg.eval, d, 1)
-            self.log.scalar(step, "bleu", bleu)
-            fields.update(bleu=bleu, bleu_sentences=n, bleu_seconds=seconds)
-            text += f" | valid BLEU (greedy) {bleu:.2f} | {decode_cost(n, seconds)}"
+            result.scalars["bleu"] = bleu
+            result.fields.update(bleu=bleu, bleu_sentences=n, bleu_seconds=seconds)
+            result.text += f" | valid BLEU (greedy) {bleu:.2f} | {decode_cost(n, seconds)}"
         if d.master:
             x, y_in, _ = self.val_loader.batch(len(self.val_loader) // 2)
-            fields["telemetry"] = telemetry.collect(model, (x.to(d.device), y_in.to(d.device)), self.autocast)
-        self.log.scalar(step, "val", val)
-        return fields, text
+            result.fields["telemetry"] = telemetry.collect(model, (x.to(d.device), y_in.to(d.device)),
+                                                           self.ctx.autocast)
+        result.scalars["val"] = val
+        return result
 
     @torch.no_grad()
     def validation_loss(self):
         """Token-level cross-entropy (no label smoothing) over the whole validation set, all ranks."""
-        model, d = self.model, self.dist
+        model, d = self.model, self.ctx.dist
         model.eval()
         total = torch.zeros(2, device=d.device)
         for x, y_in, y_out in self.val_loader:
             x, y_in, y_out = x.to(d.device), y_in.to(d.device), y_out.to(d.device)
-            with self.autocast:
+            with self.ctx.autocast:
                 logits = model(x, y_in)
             n = (y_out != model.cfg.pad_id).sum()
             total += torch.stack([model.loss(logits, y_out) * n, n.float()])
@@ -207,17 +203,18 @@ class TranslationTrainer(Trainer):
         return (total[0] / total[1]).item()
 
     def finish(self, step):
+        """Greedy and beam BLEU on the test split: the run's closing record."""
         if not self.cfg.eval.test_at_end:
-            return
+            return None
         try:
-            results = split_bleu(self.model, self.sp, *split_lines(self.cfg.data, "test"), self.cfg.eval, self.dist,
-                                 self.cfg.run.out_dir, "test")
-            self.log.record(step, kind="test", sentences=results["greedy"]["sentences"],
-                            **{f"bleu_{k}": v["bleu"] for k, v in results.items()},
-                            **{f"sent_per_s_{k}": v["sentences_per_s"] for k, v in results.items()})
+            results = split_bleu(self.model, self.sp, *split_lines(self.cfg.data, "test"), self.cfg.eval,
+                                 self.ctx.dist, self.cfg.run.out_dir, "test")
         except DataError as e:
-            if self.dist.master:
+            if self.ctx.dist.master:
                 print(f"no test BLEU: {e}", flush=True)
+            return None
+        return {"sentences": results["greedy"]["sentences"], **{f"bleu_{k}": v["bleu"] for k, v in results.items()},
+                **{f"sent_per_s_{k}": v["sentences_per_s"] for k, v in results.items()}}
 
 
 def train(cfg):
