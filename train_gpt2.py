@@ -63,7 +63,7 @@ class GPTEvalConfig(EvalConfig):
 
 @dataclass
 class SpeedConfig:
-    """How fast, not what: each option keeps the loss equal to the plain path (tests/test_model.py,
+    """How fast, not what: each option keeps the loss equal to the plain path (tests/test_speed.py,
     tests/test_train_gpt2.py) and none is stored in the model config, so a resumed run may change them.
     DDP safety: README. (torch.compile's mode is --compile-mode, shared with the translation trainer.)"""
     loss_chunks: int = 0  # 0: off; else LM head + cross-entropy in N row chunks, never the full fp32 logits

@@ -285,7 +285,7 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
 
     Both scorings come from one pass over their distinct rows (`Plan`). The data is tokenized and packed
     once per process and kept for the next call (`prepare`); with `cache` the tokens are also kept on disk
-    under $NANOACT_CACHE. Under torchrun pass dist_info (harness.distributed.Dist): each rank scores a
+    under $NANOACT_CACHE. Under torchrun pass dist_info (training.distributed.Dist): each rank scores a
     share of the rows and the log-likelihoods are all-reduced, so every rank returns the same numbers. The
     model may be torch.compile'd (one graph per batch length); it is put in eval mode (ANAct uses its running
     statistics) and restored after.
