@@ -7,7 +7,6 @@ Two speed options are constructor arguments, not config fields: they change how 
 runs, so checkpoints do not record them and a resumed run may change them (tests/test_speed.py).
 """
 import contextlib
-import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -178,16 +177,6 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, eps, device_type):
-        """AdamW; decay only >=2-D weights, so biases, LayerNorms and activation scalars never decay."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=fused)
-
     def flops_per_token(self, seq_len):
         """Training FLOPs per token: 6N for the matmuls plus the attention scores (PaLM appendix B)."""
         c = self.config
@@ -218,6 +207,15 @@ class GPT(nn.Module):
             probs = F.softmax(logits.float(), dim=-1)
             idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
         return idx
+
+    @classmethod
+    def from_checkpoint(cls, ckpt, device="cpu"):
+        """The model (in eval mode) of a GPT-2 checkpoint as training/checkpoint.py's load_checkpoint(path,
+        kind="gpt2") reads it (ours, build-nanogpt's or nanoGPT's; as data, never code). This file reads no
+        file itself: it stays the single GPT-2 file that export/ copies as transformers remote code."""
+        model = cls(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+        return model.to(device).eval()
 
     @classmethod
     def from_pretrained(cls, name_or_dir, act="gelu", act_kwargs=None):

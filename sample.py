@@ -19,9 +19,9 @@ import torch
 
 from data.tokenizer import EOT, VOCAB_SIZE, TokenizerError, gpt2_tokenizer
 from model import GPT
-from training.checkpoint import CheckpointError, load_gpt
+from training.checkpoint import CheckpointError, load_checkpoint
 from training.distributed import pick_device
-from training.precision import autocast_context, resolve_precision
+from training.precision import autocast_for
 
 SEPARATOR = "-" * 40
 
@@ -32,7 +32,7 @@ def load_model(source, device):
     transformers_dir = path.is_dir() and (path / "config.json").is_file()
     if transformers_dir or not (path.exists() or path.suffix == ".pt"):
         return GPT.from_pretrained(source).to(device).eval()
-    return load_gpt(source, device)[0]
+    return GPT.from_checkpoint(load_checkpoint(source, kind="gpt2"), device)
 
 
 def read_prompt(args):
@@ -86,7 +86,7 @@ def main(argv=None):
         p.error("--num-samples and --max-new-tokens must be >= 1, --top-k >= 0, --temperature > 0")
     try:
         device = pick_device(args.device)
-        autocast = autocast_context(device.split(":")[0], resolve_precision(args.dtype, device.split(":")[0]))
+        autocast = autocast_for(device.split(":")[0], args.dtype)
         enc = gpt2_tokenizer()
         model = load_model(args.source, device)
         if model.config.vocab_size < VOCAB_SIZE:

@@ -7,11 +7,12 @@
 
 Every option is a field of TrainConfig below: set it in a TOML file (--config) or as --name value.
 The loop itself (resume, logs, compile/DDP, checkpoints, signals) is training/loop.py, shared with
-train_translation.py; this file holds what is GPT-2's own: the model, the token shards, the evaluations.
+train_translation.py; this file holds what is GPT-2's own, top to bottom: its options, the model, the token
+shards, the evaluations (the contract: training/loop.py's docstring).
 """
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -23,8 +24,9 @@ from eval.hellaswag import evaluate_model
 from model import GPT, GPTConfig, pretrained_gpt2
 from training import distributed
 from training.checkpoint import load_checkpoint
-from training.config import ConfigError, EvalConfig, RunConfig, run_cli
-from training.loop import Trainer, no_sync_unless
+from training.config import ConfigError, EvalConfig, RunConfig, run_cli, to_dict
+from training.loop import Evaluation, Parts, Trainer, no_sync_unless
+from training.optimizer import adamw
 from training.schedule import warmup_cosine
 
 
@@ -61,7 +63,7 @@ class GPTEvalConfig(EvalConfig):
 
 @dataclass
 class SpeedConfig:
-    """How fast, not what: each option keeps the loss equal to the plain path (tests/test_model.py,
+    """How fast, not what: each option keeps the loss equal to the plain path (tests/test_speed.py,
     tests/test_train_gpt2.py) and none is stored in the model config, so a resumed run may change them.
     DDP safety: README. (torch.compile's mode is --compile-mode, shared with the translation trainer.)"""
     loss_chunks: int = 0  # 0: off; else LM head + cross-entropy in N row chunks, never the full fp32 logits
@@ -97,11 +99,14 @@ def steps_per_rank(total, batch_size, seq_len, world_size, name="total_batch_siz
 
 
 class GPTTrainer(Trainer):
+    """The model (GPT-2 with the run's activation), the token shards with gradient accumulation, and the
+    evaluations: validation loss, activation telemetry, HellaSwag and samples at their intervals."""
     kind = "gpt2"
     lr_flag = "--max-lr"
 
-    def build(self, ckpt):
-        cfg, d, o = self.cfg, self.dist, self.cfg.optim
+    def build(self, ctx, ckpt):
+        cfg, d, o = self.cfg, ctx.dist, self.cfg.optim
+        self.ctx = ctx
         self.accum = steps_per_rank(o.total_batch_size, o.batch_size, o.seq_len, d.world_size)
         self.val_steps = steps_per_rank(cfg.data.val_tokens, o.batch_size, o.seq_len, d.world_size, "val_tokens")
         source = None
@@ -114,78 +119,72 @@ class GPTTrainer(Trainer):
                 print(f"--init-from {cfg.init_from} not read: the run resumes its own checkpoint", flush=True)
         # the model before the data: a bad activation, option or speed setting fails first
         self.model = GPT(cfg.model, cfg.speed.loss_chunks, cfg.speed.attention_backend).to(d.device)
-        if source is not None:
-            self.origin = init_weights(self.model, *source)
-        self.model_config = asdict(cfg.model)
-        self.optimizer = self.model.configure_optimizers(o.weight_decay, o.max_lr, o.betas, o.eps, d.device_type)
+        origin = init_weights(self.model, *source) if source is not None else "starting from scratch"
         self.loader = ShardLoader(cfg.data.data_dir, "train", o.batch_size, o.seq_len, d.rank, d.world_size,
                                   seed=cfg.run.seed, shuffle=cfg.data.shuffle, vocab_size=cfg.model.vocab_size)
         self.val_loader = ShardLoader(cfg.data.data_dir, "val", o.batch_size, o.seq_len, d.rank, d.world_size,
                                       shuffle=False, vocab_size=cfg.model.vocab_size)
-        self.max_steps = o.max_steps
         self.device_name = torch.cuda.get_device_name() if d.device_type == "cuda" else None
-
-    def describe(self):
-        return (f"{self.model.num_params() / 1e6:.2f}M parameters | act {self.cfg.model.act} | "
-                f"grad accum {self.accum}")
+        return Parts(model=self.model, loader=self.loader, max_steps=o.max_steps, model_config=to_dict(cfg.model),
+                     optimizer=adamw(self.model, o.max_lr, o.weight_decay, o.betas, o.eps, d.device_type),
+                     mlp_shape=(o.batch_size * o.seq_len, 4 * cfg.model.n_embd), origin=origin,
+                     description=f"{self.model.num_params() / 1e6:.2f}M parameters | act {cfg.model.act} | "
+                                 f"grad accum {self.accum}")
 
     def learning_rate(self, step):
         o = self.cfg.optim
         return warmup_cosine(step, o.warmup_steps, o.max_steps, o.max_lr, o.min_lr)
 
     def forward_backward(self, model):
-        loss_sum = torch.zeros((), device=self.dist.device)
+        device, loss_sum = self.ctx.dist.device, torch.zeros((), device=self.ctx.dist.device)
         for micro in range(self.accum):
             x, y = self.loader.next_batch()
-            x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with no_sync_unless(micro == self.accum - 1, model):
-                with self.autocast:
+                with self.ctx.autocast:
                     _, loss = model(x, y)
                     loss = loss / self.accum
                 loss_sum += loss.detach()
-                self.scaler.scale(loss).backward()
+                self.ctx.scaler.scale(loss).backward()
         return loss_sum, self.accum * x.numel()
 
-    def mlp_shape(self):
-        return self.cfg.optim.batch_size * self.cfg.optim.seq_len, 4 * self.cfg.model.n_embd
-
     def step_fields(self, tok_per_s):
-        mfu = self.model.estimate_mfu(tok_per_s / self.dist.world_size, self.cfg.optim.seq_len, self.device_name)
+        mfu = self.model.estimate_mfu(tok_per_s / self.ctx.dist.world_size, self.cfg.optim.seq_len, self.device_name)
         return {"mfu": mfu}
 
-    def evaluate(self, step, last):
-        """Validation loss (eval model: compiled when compile is on), activation telemetry on the first
+    def evaluate(self, step, last, model):
+        """Validation loss (on `model`: compiled when compile is on), activation telemetry on the first
         validation batch, HellaSwag and samples at their intervals."""
-        d, e = self.dist, self.cfg.eval
-        val = self.validation_loss()
-        fields, text = {"val_loss": val}, f"val loss {val:.4f}"
-        self.log.scalar(step, "val", val)
+        d, e = self.ctx.dist, self.cfg.eval
+        val = self.validation_loss(model)
+        result = Evaluation({"val_loss": val}, f"val loss {val:.4f}", {"val": val})
         if d.master:
             self.val_loader.reset()
-            fields["telemetry"] = telemetry.collect(self.model, self.val_loader.next_batch()[0].to(d.device),
-                                                    self.autocast)
+            result.fields["telemetry"] = telemetry.collect(self.model, self.val_loader.next_batch()[0].to(d.device),
+                                                           self.ctx.autocast)
         if e.hellaswag_interval and (step % e.hellaswag_interval == 0 or last):
             t0 = time.time()  # the whole call: the first one also tokenizes (then cached) and compiles
-            hella = evaluate_model(self.compiled, device=d.device, data_path=e.hellaswag_data or None,
+            hella = evaluate_model(model, device=d.device, data_path=e.hellaswag_data or None,
                                    limit=e.hellaswag_limit or None, scoring="completion", dist_info=d,
-                                   autocast=self.autocast, progress=False, cache=True)["completion"]
+                                   autocast=self.ctx.autocast, progress=False, cache=True)["completion"]
             seconds = time.time() - t0
-            self.log.scalar(step, "hella", hella["acc_norm"])
-            fields.update(hellaswag_acc=hella["acc"], hellaswag_acc_norm=hella["acc_norm"], hellaswag_seconds=seconds)
-            text += f" | hellaswag acc {hella['acc']:.4f} acc_norm {hella['acc_norm']:.4f} ({seconds:.1f}s)"
+            result.scalars["hella"] = hella["acc_norm"]
+            result.fields.update(hellaswag_acc=hella["acc"], hellaswag_acc_norm=hella["acc_norm"],
+                                 hellaswag_seconds=seconds)
+            result.text += f" | hellaswag acc {hella['acc']:.4f} acc_norm {hella['acc_norm']:.4f} ({seconds:.1f}s)"
         if e.sample_interval and step % e.sample_interval == 0 and 0 < step and not last:
             self.print_samples()
-        return fields, text
+        return result
 
     @torch.no_grad()
-    def validation_loss(self):
-        model, d = self.compiled, self.dist
+    def validation_loss(self, model):
+        d = self.ctx.dist
         model.eval()
         self.val_loader.reset()
         total = torch.zeros((), device=d.device)
         for _ in range(self.val_steps):
             x, y = self.val_loader.next_batch()
-            with self.autocast:
+            with self.ctx.autocast:
                 _, loss = model(x.to(d.device), y.to(d.device))
             total += loss.detach()
         model.train()
@@ -195,7 +194,7 @@ class GPTTrainer(Trainer):
         self.print_samples()
 
     def print_samples(self):
-        d = self.dist
+        d = self.ctx.dist
         try:
             enc = gpt2_tokenizer()
         except TokenizerError as e:  # offline without TIKTOKEN_CACHE_DIR: samples are optional
@@ -207,7 +206,7 @@ class GPTTrainer(Trainer):
         gen = torch.Generator(device=d.device).manual_seed(self.cfg.run.seed + d.rank)
         prompt = torch.tensor(enc.encode("Hello, I'm a language model,"), device=d.device).repeat(2, 1)
         self.model.eval()
-        with self.autocast:
+        with self.ctx.autocast:
             out = self.model.generate(prompt, 24, top_k=50, generator=gen)
         self.model.train()
         for row in out.tolist():
@@ -227,7 +226,7 @@ def read_init_source(name):
 def init_weights(model, state, source_config, what):
     """Load the source's weights into the new model. Another activation keeps every other weight (MLP
     matrices included) and starts its own parameters at their init; returns the line saying so."""
-    config = asdict(model.config)
+    config = to_dict(model.config)
     same_act = all(source_config.get(k, 0) == config[k] for k in ("act", "plain_top_k"))
     kept = {k: v for k, v in state.items() if same_act or ".mlp.act." not in k}
     ours = model.state_dict()

@@ -13,9 +13,7 @@ The loop itself (resume, logs, compile/DDP, checkpoints, signals) is training/lo
 train_gpt2.py; this file holds what is the translation model's own: the model, the corpus, BLEU.
 """
 import dataclasses
-import json
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,14 +23,14 @@ import torch.distributed as dist
 from activations import telemetry
 from data import DataError
 from data.parallel_corpus import TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model
-from eval.bleu import corpus_bleu
+from eval.bleu import decode_cost, split_bleu, translate_and_score
 from training import distributed
 from training.checkpoint import load_checkpoint
-from training.config import ConfigError, EvalConfig, RunConfig, from_dict, run_cli
-from training.loop import Trainer
-from training.precision import autocast_context, resolve_precision
+from training.config import ConfigError, EvalConfig, RunConfig, from_dict, run_cli, to_dict
+from training.loop import Evaluation, Parts, Trainer
+from training.precision import autocast_for
+from training.optimizer import adamw
 from training.schedule import inverse_sqrt
-from translation.decode import translate
 from translation.model import Transformer, TranslationConfig
 
 
@@ -110,53 +108,15 @@ def tokenizer(cfg, d, src, tgt):
     return model
 
 
-def decode_cost(n, seconds):
-    return f"{n} sentences in {seconds:.1f}s = {n / max(seconds, 1e-9):.1f} sent/s"
-
-
-def bleu_of(model, sp, src, ref, ecfg, d, beam, progress=False):
-    """Translate src (split over ranks), gather, score: (BLEU, signature, hypotheses, decode seconds) on
-    every rank."""
-    t0 = time.time()
-    mine = translate(model, sp, src[d.rank::d.world_size], beam, ecfg.len_penalty, ecfg.max_len_a, ecfg.max_len_b,
-                     ecfg.decode_batch, d.device, progress and d.master)
-    parts = distributed.gather_objects(mine, d)
-    hyps = [None] * len(src)
-    for r, part in enumerate(parts):
-        hyps[r::d.world_size] = part
-    seconds = time.time() - t0
-    score, signature = corpus_bleu(hyps, ref)
-    return score, signature, hyps, seconds
-
-
-def split_bleu(model, sp, data, ecfg, d, out_dir, split):
-    """Greedy and beam BLEU on the first --test-sentences sentences of a split (0: all) and the decoding
-    speed; translations and scores written to out_dir."""
-    src, ref = split_lines(data, split)
-    total = len(src)
-    n = min(ecfg.test_sentences or total, total)
-    src, ref = src[:n], ref[:n]
-    subset = "" if n == total else f" (first {n} of {total} sentences)"
-    results = {}
-    for beam in sorted({1, ecfg.beam}):
-        name = "greedy" if beam == 1 else f"beam{beam}"
-        score, signature, hyps, seconds = bleu_of(model, sp, src, ref, ecfg, d, beam, progress=True)
-        results[name] = {"bleu": score, "signature": signature, "sentences": n, "of": total,
-                         "seconds": round(seconds, 2), "sentences_per_s": round(n / max(seconds, 1e-9), 2)}
-        if d.master:
-            Path(out_dir, f"translations_{split}_{name}.txt").write_text("\n".join(hyps) + "\n")
-            print(f"{split} BLEU ({name}) = {score:.2f}{subset}  {signature} | {decode_cost(n, seconds)}", flush=True)
-    if d.master:
-        Path(out_dir, f"bleu_{split}.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
-
-
 class TranslationTrainer(Trainer):
+    """The model (the DeepNorm encoder-decoder with the run's activation), the parallel corpus in token-budget
+    batches, and the evaluations: validation loss, greedy BLEU, activation telemetry; test BLEU at the end."""
     kind = "translation"
     token_unit = "tgt tok"
 
-    def build(self, ckpt):
-        cfg, d = self.cfg, self.dist
+    def build(self, ctx, ckpt):
+        cfg, d, o = self.cfg, ctx.dist, self.cfg.optim
+        self.ctx = ctx
         Transformer.check_config(cfg.model)  # a bad activation or option fails before the data is read
         train_src, train_tgt = split_lines(cfg.data, "train")
         self.spm_bytes = ckpt["spm"] if ckpt else tokenizer(cfg, d, train_src, train_tgt)
@@ -169,83 +129,72 @@ class TranslationTrainer(Trainer):
             raise ConfigError(f"pad/bos/eos ids {mcfg.pad_id}/{mcfg.bos_id}/{mcfg.eos_id} differ from the "
                               f"sentencepiece model's {sp.pad_id()}/{sp.bos_id()}/{sp.eos_id()}; leave them at their "
                               "defaults")
+        self.model = Transformer(mcfg).to(d.device)
         train_ids = encode(sp, train_src, train_tgt, cfg.data.max_len)
         self.valid_text = split_lines(cfg.data, "valid")
         valid_ids = encode(sp, *self.valid_text, mcfg.max_positions - 1)
-        pad_multiple = cfg.data.pad_multiple or (8 if self.use_compile else 1)
+        pad_multiple = cfg.data.pad_multiple or (8 if ctx.compile else 1)
         self.loader = TokenBatchLoader(*train_ids, cfg.data.max_tokens, cfg.data.max_sentences, d.rank,
                                        d.world_size, seed=cfg.run.seed, pad_multiple=pad_multiple)
         self.val_loader = TokenBatchLoader(*valid_ids, cfg.data.max_tokens, 0, d.rank, d.world_size, shuffle=False)
-        self.max_steps = cfg.optim.max_steps or cfg.optim.epochs * len(self.loader)
-        self.model = Transformer(mcfg).to(d.device)
-        self.model_config = dataclasses.asdict(mcfg)
-        o = cfg.optim
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
-                                            {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=o.betas,
-                                           eps=o.eps)
-        self.pairs = (len(train_ids[0]), len(train_src))
-
-    def describe(self):
-        m, cfg = self.model.cfg, self.cfg
-        return (f"{self.model.num_params() / 1e6:.2f}M parameters | act {m.act} (plain top {m.plain_top_k}) | "
-                f"{m.norm} {m.enc_layers}-{m.dec_layers} | vocab {m.vocab_size} | {self.pairs[0]} train pairs "
-                f"(of {self.pairs[1]}, max len {cfg.data.max_len}) | {len(self.loader)} steps/epoch | "
-                f"{f'{self.batch_shapes()} batch shapes' if self.batch_shapes() else 'exact-length batches'}")
-
-    def mlp_shape(self):
-        return self.cfg.data.max_tokens, self.model.cfg.ffn_dim
-
-    def batch_shapes(self):
-        return self.loader.shapes()
+        shapes = self.loader.shapes()
+        return Parts(model=self.model, loader=self.loader, model_config=to_dict(mcfg),
+                     optimizer=adamw(self.model, o.lr, o.weight_decay, o.betas, o.eps, d.device_type),
+                     max_steps=o.max_steps or o.epochs * len(self.loader),
+                     mlp_shape=(cfg.data.max_tokens, mcfg.ffn_dim), batch_shapes=shapes,
+                     description=f"{self.model.num_params() / 1e6:.2f}M parameters | act {mcfg.act} (plain top "
+                                 f"{mcfg.plain_top_k}) | {mcfg.norm} {mcfg.enc_layers}-{mcfg.dec_layers} | vocab "
+                                 f"{mcfg.vocab_size} | {len(train_ids[0])} train pairs (of {len(train_src)}, max len "
+                                 f"{cfg.data.max_len}) | {len(self.loader)} steps/epoch | "
+                                 f"{f'{shapes} batch shapes' if shapes else 'exact-length batches'}")
 
     def learning_rate(self, step):
         return inverse_sqrt(step, self.cfg.optim.warmup_steps, self.cfg.optim.lr)
 
     def forward_backward(self, model):
-        x, y_in, y_out = self.loader.next_batch(self.dist.device)
-        with self.autocast:
+        x, y_in, y_out = self.loader.next_batch(self.ctx.dist.device)
+        with self.ctx.autocast:
             loss = self.model.loss(model(x, y_in), y_out, self.cfg.optim.label_smoothing)
-        self.scaler.scale(loss).backward()
+        self.ctx.scaler.scale(loss).backward()
         return loss, (y_out != self.model.cfg.pad_id).sum()
 
     def step_fields(self, tok_per_s):
         return {"epoch": self.loader.epoch}
 
-    def checkpoint_state(self):
-        bleu = self.evals[-1].get("bleu") if self.evals else None
-        return {"bleu": bleu, "spm": self.spm_bytes}
+    def checkpoint_state(self, evaluation):
+        return {"bleu": evaluation.get("bleu") if evaluation else None, "spm": self.spm_bytes}
 
-    def evaluate(self, step, last):
+    def evaluate(self, step, last, model):
         """Validation loss on the whole valid split, greedy BLEU on its first --bleu-sentences sentences and
-        activation telemetry (on a mid-length validation batch); `val` / `bleu` lines in log.txt."""
-        d, model = self.dist, self.model
+        activation telemetry (on a mid-length validation batch), all on the uncompiled model: decoding runs
+        ever-changing shapes; `val` / `bleu` lines in log.txt."""
+        d, model = self.ctx.dist, self.model
         val = self.validation_loss()
-        fields, text = {"val_loss": val}, f"val loss {val:.4f}"
+        result = Evaluation({"val_loss": val}, f"val loss {val:.4f}")
         if step > 0:  # an untrained model's BLEU is 0 and its greedy outputs run to the length cap
             src, ref = self.valid_text
             n = self.cfg.eval.bleu_sentences or len(src)
-            with self.autocast:
-                bleu, _, _, seconds = bleu_of(model, self.sp, src[:n], ref[:n], self.cfg.eval, d, 1)
-            self.log.scalar(step, "bleu", bleu)
-            fields.update(bleu=bleu, bleu_sentences=n, bleu_seconds=seconds)
-            text += f" | valid BLEU (greedy) {bleu:.2f} | {decode_cost(n, seconds)}"
+            with self.ctx.autocast:
+                bleu, _, _, seconds = translate_and_score(model, self.sp, src[:n], ref[:n], self.cfg.eval, d, 1)
+            result.scalars["bleu"] = bleu
+            result.fields.update(bleu=bleu, bleu_sentences=n, bleu_seconds=seconds)
+            result.text += f" | valid BLEU (greedy) {bleu:.2f} | {decode_cost(n, seconds)}"
         if d.master:
             x, y_in, _ = self.val_loader.batch(len(self.val_loader) // 2)
-            fields["telemetry"] = telemetry.collect(model, (x.to(d.device), y_in.to(d.device)), self.autocast)
-        self.log.scalar(step, "val", val)
-        return fields, text
+            result.fields["telemetry"] = telemetry.collect(model, (x.to(d.device), y_in.to(d.device)),
+                                                           self.ctx.autocast)
+        result.scalars["val"] = val
+        return result
 
     @torch.no_grad()
     def validation_loss(self):
         """Token-level cross-entropy (no label smoothing) over the whole validation set, all ranks."""
-        model, d = self.model, self.dist
+        model, d = self.model, self.ctx.dist
         model.eval()
         total = torch.zeros(2, device=d.device)
         for x, y_in, y_out in self.val_loader:
             x, y_in, y_out = x.to(d.device), y_in.to(d.device), y_out.to(d.device)
-            with self.autocast:
+            with self.ctx.autocast:
                 logits = model(x, y_in)
             n = (y_out != model.cfg.pad_id).sum()
             total += torch.stack([model.loss(logits, y_out) * n, n.float()])
@@ -254,43 +203,38 @@ class TranslationTrainer(Trainer):
         return (total[0] / total[1]).item()
 
     def finish(self, step):
+        """Greedy and beam BLEU on the test split: the run's closing record."""
         if not self.cfg.eval.test_at_end:
-            return
+            return None
         try:
-            results = split_bleu(self.model, self.sp, self.cfg.data, self.cfg.eval, self.dist, self.cfg.run.out_dir,
-                                 "test")
-            self.log.record(step, kind="test", sentences=results["greedy"]["sentences"],
-                            **{f"bleu_{k}": v["bleu"] for k, v in results.items()},
-                            **{f"sent_per_s_{k}": v["sentences_per_s"] for k, v in results.items()})
+            results = split_bleu(self.model, self.sp, *split_lines(self.cfg.data, "test"), self.cfg.eval,
+                                 self.ctx.dist, self.cfg.run.out_dir, "test")
         except DataError as e:
-            if self.dist.master:
+            if self.ctx.dist.master:
                 print(f"no test BLEU: {e}", flush=True)
+            return None
+        return {"sentences": results["greedy"]["sentences"], **{f"bleu_{k}": v["bleu"] for k, v in results.items()},
+                **{f"sent_per_s_{k}": v["sentences_per_s"] for k, v in results.items()}}
 
 
 def train(cfg):
     return TranslationTrainer(cfg).fit()
 
 
-def load_translation_model(path, device="cpu"):
-    """(model in eval mode, sentencepiece processor, checkpoint) from a translation checkpoint or run dir."""
-    ckpt = load_checkpoint(path, kind="translation")
-    model = Transformer(TranslationConfig(**ckpt["model_config"])).to(device)
-    model.load_state_dict(ckpt["model"])
-    return model.eval(), load_sentencepiece(ckpt["spm"]), ckpt
-
-
 def evaluate(cfg):
     """--eval-only: greedy and beam BLEU of a checkpoint on --split, written beside the checkpoint."""
     d = distributed.setup(cfg.run.device)
-    model, sp, ckpt = load_translation_model(cfg.eval.eval_only, d.device)
+    ckpt = load_checkpoint(cfg.eval.eval_only, kind="translation")
+    model, sp = Transformer.from_checkpoint(ckpt, d.device), load_sentencepiece(ckpt["spm"])
     data = cfg.data
     if not (data.data_dir or data.train_prefix or data.valid_prefix or data.test_prefix):
         data = from_dict(DataConfig, ckpt["config"]["data"])  # the files the run was trained with
     if d.master:
         print(f"{ckpt['path']}: step {ckpt['step']}, act {ckpt['model_config']['act']}", flush=True)
-    autocast = autocast_context(d.device_type, resolve_precision(cfg.run.dtype, d.device_type))
+    autocast = autocast_for(d.device_type, cfg.run.dtype)
     with autocast:
-        results = split_bleu(model, sp, data, cfg.eval, d, Path(ckpt["path"]).parent, cfg.eval.split)
+        results = split_bleu(model, sp, *split_lines(data, cfg.eval.split), cfg.eval, d, Path(ckpt["path"]).parent,
+                             cfg.eval.split)
     distributed.cleanup(d)
     return results
 

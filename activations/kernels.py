@@ -1,4 +1,5 @@
-"""Fused Triton kernels for AGLU/APA and NSwish/NReLU, registered as torch custom ops (issue 9).
+"""Fused Triton kernels for AGLU/APA and NSwish/NReLU, registered as torch custom ops
+(speed: BENCHMARKS.md, "Fused Triton kernels vs the PyTorch path").
 
 Same math as the PyTorch path (activations/aglu.py, activations/anact.py): fp32 inside, bf16/fp16/fp32
 in and out, lam clamped at lam_min, ln eta = -softplus(ln lam - kappa z) / lam. Memory passes:

@@ -1,4 +1,4 @@
-"""The Triton kernels prove themselves on the GPU they run on before impl="auto" trusts them (issue 19).
+"""The Triton kernels prove themselves on the GPU they run on before impl="auto" trusts them.
 
 Nobody who wrote activations/kernels.py had a GPU: the first one they meet is a user's, at the start of a
 long run. So under impl="auto":

@@ -6,11 +6,11 @@ GPT-2 MLP shape (rows x 3072), eager and torch.compile'd, with ratios to GELU fr
 
 The parametric activations (AGLU, APA, NSwish, NReLU) run once per implementation: `torch` (the
 PyTorch path) and, on CUDA with Triton, `triton` (the fused kernels of activations/kernels.py); the
-last column compares every row with compiled GELU, the target of issue 9. Timings are medians over
-rounds; each round times every case once, in turn, so a transient load on a shared machine hits all
-of them alike. Parametric modules run in training mode (NSwish/NReLU update their running
-statistics, as in a training step); the backward computes the input gradient and every parameter
-gradient.
+last column compares every row with compiled GELU, the measure of the GPU target (BENCHMARKS.md,
+"Fused Triton kernels vs the PyTorch path"). Timings are medians over rounds; each round times every
+case once, in turn, so a transient load on a shared machine hits all of them alike. Parametric modules
+run in training mode (NSwish/NReLU update their running statistics, as in a training step); the backward
+computes the input gradient and every parameter gradient.
 """
 import argparse
 import datetime

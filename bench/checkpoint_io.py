@@ -20,13 +20,15 @@ from pathlib import Path
 
 import torch
 
+from data.files import atomic_file
 from model import GPT, GPTConfig
 from training.checkpoint import checkpoint_path, read_checkpoint_file, save_checkpoint
+from training.optimizer import adamw
 
 
 def training_state():
     model = GPT(GPTConfig())
-    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), 1e-8, "cpu")
+    optimizer = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, "cpu")
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     optimizer.step()  # AdamW's exp_avg / exp_avg_sq: the state is 3x the weights
@@ -36,12 +38,8 @@ def training_state():
 
 def plain_save(state, out_dir, step):
     final = checkpoint_path(out_dir, step)
-    tmp = final.with_name(f".{final.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_file(final, durable=True) as f:
         torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
     return final
 
 

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import torch
 
+from bench.device_options import add_device_options, device_and_autocast
 from model import GPT, GPTConfig
-from training.checkpoint import load_gpt
-from training.distributed import pick_device
-from training.precision import autocast_context, resolve_precision
+from training.checkpoint import load_checkpoint
 
 
 def timed_generate(model, prompt, new_tokens, use_cache, device, autocast):
@@ -42,17 +41,11 @@ def main(argv=None):
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--json", help="also write the numbers here")
+    add_device_options(p)
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
-    autocast = autocast_context(device.split(":")[0], resolve_precision(args.dtype, device.split(":")[0]))
+    device, autocast = device_and_autocast(args)
     if args.checkpoint:
-        model, _ = load_gpt(args.checkpoint, device)
+        model = GPT.from_checkpoint(load_checkpoint(args.checkpoint, kind="gpt2"), device)
     else:
         torch.manual_seed(0)
         model = GPT(GPTConfig(n_layer=args.n_layer, n_head=max(1, args.n_embd // 64), n_embd=args.n_embd))

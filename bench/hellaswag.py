@@ -16,13 +16,12 @@ from pathlib import Path
 
 import torch
 
+from bench.device_options import add_device_options, device_and_autocast
 from data.tokenizer import EOT
 from eval import hellaswag
 from eval.scoring import score_batch
 from model import GPT, GPTConfig
-from training.checkpoint import load_gpt
-from training.distributed import pick_device
-from training.precision import autocast_context, resolve_precision
+from training.checkpoint import load_checkpoint
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "assets" / "hellaswag" / "hellaswag_val.jsonl"
 
@@ -52,15 +51,9 @@ def main(argv=None):
     p.add_argument("--limit", type=int)
     p.add_argument("--batch-items", type=int, default=32)
     p.add_argument("--modes", default="eager,compiled")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--json", help="also write the numbers here")
+    add_device_options(p)
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
-    autocast = autocast_context(device.split(":")[0], resolve_precision(args.dtype, device.split(":")[0]))
+    device, autocast = device_and_autocast(args)
     data = args.data or (SHARED if SHARED.is_file() else hellaswag.download())
     items = hellaswag.load_items(data, args.limit)
     gold = torch.tensor([item["label"] for item in items])
@@ -74,7 +67,7 @@ def main(argv=None):
         cached_s = time.time() - t0
 
     if args.checkpoint:
-        base, _ = load_gpt(args.checkpoint, device)
+        base = GPT.from_checkpoint(load_checkpoint(args.checkpoint, kind="gpt2"), device)
     else:
         torch.manual_seed(0)
         base = GPT(GPTConfig(n_layer=args.n_layer, n_head=args.n_head or max(1, args.n_embd // 64),

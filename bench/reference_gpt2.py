@@ -95,9 +95,3 @@ class ReferenceGPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
-
-    def configure_optimizers(self, weight_decay, learning_rate, betas, eps, device_type):
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=device_type == "cuda")

@@ -12,9 +12,10 @@ activation, optionally followed by a JSON object: its keys loss_chunks, attentio
 that contender's speed options (default: --loss-chunks, --attention-backend, --compile-mode), every other key
 is an activation option passed to the activation as is. Ratios are to the first contender.
 
-Each step is forward + backward + grad clip + AdamW on random tokens (data loading excluded). Contenders are
-timed in interleaved rounds (reference, gelu, aglu, ..., reference, ...) and each reports its median, so drift
-of a noisy machine hits all of them alike. Memory: the bytes autograd saves for backward in one eager forward
+Each step is forward + backward + grad clip + AdamW (the trainers' own, `training/optimizer.py`, for every
+contender) on random tokens (data loading excluded). Contenders are timed in interleaved rounds (reference, gelu,
+aglu, ..., reference, ...) and each reports its median, so drift of a noisy machine hits all of them alike.
+Memory: the bytes autograd saves for backward in one eager forward
 (exact, any device), and the peak: CUDA max_memory_allocated, or on CPU the peak RSS of a fresh process per
 contender. MFU: model FLOPs (6N + attention, model.py) over the device's dense bf16 peak; n/a where unknown.
 """
@@ -31,6 +32,7 @@ import torch
 
 from bench.reference_gpt2 import ReferenceConfig, ReferenceGPT
 from model import GPT, GPTConfig
+from training.optimizer import adamw
 from training.precision import autocast_context
 
 PRESETS = {
@@ -79,7 +81,7 @@ def build(args, c):
         config = GPTConfig(**PRESETS[args.preset], act=c["act"], act_kwargs=c["act_kwargs"])
         model = GPT(config, loss_chunks=c["loss_chunks"], attention_backend=c["attention_backend"])
     model = model.to(args.device)
-    opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), 1e-8, args.device.split(":")[0])
+    opt = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, args.device.split(":")[0])
     compiled = torch.compile(model, mode=c["compile_mode"]) if args.compile else model
     return model, compiled, opt
 

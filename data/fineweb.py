@@ -41,6 +41,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data import hub_unreachable
+from data.files import atomic_file, remove_temporaries
 from data.tokenizer import EOT, TokenizerError, gpt2_tokenizer
 
 HF_DATASET = "HuggingFaceFW/fineweb-edu"
@@ -129,6 +130,7 @@ class ShardWriter:
 
     def __init__(self, out, manifest):
         self.out, self.m = out, manifest
+        remove_temporaries(out)  # a shard a killed run was writing; it is written again
         self.S, self.val_tokens = manifest["shard_size"], manifest["val_tokens"]
         self.max_tokens = manifest["max_tokens"]
         self.written = manifest["total_tokens"]  # stream position up to which shards are on disk
@@ -176,11 +178,9 @@ class ShardWriter:
         idx = len(self.m["shards"])
         split = "val" if idx == 0 else "train"
         path = self.out / f"{self.m['name']}_{split}_{idx:06d}.npy"
-        tmp = path.with_name(path.name + ".tmp")  # not *.npy: the loader's glob must never see it
         self.out.mkdir(parents=True, exist_ok=True)  # only now: a failed start leaves no empty directory
-        with open(tmp, "wb") as f:
+        with atomic_file(path) as f:
             np.save(f, tokens[:n])
-        os.replace(tmp, path)
         self.written += n
         # Resume from the last document starting at or before the cut; the ones before it are done.
         k = bisect_right(self.doc_starts, (self.written, float("inf"))) - 1
@@ -193,9 +193,8 @@ class ShardWriter:
 
 
 def write_manifest(out, manifest):
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, out / "manifest.json")
+    with atomic_file(out / "manifest.json", "w") as f:
+        f.write(json.dumps(manifest, indent=1) + "\n")
 
 
 PREPARE_AGAIN = "prepare the shards again with data/fineweb.py (into a new or emptied --out)"

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from data import DataError, hub_unreachable
+from data.files import atomic_file
 
 SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # ours -> Hugging Face's
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -120,9 +121,8 @@ def sentencepiece_model(src, tgt, vocab_size, model_type="bpe", cache_dir=".", t
         raise DataError(f"sentencepiece training failed ({str(e).splitlines()[0]}); "
                         "for small training text lower --spm-vocab-size") from None
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{id(buffer)}")
-    tmp.write_bytes(buffer.getvalue())
-    tmp.replace(path)
+    with atomic_file(path) as f:
+        f.write(buffer.getvalue())
     return buffer.getvalue()
 
 

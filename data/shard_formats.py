@@ -1,7 +1,7 @@
 """Token shards written by other GPT-2 harnesses, read in place beside our own (data/loader.py).
 
 - ours and karpathy/build-nanogpt's: `{name}_{split}_{idx:06d}.npy`, a 1-D uint16 .npy array
-  (build-nanogpt names them edufineweb_{val,train}_NNNNNN.npy; data/fineweb.read_shard checks them).
+  (build-nanogpt names them edufineweb_{val,train}_NNNNNN.npy; data.fineweb.read_shard checks them).
 - karpathy/llm.c's (also modded-nanogpt's): `{name}_{split}_{idx:06d}.bin` (dev/data/data_common.py
   write_datafile), and `{name}_{split}.bin` for its small datasets (tiny_shakespeare_val.bin): a header
   of 256 little-endian int32 (magic 20240520, version 1, token count, the rest zero), then the tokens as

@@ -40,13 +40,14 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from data import DataError
+from data.files import atomic_file
 from data.tokenizer import TokenizerError, gpt2_tokenizer
 from eval.scoring import block_size_of, bucket, pack_rows, row_length, score_batch
 from eval.stats import wilson
 from model import GPT
 from training import distributed
-from training.checkpoint import CheckpointError, load_gpt
-from training.precision import autocast_context, resolve_precision
+from training.checkpoint import CheckpointError, load_checkpoint
+from training.precision import autocast_for
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 FIELDS = ("ctx", "ctx_a", "ctx_b", "activity_label", "endings", "label")
@@ -64,14 +65,11 @@ def download(url=URL):
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with urllib.request.urlopen(url, timeout=30) as r, open(tmp, "wb") as f:
+        with urllib.request.urlopen(url, timeout=30) as r, atomic_file(path) as f:
             f.write(r.read())
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise DataError(f"cannot download {url} ({e}); offline? pass --data path/to/hellaswag_val.jsonl") from None
-    os.replace(tmp, path)
     return path
 
 
@@ -183,10 +181,8 @@ def save_requests(path, requests):
         if reqs[0][2] is not None:
             arrays[f"{name}_divisors"] = np.array([div for _, _, div in reqs], dtype=np.float64)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with atomic_file(path) as f:
         np.savez(f, **arrays)
-    os.replace(tmp, path)
 
 
 def load_requests(path, scorings):
@@ -289,7 +285,7 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
 
     Both scorings come from one pass over their distinct rows (`Plan`). The data is tokenized and packed
     once per process and kept for the next call (`prepare`); with `cache` the tokens are also kept on disk
-    under $NANOACT_CACHE. Under torchrun pass dist_info (harness.distributed.Dist): each rank scores a
+    under $NANOACT_CACHE. Under torchrun pass dist_info (training.distributed.Dist): each rank scores a
     share of the rows and the log-likelihoods are all-reduced, so every rank returns the same numbers. The
     model may be torch.compile'd (one graph per batch length); it is put in eval mode (ANAct uses its running
     statistics) and restored after.
@@ -366,10 +362,11 @@ def main(argv=None):
             if args.hf:
                 model, ckpt = GPT.from_pretrained(args.hf).to(d.device).eval(), None
             else:
-                model, ckpt = load_gpt(args.checkpoint, d.device)
+                ckpt = load_checkpoint(args.checkpoint, kind="gpt2")
+                model = GPT.from_checkpoint(ckpt, d.device)
             if d.master:
                 print(f"scoring {describe(args, ckpt)}", flush=True)
-            autocast = autocast_context(d.device_type, resolve_precision(args.dtype, d.device_type))
+            autocast = autocast_for(d.device_type, args.dtype)
             data = args.data or download()  # before the forward passes: a missing file fails fast
             if args.compile:
                 model = torch.compile(model, dynamic=False)  # one static graph per length bucket (3)

@@ -22,9 +22,9 @@ from tqdm import tqdm
 from data.tokenizer import EOT, VOCAB_SIZE, gpt2_tokenizer
 from eval.scoring import bucket, row_length, score_rows
 from model import GPT
-from training.checkpoint import load_gpt
+from training.checkpoint import load_checkpoint
 from training.distributed import pick_device
-from training.precision import autocast_context, resolve_precision
+from training.precision import autocast_for
 
 
 def as_bool(value):
@@ -42,13 +42,13 @@ class NanoactLM(TemplateLM):
         if not str(batch_size).isdigit() or int(batch_size) < 1:
             raise ValueError(f"batch_size={batch_size!r}: give a positive integer ('auto' is not supported)")
         self._device = pick_device(device or "auto")
-        model = GPT.from_pretrained(hf) if hf else load_gpt(checkpoint, self._device)[0]
+        model = GPT.from_pretrained(hf) if hf else GPT.from_checkpoint(load_checkpoint(checkpoint, kind="gpt2"), self._device)
         self.model = model.to(self._device).eval()
         self.block_size = self.model.config.block_size
         if as_bool(compile):
             self.model = torch.compile(self.model)
         device_type = self._device.split(":")[0]
-        self.autocast = autocast_context(device_type, resolve_precision(dtype, device_type))
+        self.autocast = autocast_for(device_type, dtype)
         self.batch_size = int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
         self.enc = gpt2_tokenizer()

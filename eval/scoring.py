@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from data.tokenizer import EOT, VOCAB_SIZE
-from training.checkpoint import unwrap
 
 
 def bucket(length, block_size, step=64):
@@ -36,7 +35,9 @@ def row_length(context, continuation, block_size):
 
 
 def block_size_of(model):
-    return unwrap(model).config.block_size
+    """The GPT's block_size under DDP (.module) and torch.compile (._orig_mod) wrappers."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model).config.block_size
 
 
 def pack_rows(rows, length, n_rows, block_size):

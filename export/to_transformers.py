@@ -29,8 +29,8 @@ from data.tokenizer import EOT, VOCAB_SIZE, TokenizerError
 from export.remote_code import AUTO_MAP, write_remote_code
 from export.tokenizer import bpe_from_openai_files, bpe_from_tiktoken, save_gpt2_tokenizer
 from export.transformers_wrapper import NanoactConfig, NanoactForCausalLM
-from model import nanoact_to_hf
-from training.checkpoint import CheckpointError, load_gpt
+from model import GPT, nanoact_to_hf
+from training.checkpoint import CheckpointError, load_checkpoint
 
 # The activations GPT-2 has, by class, and their names in GPT2Config.activation_function.
 GPT2_ACTIVATIONS = {GELU: "gelu_new", GELUExact: "gelu", ReLU: "relu", ReLU2: "relu2", SiLU: "silu"}
@@ -70,7 +70,7 @@ def export_remote(model, out_dir):
 def export(checkpoint, out_dir, tokenizer_dir=None):
     """Write the transformers directory, GPT-2's tokenizer included (from OpenAI's files in `tokenizer_dir`, else
     from tiktoken); returns "gpt2" or "remote" (which kind was written)."""
-    model, _ = load_gpt(checkpoint, "cpu")
+    model = GPT.from_checkpoint(load_checkpoint(checkpoint, kind="gpt2"), "cpu")
     # the tokenizer first: a missing tiktoken cache then fails before any file is written
     vocab, merges = bpe_from_openai_files(tokenizer_dir) if tokenizer_dir else bpe_from_tiktoken()
     gpt2_names = {GPT2_ACTIVATIONS.get(type(block.mlp.act)) for block in model.transformer.h}

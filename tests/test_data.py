@@ -135,7 +135,7 @@ def test_interrupted_run_resumes_to_the_same_shards(fineweb, tmp_path, monkeypat
     for a, b in zip(resumed, whole):
         np.testing.assert_array_equal(a, b)
     assert all(out.joinpath(name).stat().st_mtime_ns == t for name, t in stamps.items())
-    assert not list(out.glob("*.tmp"))
+    assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
 
 
 def test_val_split_of_a_small_corpus(fineweb, enc, tmp_path):
@@ -373,3 +373,23 @@ def test_missing_or_unfinished_data_is_explained(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"finished": False}))
     with pytest.raises(ValueError, match="unfinished"):
         ShardLoader(tmp_path, "train", B=2, T=8)
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_atomic_file_replaces_whole_or_not_at_all(tmp_path, durable):
+    from data.files import atomic_file, remove_temporaries
+    path = tmp_path / "f.json"
+    path.write_text("old")
+    with pytest.raises(ZeroDivisionError):
+        with atomic_file(path, "w", durable=durable) as f:
+            f.write("half")
+            1 / 0
+    assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+    with atomic_file(path, "w", durable=durable) as f:
+        f.write("new")
+        assert path.read_text() == "old"  # nothing under the final name until the block ends
+    assert path.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+    (tmp_path / ".f.json.tmp4242").write_text("a killed writer's")
+    (tmp_path / ".hidden.tmpfile").write_text("not ours")
+    remove_temporaries(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden.tmpfile", "f.json"]

@@ -10,7 +10,8 @@ import torch
 
 import activations
 from export import to_transformers
-from training.checkpoint import load_gpt
+from model import GPT
+from training.checkpoint import load_checkpoint
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ def exported_logits_match(ckpt, out_dir, trust_remote_code=False, steps=0):
     """Max |our logits - exported model's logits| over the 50257 real tokens, and the loaded model."""
     from transformers import AutoModelForCausalLM
 
-    ours, _ = load_gpt(ckpt)
+    ours = GPT.from_checkpoint(load_checkpoint(ckpt, kind="gpt2"))
     hf = AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=trust_remote_code).eval()
     idx = torch.randint(0, 50257, (3, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -18,6 +18,7 @@ import torch
 from test_data import fineweb  # noqa: F401 (a fixture: data.fineweb with an offline tokenizer, or a skip)
 from test_train_gpt2 import ROOT, args, cli_error, final_weights, train_in_process, train_losses, write_corpus
 from training import checkpoint
+from training.checkpoint import load_checkpoint
 from training.distributed import Dist
 
 
@@ -164,7 +165,7 @@ def test_files_that_are_not_nanoact_checkpoints_give_one_line(tmp_path):
     torch.save({"kind": "gpt2", "model": {}}, tmp_path / "incomplete.pt")
     for path in sorted(tmp_path.iterdir()):
         with pytest.raises(checkpoint.CheckpointError) as error:
-            checkpoint.load_gpt(path)
+            load_checkpoint(path, kind="gpt2")
         message = str(error.value)
         assert message.startswith(str(path)) and "\n" not in message, message
     assert "no 'model_config', 'step' entries" in str(pytest.raises(

@@ -1,5 +1,5 @@
 """build-nanogpt and nanoGPT checkpoints, written here in their real formats, load as data (no pickle runs)
-and work where a checkpoint is accepted: load_gpt (sample.py, lm-eval, --init-from), HellaSwag, the export."""
+and work where a checkpoint is accepted: GPT.from_checkpoint (sample.py, lm-eval, --init-from), HellaSwag, the export."""
 import dataclasses
 import json
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from training.checkpoint import load_checkpoint, load_gpt
+from training.checkpoint import load_checkpoint
 from training.foreign_checkpoints import ForeignCheckpointError
 
 TINY = dict(block_size=64, n_layer=2, n_head=2, n_embd=32)
@@ -90,7 +90,8 @@ def test_build_nanogpt_checkpoint_loads_as_data_with_its_logits(tmp_path, capsys
     source = source_model(act="gelu")
     path = build_nanogpt_file(tmp_path, source, compiled=True)  # the lm-eval test below takes plain keys
     assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == ["__main__.GPTConfig"]
-    model, ckpt = load_gpt(path.parent)  # the run directory: its newest model_*.pt
+    ckpt = load_checkpoint(path.parent, kind="gpt2")  # the run directory: its newest model_*.pt
+    model = GPT.from_checkpoint(ckpt)
     assert ckpt["step"] == 5000 and ckpt["val_loss"] == pytest.approx(3.2857)
     assert ckpt["model_config"] == {**TINY, "vocab_size": 50304, "dropout": 0.0, "bias": True, "act": "gelu",
                                     "act_kwargs": {}, "plain_top_k": 0}
@@ -103,7 +104,8 @@ def test_build_nanogpt_checkpoint_loads_as_data_with_its_logits(tmp_path, capsys
 def test_nanogpt_checkpoint_without_biases_loads_with_exact_gelu(tmp_path, capsys, flash):
     source = source_model(act="gelu_exact", bias=False, vocab_size=50257)
     path = nanogpt_file(tmp_path, source, flash=flash)
-    model, ckpt = load_gpt(path.parent)  # nanoGPT's out_dir holds ckpt.pt, no model_*.pt
+    ckpt = load_checkpoint(path.parent, kind="gpt2")  # nanoGPT's out_dir holds ckpt.pt, no model_*.pt
+    model = GPT.from_checkpoint(ckpt)
     assert ckpt["step"] == 2000 and ckpt["val_loss"] == pytest.approx(2.95)
     assert ckpt["model_config"]["act"] == "gelu_exact" and ckpt["model_config"]["bias"] is False
     assert ckpt["config"]["dataset"] == "openwebtext"
@@ -130,7 +132,7 @@ def test_a_pickle_that_would_run_code_is_refused_and_nothing_runs(tmp_path):
     """
     path = build_nanogpt_file(tmp_path, source_model(), extra=textwrap.dedent(extra))
     with pytest.raises(ForeignCheckpointError, match=r"cannot be read as data .*system") as e:
-        load_gpt(path)
+        load_checkpoint(path, kind="gpt2")
     assert "\n" not in str(e.value) and not marker.exists()
 
 
@@ -141,12 +143,12 @@ def test_layout_mismatches_and_wrong_kind_are_one_line(tmp_path):
     state["model_args"]["n_embd"] = 64
     torch.save(state, path)
     with pytest.raises(ForeignCheckpointError, match=r"do not fit a GPT-2 with its config \(wrong shapes"):
-        load_gpt(path)
+        load_checkpoint(path, kind="gpt2")
     state["model_args"]["n_embd"] = 32
     state["model"]["_orig_mod.lm_head.weight"] = state["model"]["_orig_mod.lm_head.weight"] + 1
     torch.save(state, path)
     with pytest.raises(ForeignCheckpointError, match="untied embeddings"):
-        load_gpt(path)
+        load_checkpoint(path, kind="gpt2")
     with pytest.raises(ForeignCheckpointError, match="needs a 'translation' one"):
         load_checkpoint(path, kind="translation")
 

@@ -17,7 +17,8 @@ from eval import hellaswag
 from eval.hellaswag import SCORINGS, DataError, evaluate_model, load_items, make_plan, score_plan
 from eval.scoring import block_size_of, bucket, row_length, score_rows
 from eval.stats import wilson
-from training.checkpoint import load_gpt
+from model import GPT
+from training.checkpoint import load_checkpoint
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "assets" / "hellaswag" / "hellaswag_val.jsonl"
 
@@ -65,7 +66,7 @@ def reference_scores(model, enc, items):
 @pytest.fixture
 def tiny(make_checkpoint, hellaswag_file, gpt2_enc):
     torch.set_num_threads(2)
-    model, _ = load_gpt(make_checkpoint())
+    model = GPT.from_checkpoint(load_checkpoint(make_checkpoint(), kind="gpt2"))
     path = hellaswag_file(n=11)
     return model, path, load_items(path)
 
@@ -122,7 +123,7 @@ def previous_scorer(model, enc, items, scoring, batch_items):
 
 
 def test_shared_pass_scores_identical_to_previous_scorer(make_checkpoint, hellaswag_file, gpt2_enc):
-    model, _ = load_gpt(make_checkpoint(seed=1))
+    model = GPT.from_checkpoint(load_checkpoint(make_checkpoint(seed=1), kind="gpt2"))
     path = hellaswag_file(n=20, seed=3)
     items = load_items(path)
     plan = plan_for(gpt2_enc, items, 4 * 5, length_step=hellaswag.length_step(model))
@@ -233,7 +234,7 @@ def test_torchrun_two_ranks_equal_one_process(tiny, make_checkpoint, hellaswag_f
 
 def test_scores_in_eval_mode_and_restores_training_mode(make_checkpoint, hellaswag_file, gpt2_enc):
     """NSwish in training mode would fold every scored batch into its running statistics."""
-    model, _ = load_gpt(make_checkpoint(act="nswish"))
+    model = GPT.from_checkpoint(load_checkpoint(make_checkpoint(act="nswish"), kind="gpt2"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model.train()
     r = evaluate_model(model, "cpu", hellaswag_file(n=5), scoring="completion", progress=False)

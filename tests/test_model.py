@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, nanoact_to_hf
-from training.checkpoint import load_gpt
+from training.checkpoint import load_checkpoint
+from training.optimizer import adamw
 
 TINY = dict(block_size=32, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
 
@@ -35,7 +36,7 @@ def test_gpt2_init_scales_residual_projections():
 
 def test_weight_decay_only_on_matrices():
     model = GPT(GPTConfig(**TINY, act="aglu"))
-    opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), 1e-8, "cpu")
+    opt = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, "cpu")
     decayed, plain = opt.param_groups
     assert decayed["weight_decay"] == 0.1 and all(p.dim() >= 2 for p in decayed["params"])
     assert plain["weight_decay"] == 0.0
@@ -109,16 +110,16 @@ def test_export_mapping_inverts_import(tmp_path):
         torch.testing.assert_close(value, ref[key])
 
 
-def test_load_gpt_rejects_other_files(tmp_path):
+def test_load_checkpoint_refuses_other_files_for_gpt2(tmp_path):
     from training.checkpoint import CheckpointError
     with pytest.raises(CheckpointError, match="no such checkpoint"):
-        load_gpt(tmp_path / "nope.pt")
+        load_checkpoint(tmp_path / "nope.pt", kind="gpt2")
     torch.save({"weights": 1}, tmp_path / "foreign.pt")
     with pytest.raises(CheckpointError, match="not a nanoact checkpoint"):
-        load_gpt(tmp_path / "foreign.pt")
+        load_checkpoint(tmp_path / "foreign.pt", kind="gpt2")
     torch.save({"kind": "translation", "model": {}}, tmp_path / "t.pt")
     with pytest.raises(CheckpointError, match="'translation' checkpoint"):
-        load_gpt(tmp_path / "t.pt")
+        load_checkpoint(tmp_path / "t.pt", kind="gpt2")
 
 
 def test_reference_gpt2_has_our_init_and_our_loss():

@@ -7,6 +7,7 @@ import torch
 
 import train_translation
 from training.checkpoint import load_checkpoint
+from translation.model import Transformer
 from test_parallel_data import write_corpus
 
 torch.set_num_threads(1)
@@ -77,7 +78,7 @@ def test_eval_only_translates_and_scores_the_checkpoint(runs):
     assert "tok:13a" in results["greedy"]["signature"]
     for name in ("greedy", "beam2"):
         assert len((straight / f"translations_test_{name}.txt").read_text().splitlines()) == 20
-    model, sp, ckpt = train_translation.load_translation_model(straight)
+    model = Transformer.from_checkpoint(load_checkpoint(straight, kind="translation"))
     assert model.encoder[1].ffn.act.__class__.__name__ == "SiLU"  # NSwish + 1 Swish
     assert model.encoder[0].ffn.act.__class__.__name__ == "NSwish" and model.encoder[0].ffn.act.per_instance
 

@@ -16,7 +16,6 @@ and the logs' position, so that a resumed run continues bit-for-bit.
   the newest checkpoint that verifies (newest_good_checkpoint).
 """
 import hashlib
-import os
 import pickle
 import random
 import re
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model import GPT, GPTConfig
+from data.files import atomic_file, fsync_dir, remove_temporaries
 from training import distributed
 from training.foreign_checkpoints import nanogpt_checkpoint_in, read_foreign_checkpoint
 
@@ -78,48 +77,28 @@ class _HashingWriter:
         self.f.flush()
 
 
-def _write_durably(path, write):
-    with open(path, "wb") as f:
-        result = write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    return result
-
-
 def save_checkpoint(state, out_dir, step, keep_last=None):
     """Save `state` as <out_dir>/model_<step>.pt with its checksum sidecar, then verify it; only then may
     checkpoints beyond the newest `keep_last` go. A crash at any point leaves every earlier checkpoint as it
     was; a failure (disk full) raises a one-line CheckpointError after removing its temporary files."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    remove_temporaries(out_dir)  # of a save that a kill -9 interrupted: each holds a whole checkpoint's bytes
     final = checkpoint_path(out_dir, step)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-    tmp_sidecar = final.with_name(f".{final.name}.sha256.tmp{os.getpid()}")
     try:
-        def save(f):
+        with atomic_file(final, durable=True) as f:
             writer = _HashingWriter(f)
             torch.save(state, writer)
-            return writer.sha256.hexdigest()
-
-        digest = _write_durably(tmp, save)
-        _write_durably(tmp_sidecar, lambda f: f.write(f"{digest}  {final.name}\n".encode()))
-        # sidecar first: a crash between the renames leaves an old checkpoint with a new sidecar (taken for
-        # corrupt, so an older one is used) or a sidecar alone (ignored), never a new file taken as verified
-        os.replace(tmp_sidecar, sidecar_path(final))
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            sidecar_path(final).unlink(missing_ok=True)  # a checksum of a file that never arrived
-            raise
-        dir_fd = os.open(out_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+            # the sidecar's rename first: a crash between the renames leaves an old checkpoint with a new sidecar
+            # (taken for corrupt, so an older one is used) or a sidecar alone (ignored), never a new file taken
+            # as verified
+            with atomic_file(sidecar_path(final), durable=True) as sidecar:
+                sidecar.write(f"{writer.sha256.hexdigest()}  {final.name}\n".encode())
+        fsync_dir(out_dir)
         verify_checksum(final)
     except (OSError, RuntimeError, CorruptCheckpoint) as e:
-        tmp.unlink(missing_ok=True)
-        tmp_sidecar.unlink(missing_ok=True)
+        if not final.is_file():
+            sidecar_path(final).unlink(missing_ok=True)  # a checksum of a file that never arrived
         reason = e.strerror if isinstance(e, OSError) and e.strerror else \
             re.sub(r"^\[enforce fail at [^\]]*\][ .]*", "", str(e).splitlines()[0])
         # torch reports a full disk as "unexpected pos N vs M" (a short write): the free space tells
@@ -234,14 +213,6 @@ def newest_good_checkpoint(out_dir, kind, d):
     return ckpt, skipped
 
 
-def load_gpt(path, device="cpu"):
-    """A nanoact GPT-2 checkpoint (file, or run directory -> newest) as (model in eval mode, checkpoint dict)."""
-    ckpt = load_checkpoint(path, kind="gpt2")
-    model = GPT(GPTConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), ckpt
-
-
 def save_training_checkpoint(state, loader, d, out_dir, step, keep_last=None):
     """Add every rank's loader and RNG states to `state` (collective: all ranks call it), save it on the
     master rank, and wait until it is on disk everywhere. Returns the path on the master, else None."""
@@ -298,8 +269,3 @@ def set_rng_state(state):
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
-
-def unwrap(model):
-    """The plain nn.Module under DDP and torch.compile wrappers (their state-dict keys carry prefixes)."""
-    model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model)

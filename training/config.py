@@ -162,6 +162,7 @@ def load_config(cls, argv=None):
 
 
 def to_dict(cfg):
+    """A config (or any part of it) as plain data: what checkpoints, run.json and resume comparisons store."""
     return dataclasses.asdict(cfg)
 
 

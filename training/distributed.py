@@ -13,6 +13,7 @@ A stalled rank: every collective waits at most --dist-timeout seconds (torch's o
 `stalled_ranks` then asks the store which ranks still answer, so the error can name the one that does not.
 """
 import os
+import re
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -113,6 +114,26 @@ def stalled_ranks(d, grace):
         return [r for r, key in enumerate(keys) if not d.store.check([key])]
     except RuntimeError:  # the store itself is on the stalled node
         return None
+
+
+def failure_message(error, d, waiting):
+    """The one line a rank ends with when a collective failed, or None if `error` is something else.
+    `waiting` is (step, what the rank was waiting for), kept by the training loop as it goes."""
+    failure = collective_failure(error) if d.ddp else None
+    if failure is None:
+        return None
+    step, what = waiting
+    if failure == "peer":
+        reason = re.sub(r"^\[[^\]]*\]\s*", "", str(error).splitlines()[0]).split(". ")[0]  # gloo: "[file:line] What."
+        return (f"error: step {step}: rank {d.rank} lost a peer during {what} ({reason}); "
+                "torchrun --max-restarts restarts the group from the newest checkpoint, else rerun with --auto-resume")
+    missing = stalled_ranks(d, grace=min(d.timeout, 30))
+    who = ("no rank answered through torchrun's store afterwards (its host may be the one stalled)" if missing is None
+           else f"rank {', '.join(map(str, missing))} did not answer afterwards (stalled or dead: check that "
+                "process and its node)" if missing else "every rank answered afterwards: one was slow, not stuck")
+    return (f"error: step {step}: rank {d.rank} waited more than {d.timeout:g}s (--dist-timeout) for {what}; "
+            f"{who}; stopping this rank. Restart with --auto-resume (torchrun --max-restarts does it itself), "
+            "or raise --dist-timeout if such a wait is expected")
 
 
 def cleanup(d):

@@ -1,26 +1,39 @@
-"""The training loop both trainers share (train_gpt2.py, train_translation.py).
+"""The training loop both trainers share (train_gpt2.py, train_translation.py), and the contract between them.
 
-A trainer subclasses Trainer and writes only what is its own: the model, optimizer and data (`build`),
-the learning rate, one optimizer step's forward/backward passes, and its evaluations. `fit` does the rest,
-in this order: process group, seed and precision; the checkpoint to resume; the run log; compile and DDP;
-then evaluate / step / log / checkpoint until max_steps; the trainer's closing work and a summary.
+A trainer subclasses Trainer and writes only what is its own:
+
+    build(ctx, ckpt) -> Parts        model, optimizer, data, steps; ctx (a Context) is what fit decided first
+    learning_rate(step) -> float
+    forward_backward(model) -> (mean loss tensor, tokens)   one optimizer step's passes on this rank
+    evaluate(step, last, model) -> Evaluation               its evaluations, on the model evaluations run
+    optional: step_fields(tok_per_s), checkpoint_state(evaluation), finish(step) -> closing record or None
+
+The base class keeps no attribute a trainer reads: a hook gets what it needs as arguments, or from what the
+trainer itself kept in build (its Context, its loaders). tests/test_loop.py trains a trainer of 40 lines.
+
+fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
+build; resume; the activation kernels' self-check; the run log; compile and DDP; the loop; the trainer's
+closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and at the end),
+train step, log, checkpoint (every checkpoint_interval steps, at the end and on a signal), stop. The stdout
+lines' format is training/runlog.py's.
+
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
 a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
 handlers and the process group are released on every exit. A collective that waits past --dist-timeout, or
-whose peer died, ends the rank with one line naming the step and what it waited for (`self.waiting`); under
+whose peer died, ends the rank with one line naming the step and what it waited for (`Run.waiting`); under
 torchrun --max-restarts the next attempt resumes the newest checkpoint that verifies.
 """
 import contextlib
 import math
-import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from activations import selfcheck
-from training import distributed, hardware
+from training import distributed, hardware, runlog
 from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resume_training,
                                  save_training_checkpoint)
 from training.config import ConfigError, to_dict
@@ -32,133 +45,168 @@ from training.stop import GracefulStop
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 
 
+@dataclass
+class Context:
+    """What fit() decides before a trainer builds anything, passed to build()."""
+    dist: distributed.Dist  # rank, world size, device
+    precision: str  # float32, bfloat16 or float16
+    autocast: object  # the context every forward pass runs under
+    scaler: torch.amp.GradScaler  # scales float16 losses; a no-op otherwise
+    compile: bool  # whether fit() will torch.compile the model (e.g. pad batches to few shapes)
+
+
+@dataclass
+class Parts:
+    """What build() returns: everything the loop trains, checkpoints and announces."""
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: object  # training batches; state_dict/load_state_dict, so a resume continues the data order
+    max_steps: int
+    model_config: dict  # stored in checkpoints: a resume with another one is refused
+    mlp_shape: tuple  # (rows, width) of the activation's input per micro-batch: where kernels are timed
+    description: str  # the trainer's part of the first stdout line (model size, data)
+    origin: str = "starting from scratch"  # or which weights the model was initialised from
+    batch_shapes: int | None = 1  # distinct batch shapes, each compiled once; None: free (compiled dynamic)
+
+
+@dataclass
+class Evaluation:
+    """What evaluate() returns: a metrics.jsonl record, the stdout text after `step N/M |`, log.txt's scalars."""
+    fields: dict
+    text: str
+    scalars: dict = field(default_factory=dict)  # kind -> value, e.g. {"val": 3.28, "hella": 0.29}
+
+
+@dataclass
+class Run:
+    """The state of one fit(), created there and passed to each step of the loop."""
+    ctx: Context
+    parts: Parts
+    log: RunLog
+    eval_model: torch.nn.Module  # what evaluations run: the model, compiled when the run compiles
+    train_model: torch.nn.Module  # what the steps run: the same, in DDP when there are several ranks
+    step: int
+    tokens: int
+    evals: list = field(default_factory=list)  # every Evaluation's fields, in order
+    started: float = field(default_factory=time.time)
+    first_step_done: tuple | None = None  # (time, step) after the first, compiling, step: the ETA's origin
+
+
 class Trainer:
     kind = None  # written into checkpoints: --resume refuses another trainer's
     lr_flag = "--lr"  # the option a non-finite loss message suggests lowering
     token_unit = "tok"  # what the tokens/s of the step line count
-    origin = "starting from scratch"  # build() may say which weights the model was initialised from
 
     def __init__(self, cfg):
         self.cfg = cfg
+        self.waiting = (0, "the process group")  # (step, what): named in the error if a collective fails
 
     # What each trainer writes ------------------------------------------------------------------------------
-    def build(self, ckpt):
-        """Set self.model, self.optimizer, self.loader (with state_dict/load_state_dict), self.max_steps and
-        self.model_config (a dict compared on resume); `ckpt` is the checkpoint being resumed, or None."""
-        raise NotImplementedError
-
-    def describe(self):
-        """The trainer's part of the first line printed (model size, data)."""
+    def build(self, ctx, ckpt):
+        """The trainer's model, optimizer and data as Parts; `ckpt` is the checkpoint being resumed, or None
+        (fit() then loads its weights, optimizer and loader states into these parts)."""
         raise NotImplementedError
 
     def learning_rate(self, step):
         raise NotImplementedError
 
     def forward_backward(self, model):
-        """Forward and backward passes of one optimizer step on this rank: (mean loss tensor, tokens)."""
+        """Forward and backward passes of one optimizer step on this rank, through `model` (compiled, DDP):
+        (mean loss tensor, tokens). Scale the loss with the Context's scaler before backward."""
         raise NotImplementedError
 
-    def evaluate(self, step, last):
-        """Evaluations at this step: (fields for metrics.jsonl, text for the stdout line); may log scalars."""
+    def evaluate(self, step, last, model):
+        """This step's evaluations as an Evaluation; `model` is the one evaluations run (compiled when the run
+        compiles, never DDP). Every rank calls it: evaluations split their work over ranks."""
         raise NotImplementedError
-
-    def mlp_shape(self):
-        """(rows, width) of the activation's input in one micro-batch: where impl="auto" times kernels and PyTorch."""
-        raise NotImplementedError
-
-    def batch_shapes(self):
-        """How many distinct batch shapes training feeds the model: each is compiled once, with
-        dynamic=False; None when shapes vary freely (compiled with dynamic=True)."""
-        return 1
 
     def step_fields(self, tok_per_s):
         """Extra numbers for the step's record and stdout line (e.g. MFU, epoch)."""
         return {}
 
-    def checkpoint_state(self):
-        """Extra entries of this trainer's checkpoints."""
+    def checkpoint_state(self, evaluation):
+        """Extra entries of this trainer's checkpoints; `evaluation` is the newest Evaluation's fields or None."""
         return {}
 
     def finish(self, step):
-        """After the last step (not after a signal): final evaluations, samples."""
+        """After the last step (not after a signal): closing evaluations (test BLEU, samples). Returns the fields
+        of the run's closing metrics.jsonl record (`kind: test`), or None for no record."""
+        return None
 
     # The shared loop ----------------------------------------------------------------------------------------
     def fit(self):
-        cfg, run = self.cfg, self.cfg.run
-        self.dist = d = distributed.setup(run.device, run.dist_timeout)
-        stop = None
-        self.waiting = (0, "the checkpoint to resume from")  # (step, what): named if a collective times out
+        """Train until max_steps (returns the model) or a signal (exits 128 + its number)."""
+        cfg, run_cfg = self.cfg, self.cfg.run
+        d = distributed.setup(run_cfg.device, run_cfg.dist_timeout)
+        stop = log = None
         try:
-            torch.manual_seed(run.seed + run.init_seed_offset)
-            platform, self.precision, use_compile, decisions = hardware.decide(run, d)
-            self.autocast = autocast_context(d.device_type, self.precision)
-            self.scaler = grad_scaler(d.device_type, self.precision)
-            if d.device_type == "cuda":
-                torch.backends.cuda.matmul.allow_tf32 = True
-                torch.backends.cudnn.allow_tf32 = True
-            if run.compile_mode not in COMPILE_MODES:
-                raise ConfigError(f"unknown compile_mode {run.compile_mode!r}; choose {', '.join(COMPILE_MODES)}")
-            self.use_compile = use_compile
-            ckpt = self.checkpoint_to_resume()
-            self.waiting = (ckpt["step"] if ckpt else 0, "the trainer's setup (data, tokenizer)")
-            self.build(ckpt)
-            start_step, self.tokens = 0, 0
+            ctx, platform, decisions = self.context(d)
+            self.waiting = (0, "the checkpoint to resume from")
+            ckpt = self.checkpoint_to_resume(d)
+            start = ckpt["step"] if ckpt else 0
+            self.waiting = (start, "the trainer's setup (data, tokenizer)")
+            parts = self.build(ctx, ckpt)
             if ckpt is not None:
-                start_step = resume_training(ckpt, self.model_config, d.world_size, d.rank, self.model,
-                                             self.optimizer, self.loader)
-                self.tokens = ckpt.get("tokens", 0)
+                resume_training(ckpt, parts.model_config, d.world_size, d.rank, parts.model, parts.optimizer,
+                                parts.loader)
                 if ckpt.get("scaler"):
-                    self.scaler.load_state_dict(ckpt["scaler"])
+                    ctx.scaler.load_state_dict(ckpt["scaler"])
             # before compile and DDP: the kernels checked and timed on this GPU, at this run's shape and dtype
-            decisions["activations"] = selfcheck.select(self.model, self.mlp_shape(), platform, d.device,
-                                                        PRECISIONS[self.precision], use_compile, d)
-            self.log = RunLog(run.out_dir, d.master, resume_step=start_step if ckpt else None,
-                              tensorboard=run.tensorboard, wandb_project=run.wandb_project,
-                              wandb_run_name=run.wandb_run_name)
-            self.log.write_run_info(to_dict(cfg), {**environment(d), "decisions": decisions})
+            decisions["activations"] = selfcheck.select(parts.model, parts.mlp_shape, platform, d.device,
+                                                        PRECISIONS[ctx.precision], ctx.compile, d)
+            log = RunLog(run_cfg.out_dir, d.master, resume_step=start if ckpt else None,
+                         tensorboard=run_cfg.tensorboard, wandb_project=run_cfg.wandb_project,
+                         wandb_run_name=run_cfg.wandb_run_name)
+            log.write_run_info(to_dict(cfg), {**environment(d), "decisions": decisions})
             if d.master:
-                where = f"resuming {ckpt['path']} at step {start_step}" if ckpt else self.origin
-                if d.restart:  # torchrun --max-restarts started this attempt after a failure
-                    print(f"restart {d.restart}: " + (f"resuming {Path(ckpt['path']).name} at step {start_step}"
-                                                      if ckpt else "starting from scratch (no checkpoint yet)"), flush=True)
-                print(f"{self.describe()} | {self.max_steps} steps | world {d.world_size} | {self.precision} | "
-                      f"compile {use_compile} | {where}", flush=True)
-            self.compiled = self.model
-            if use_compile:
-                shapes = self.batch_shapes()
-                if shapes:
-                    allow_recompiles(shapes + 1)
-                self.compiled = torch.compile(self.model, dynamic=shapes is None, mode=run.compile_mode)
-            train_model = self.compiled
-            if d.ddp:
-                self.waiting = (start_step, "the DDP setup (the parameter broadcast)")
-                train_model = DDP(self.compiled, device_ids=[d.local_rank] if d.device_type == "cuda" else None)
+                if d.restart:
+                    print(runlog.restart_line(d.restart, ckpt and ckpt["path"], start), flush=True)
+                where = f"resuming {ckpt['path']} at step {start}" if ckpt else parts.origin
+                print(runlog.start_line(parts.description, parts.max_steps, d.world_size, ctx.precision, ctx.compile,
+                                        where), flush=True)
+            eval_model, train_model = self.wrap(ctx, parts, start)
+            run = Run(ctx, parts, log, eval_model, train_model, step=start, tokens=ckpt.get("tokens", 0) if ckpt else 0)
             stop = GracefulStop()
-            step = self.loop(train_model, start_step, stop)
+            self.loop(run, stop)
             if not stop.requested:
-                self.finish(step)
-                self.log.summary(**self.outcome(step, start_step))
-                if d.master:
-                    print(self.summary(step, start_step), flush=True)
+                closing = self.finish(run.step)
+                if closing is not None:
+                    log.record(run.step, kind="test", **closing)
+                self.close(run, start)
         except RuntimeError as e:
-            failure = distributed.collective_failure(e) if d.ddp else None
-            if failure is None:
+            message = distributed.failure_message(e, d, self.waiting)
+            if message is None:
                 raise
-            raise SystemExit(self.stall_message() if failure == "timeout" else self.lost_peer_message(e)) from None
+            raise SystemExit(message) from None
         finally:  # also on a NaN stop or an exception: leave signal handlers and the process group as found
             if stop is not None:
                 stop.close()
-            if getattr(self, "log", None) is not None:
-                self.log.close()
+            if log is not None:
+                log.close()
             distributed.cleanup(d)
         if stop.requested:
             raise SystemExit(128 + stop.signum)
-        return self.model
+        return parts.model
 
-    def checkpoint_to_resume(self):
+    def context(self, d):
+        """Seed, precision, autocast, GradScaler, TF32 and the compile decision: (Context, the platform, the
+        decisions made, for run.json)."""
+        run = self.cfg.run
+        torch.manual_seed(run.seed + run.init_seed_offset)
+        platform, precision, use_compile, decisions = hardware.decide(run, d)
+        if d.device_type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        if run.compile_mode not in COMPILE_MODES:
+            raise ConfigError(f"unknown compile_mode {run.compile_mode!r}; choose {', '.join(COMPILE_MODES)}")
+        ctx = Context(d, precision, autocast_context(d.device_type, precision), grad_scaler(d.device_type, precision),
+                      use_compile)
+        return ctx, platform, decisions
+
+    def checkpoint_to_resume(self, d):
         """--resume: the newest checkpoint in out_dir that verifies, which must exist; --auto-resume (and any
         torchrun restart: starting afresh would train over the run's own checkpoints): it, if there is one."""
-        run, d = self.cfg.run, self.dist
+        run = self.cfg.run
         d.restart = max(distributed.gather_objects(d.restart, d))  # nodes count restarts apart: any one counts
         if not (run.resume or run.auto_resume or d.restart):
             return None
@@ -172,119 +220,110 @@ class Trainer:
             print(f"{'; '.join(skipped)}; resuming {ckpt['path']}, the newest checkpoint that verifies", flush=True)
         return ckpt
 
-    def stall_message(self):
-        """The one line a collective timeout ends the run with, naming the ranks that no longer answer."""
-        d = self.dist
-        step, what = self.waiting
-        missing = distributed.stalled_ranks(d, grace=min(d.timeout, 30))
-        who = ("no rank answered through torchrun's store afterwards (its host may be the one stalled)" if missing is None
-               else f"rank {', '.join(map(str, missing))} did not answer afterwards (stalled or dead: check that "
-                    "process and its node)" if missing else "every rank answered afterwards: one was slow, not stuck")
-        return (f"error: step {step}: rank {d.rank} waited more than {d.timeout:g}s (--dist-timeout) for {what}; "
-                f"{who}; stopping this rank. Restart with --auto-resume (torchrun --max-restarts does it itself), "
-                "or raise --dist-timeout if such a wait is expected")
+    def wrap(self, ctx, parts, step):
+        """(the model evaluations run, the model the steps run): compiled if the run compiles, then DDP."""
+        model = parts.model
+        if ctx.compile:
+            if parts.batch_shapes:
+                allow_recompiles(parts.batch_shapes + 1)
+            model = torch.compile(model, dynamic=parts.batch_shapes is None, mode=self.cfg.run.compile_mode)
+        if not ctx.dist.ddp:
+            return model, model
+        self.waiting = (step, "the DDP setup (the parameter broadcast)")
+        return model, DDP(model, device_ids=[ctx.dist.local_rank] if ctx.dist.device_type == "cuda" else None)
 
-    def lost_peer_message(self, error):
-        step, what = self.waiting
-        reason = re.sub(r"^\[[^\]]*\]\s*", "", str(error).splitlines()[0]).split(". ")[0]  # gloo: "[file:line] What."
-        return (f"error: step {step}: rank {self.dist.rank} lost a peer during {what} ({reason}); "
-                "torchrun --max-restarts restarts the group from the newest checkpoint, else rerun with --auto-resume")
-
-    def loop(self, train_model, step, stop):
-        """Evaluate, step, log, checkpoint until max_steps or a signal; returns the last step."""
-        cfg, d, log = self.cfg, self.dist, self.log
-        self.evals, self.started, first_step_done = [], time.time(), None
+    def loop(self, run, stop):
+        """Evaluate, step, log, checkpoint until max_steps or a signal."""
+        interval = self.cfg.run.checkpoint_interval
         while True:
-            last = step == self.max_steps
-            if step % cfg.eval.eval_interval == 0 or last:
-                self.waiting = (step, "the evaluation (validation loss all-reduce)")
-                fields, text = self.evaluate(step, last)
-                self.evals.append(fields)
-                log.record(step, kind="eval", tokens=self.tokens, **fields)
-                if d.master:
-                    print(f"step {step:5d}/{self.max_steps} | {text}", flush=True)
+            last = run.step == run.parts.max_steps
+            if run.step % self.cfg.eval.eval_interval == 0 or last:
+                self.evaluation(run, last)
             if last:
-                return step
-
-            t0 = time.time()
-            lr = self.learning_rate(step)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.waiting = (step, "the gradient all-reduce (DDP backward)")
-            loss, tokens = self.forward_backward(train_model)
-            self.scaler.unscale_(self.optimizer)  # a no-op unless float16: clip the true gradients
-            norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), cfg.optim.grad_clip).item()
-            self.waiting = (step, "the loss all-reduce")
-            stats = distributed.all_reduce_mean(torch.stack([loss.detach().float(), torch.as_tensor(
-                tokens, dtype=torch.float32, device=loss.device)]), d)
-            loss_value, step_tokens = stats[0].item(), round(stats[1].item() * d.world_size)
-            # under float16 an overflowed gradient is the GradScaler's to handle: it skips the step, lowers the scale
-            stop_if_not_finite(step, loss_value, 0.0 if self.scaler.is_enabled() else norm, lr, self.model,
-                               cfg.run.out_dir, self.lr_flag)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
-            if d.device_type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.time() - t0
-            self.tokens += step_tokens
-            extra = self.step_fields(step_tokens / dt)
-            log.scalar(step, "train", loss_value)
-            log.record(step, kind="train", loss=loss_value, lr=lr, grad_norm=norm, dt_ms=1000 * dt,
-                       tok_per_s=step_tokens / dt, tokens=self.tokens, **extra)
-            step += 1
-            # ETA from the mean wall time per step (evaluations included) after the first, compiling, step
-            first_step_done = first_step_done or (time.time(), step)
-            if d.master and (step - 1) % cfg.run.log_interval == 0:
-                done_since = step - first_step_done[1]
-                eta = (time.time() - first_step_done[0]) / done_since * (self.max_steps - step) if done_since else None
-                extra_text = "".join(f" | {k} {v:.1%}" if k == "mfu" else f" | {k} {v}" for k, v in extra.items()
-                                     if v is not None)
-                print(f"step {step - 1:5d}/{self.max_steps} | loss {loss_value:.4f} | lr {lr:.3e} | norm {norm:.3f} | "
-                      f"dt {1000 * dt:.0f}ms | {self.token_unit}/s {step_tokens / dt:,.0f}{extra_text} | eta {clock(eta)}",
-                      flush=True)
-
-            self.waiting = (step, "the stop-signal all-reduce")
-            stopping = distributed.any_rank(stop.requested, d)
-            if step % cfg.run.checkpoint_interval == 0 or step == self.max_steps or stopping:
-                state = {"kind": self.kind, "model": self.model.state_dict(), "model_config": self.model_config,
-                         "config": to_dict(cfg), "optimizer": self.optimizer.state_dict(), "tokens": self.tokens,
-                         "val_loss": self.evals[-1].get("val_loss") if self.evals else None,
-                         "scaler": self.scaler.state_dict(),
-                         **self.checkpoint_state()}
-                self.waiting = (step, f"checkpoint model_{step:05d}.pt (gathering states, then rank 0 saving it)")
-                save_training_checkpoint(state, self.loader, d, cfg.run.out_dir, step, cfg.run.keep_checkpoints)
+                return
+            loss, lr, norm, seconds, step_tokens = self.train_step(run)
+            self.log_step(run, loss, lr, norm, seconds, step_tokens)
+            self.waiting = (run.step, "the stop-signal all-reduce")
+            stopping = distributed.any_rank(stop.requested, run.ctx.dist)
+            if run.step % interval == 0 or run.step == run.parts.max_steps or stopping:
+                self.checkpoint(run)
             if stopping:
                 stop.requested = True  # every rank exits non-zero, not only the one signalled
                 stop.signum = stop.signum or 15
-                if d.master:
-                    print(f"stopped by signal at step {step}; continue with --resume (same --out-dir)", flush=True)
-                return step
+                if run.ctx.dist.master:
+                    print(f"stopped by signal at step {run.step}; continue with --resume (same --out-dir)", flush=True)
+                return
 
-    def summary(self, step, start_step):
-        """The closing line: what ran, how long, the final validation, where the files are."""
-        val = [e["val_loss"] for e in self.evals if e.get("val_loss") is not None]
-        out = Path(self.cfg.run.out_dir)
-        ckpt = latest_checkpoint(out)
-        best = f" (best {min(val):.4f})" if len(val) > 1 else ""
-        return (f"done: steps {start_step}-{step} in {clock(time.time() - self.started)} | final val loss "
-                f"{val[-1]:.4f}{best} | {out}/: log.txt, metrics.jsonl, run.json"
-                + (f", {ckpt.name}" if ckpt else ""))
+    def evaluation(self, run, last):
+        self.waiting = (run.step, "the evaluation (validation loss all-reduce)")
+        result = self.evaluate(run.step, last, run.eval_model)
+        run.evals.append(result.fields)
+        for kind, value in result.scalars.items():
+            run.log.scalar(run.step, kind, value)
+        run.log.record(run.step, kind="eval", tokens=run.tokens, **result.fields)
+        if run.ctx.dist.master:
+            print(runlog.eval_line(run.step, run.parts.max_steps, result.text), flush=True)
 
-    def outcome(self, step, start_step):
-        """The finished run's numbers, for wandb's run summary."""
-        val = [e["val_loss"] for e in self.evals if e.get("val_loss") is not None]
+    def train_step(self, run):
+        """One optimizer step: (loss, lr, grad norm, seconds, tokens of all ranks)."""
+        ctx, parts, t0 = run.ctx, run.parts, time.time()
+        lr = self.learning_rate(run.step)
+        for group in parts.optimizer.param_groups:
+            group["lr"] = lr
+        self.waiting = (run.step, "the gradient all-reduce (DDP backward)")
+        loss, tokens = self.forward_backward(run.train_model)
+        ctx.scaler.unscale_(parts.optimizer)  # a no-op unless float16: clip the true gradients
+        norm = torch.nn.utils.clip_grad_norm_(run.train_model.parameters(), self.cfg.optim.grad_clip).item()
+        self.waiting = (run.step, "the loss all-reduce")
+        stats = distributed.all_reduce_mean(torch.stack([loss.detach().float(), torch.as_tensor(
+            tokens, dtype=torch.float32, device=loss.device)]), ctx.dist)
+        loss_value, step_tokens = stats[0].item(), round(stats[1].item() * ctx.dist.world_size)
+        # under float16 an overflowed gradient is the GradScaler's to handle: it skips the step, lowers the scale
+        stop_if_not_finite(run.step, loss_value, 0.0 if ctx.scaler.is_enabled() else norm, lr, parts.model,
+                           self.cfg.run.out_dir, self.lr_flag)
+        ctx.scaler.step(parts.optimizer)
+        ctx.scaler.update()
+        parts.optimizer.zero_grad(set_to_none=True)
+        if ctx.dist.device_type == "cuda":
+            torch.cuda.synchronize()
+        return loss_value, lr, norm, time.time() - t0, step_tokens
+
+    def log_step(self, run, loss, lr, norm, seconds, step_tokens):
+        """The step's log.txt line and record, and (every log_interval steps) its stdout line; advances the step."""
+        run.tokens += step_tokens
+        extra = self.step_fields(step_tokens / seconds)
+        run.log.scalar(run.step, "train", loss)
+        run.log.record(run.step, kind="train", loss=loss, lr=lr, grad_norm=norm, dt_ms=1000 * seconds,
+                       tok_per_s=step_tokens / seconds, tokens=run.tokens, **extra)
+        run.step += 1
+        # ETA from the mean wall time per step (evaluations included) after the first, compiling, step
+        run.first_step_done = run.first_step_done or (time.time(), run.step)
+        if run.ctx.dist.master and (run.step - 1) % self.cfg.run.log_interval == 0:
+            since, done = time.time() - run.first_step_done[0], run.step - run.first_step_done[1]
+            eta = since / done * (run.parts.max_steps - run.step) if done else None
+            print(runlog.step_line(run.step - 1, run.parts.max_steps, loss, lr, norm, seconds, self.token_unit,
+                                   step_tokens / seconds, extra, eta), flush=True)
+
+    def checkpoint(self, run):
+        parts, cfg = run.parts, self.cfg
+        state = {"kind": self.kind, "model": parts.model.state_dict(), "model_config": parts.model_config,
+                 "config": to_dict(cfg), "optimizer": parts.optimizer.state_dict(), "tokens": run.tokens,
+                 "val_loss": run.evals[-1].get("val_loss") if run.evals else None,
+                 "scaler": run.ctx.scaler.state_dict(),
+                 **self.checkpoint_state(run.evals[-1] if run.evals else None)}
+        self.waiting = (run.step, f"checkpoint model_{run.step:05d}.pt (gathering states, then rank 0 saving it)")
+        save_training_checkpoint(state, parts.loader, run.ctx.dist, cfg.run.out_dir, run.step, cfg.run.keep_checkpoints)
+
+    def close(self, run, start_step):
+        """The finished run's numbers for wandb's summary, and the closing stdout line."""
+        val = [e["val_loss"] for e in run.evals if e.get("val_loss") is not None]
         ckpt = latest_checkpoint(self.cfg.run.out_dir)
-        return {"start_step": start_step, "final_step": step, "tokens": self.tokens,
-                "wall_time_s": time.time() - self.started, "final_val_loss": val[-1] if val else None,
-                "best_val_loss": min(val) if val else None, "checkpoint": str(ckpt) if ckpt else None}
-
-
-def clock(seconds):
-    if seconds is None:
-        return "-"
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        seconds = time.time() - run.started
+        run.log.summary(start_step=start_step, final_step=run.step, tokens=run.tokens, wall_time_s=seconds,
+                        final_val_loss=val[-1] if val else None, best_val_loss=min(val) if val else None,
+                        checkpoint=str(ckpt) if ckpt else None)
+        if run.ctx.dist.master:
+            print(runlog.summary_line(start_step, run.step, seconds, val, Path(self.cfg.run.out_dir), ckpt), flush=True)
 
 
 def stop_if_not_finite(step, loss, grad_norm, lr, model, out_dir, lr_flag):

@@ -21,6 +21,11 @@ def autocast_context(device_type, precision):
     return torch.autocast(device_type=device_type, dtype=PRECISIONS[precision])
 
 
+def autocast_for(device_type, requested="auto"):
+    """The autocast context of --dtype `requested` on this device type: what evaluation and sampling run under."""
+    return autocast_context(device_type, resolve_precision(requested, device_type))
+
+
 def grad_scaler(device_type, precision):
     """float16's 5 exponent bits underflow small gradients: scale the loss up, unscale before clipping, skip
     the steps whose gradients overflowed (torch.amp.GradScaler). A disabled scaler, a no-op, otherwise."""

@@ -1,8 +1,7 @@
-"""Run logs: a human stdout line, `log.txt` in build-nanogpt's `step kind value` format,
+"""Run logs: the human stdout lines (their format is here, below), `log.txt` in build-nanogpt's `step kind value` format,
 `metrics.jsonl` with every record, and `run.json` with the resolved config, environment and git revision;
 optionally the same records as TensorBoard events (`tb/`) and as a Weights & Biases run (`wandb/`)."""
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -10,6 +9,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from data.files import atomic_file
 
 
 def git_revision():
@@ -39,9 +40,8 @@ def _truncate_after(path, keep):
     lines = path.read_text().splitlines(keepends=True)
     kept = [line for line in lines if keep(line)]
     if len(kept) != len(lines):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, path)
+        with atomic_file(path, "w") as f:
+            f.write("".join(kept))
 
 
 def _step_of_text(line):
@@ -122,9 +122,8 @@ class RunLog:
 
     def write_run_info(self, config, env):
         if self.master:
-            tmp = self.dir / "run.json.tmp"
-            tmp.write_text(json.dumps({"config": config, "environment": env}, indent=2, default=str))
-            os.replace(tmp, self.dir / "run.json")
+            with atomic_file(self.dir / "run.json", "w") as f:
+                f.write(json.dumps({"config": config, "environment": env}, indent=2, default=str))
             if self.wandb is not None:  # a resumed run changes options such as `resume` itself
                 self.wandb.config.update({**config, "environment": env}, allow_val_change=True)
 
@@ -160,3 +159,40 @@ class RunLog:
             self.tb.close()
         if self.wandb is not None:  # a crash or a signal leaves the run unfinished: failed, as its exit status says
             self.wandb.finish(exit_code=0 if self.finished else 1)
+
+
+# The stdout lines of a training run, in the order they appear ------------------------------------------------
+def restart_line(restart, checkpoint, step):
+    """torchrun --max-restarts started this attempt after a failure."""
+    where = f"resuming {Path(checkpoint).name} at step {step}" if checkpoint else "starting from scratch (no checkpoint yet)"
+    return f"restart {restart}: {where}"
+
+
+def start_line(description, max_steps, world_size, precision, compiled, where):
+    return f"{description} | {max_steps} steps | world {world_size} | {precision} | compile {compiled} | {where}"
+
+
+def eval_line(step, max_steps, text):
+    return f"step {step:5d}/{max_steps} | {text}"
+
+
+def step_line(step, max_steps, loss, lr, norm, seconds, token_unit, tok_per_s, extra, eta):
+    """One optimizer step: its loss, lr, gradient norm, time, throughput, the trainer's extra fields (MFU as a
+    percentage) and the time left."""
+    extra_text = "".join(f" | {k} {v:.1%}" if k == "mfu" else f" | {k} {v}" for k, v in extra.items() if v is not None)
+    return (f"step {step:5d}/{max_steps} | loss {loss:.4f} | lr {lr:.3e} | norm {norm:.3f} | dt {1000 * seconds:.0f}ms | "
+            f"{token_unit}/s {tok_per_s:,.0f}{extra_text} | eta {clock(eta)}")
+
+
+def summary_line(start_step, step, seconds, val_losses, out_dir, checkpoint):
+    """The closing line: what ran, how long, the final validation, where the files are."""
+    best = f" (best {min(val_losses):.4f})" if len(val_losses) > 1 else ""
+    return (f"done: steps {start_step}-{step} in {clock(seconds)} | final val loss {val_losses[-1]:.4f}{best} | "
+            f"{out_dir}/: log.txt, metrics.jsonl, run.json" + (f", {Path(checkpoint).name}" if checkpoint else ""))
+
+
+def clock(seconds):
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -186,6 +186,14 @@ class Transformer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.reset_parameters()
 
+    @classmethod
+    def from_checkpoint(cls, ckpt, device="cpu"):
+        """The model (in eval mode) of a translation checkpoint as training/checkpoint.py's
+        load_checkpoint(path, kind="translation") reads it; its tokenizer is ckpt["spm"]."""
+        model = cls(TranslationConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+        return model.to(device).eval()
+
     @staticmethod
     def check_config(cfg):
         """Everything but the vocabulary (which comes from the tokenizer): usable before any data is read."""

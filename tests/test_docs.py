@@ -1,0 +1,253 @@
+"""Docs that cannot rot: every repository path, module, script and command-line flag that the docs and the
+docstrings name exists, and no text (docs, code, tests, configs) points at an external issue tracker.
+
+Docs: README.md, BENCHMARKS.md, activations/README.md, experiments/*.md. Docstrings: of the modules, classes
+and functions of the project's .py files (tests excluded). Commands are read from code blocks, indented
+docstring lines and `backticked` spans; each --flag is checked against the script it follows."""
+import argparse
+import ast
+import functools
+import importlib.util
+import re
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis import sweep
+from training import config
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("activations", "analysis", "bench", "data", "eval", "export", "training", "translation")
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "activations" / "README.md",
+        *sorted((ROOT / "experiments").glob("*.md"))]
+SOURCES = [*sorted(ROOT.glob("*.py")), *(p for pkg in PACKAGES for p in sorted((ROOT / pkg).glob("*.py")))]
+EVERY_TEXT = [*DOCS, *SOURCES, *sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "configs").glob("*.toml")),
+              ROOT / "requirements.txt", ROOT / "pyproject.toml", ROOT / ".ci" / "run"]
+
+# A repository path starts with one of our folders or top-level files, and names a file by its extension or
+# a folder by its trailing slash: extension-less words such as data/tiny_shards (written by a run) or
+# eval/val_loss (a wandb key) are not taken for paths.
+PATH_PREFIXES = tuple(f"{d}/" for d in (*PACKAGES, "configs", "tests", "experiments", ".ci")) + (
+    "model.py", "sample.py", "train_gpt2.py", "train_translation.py", "requirements.txt", "pyproject.toml",
+    "BENCHMARKS.md", "README.md")
+OTHER_REPOSITORIES = ("data/*/prepare.py",)  # nanoGPT's, in the README's "Coming from nanoGPT" table
+ISSUE = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)
+
+
+def docs_and_docstrings():
+    """(where, text) of every doc and of every docstring in SOURCES."""
+    for path in DOCS:
+        yield path.relative_to(ROOT).as_posix(), path.read_text()
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                if doc := ast.get_docstring(node):
+                    yield path.relative_to(ROOT).as_posix() + (f" ({node.name})" if hasattr(node, "name") else ""), doc
+
+
+def commands(text):
+    """Code lines (in a ``` fence, or indented by 4 spaces in a docstring), continuations joined, and the
+    `backticked` spans of the other lines."""
+    fenced, out = False, []
+    for line in text.replace("\\\n", " ").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced or line.startswith("    "):
+            out.append(line)
+        else:
+            out += re.findall(r"`([^`]+)`", line)
+    return out
+
+
+def invocations(command):
+    """(script path or "-m module", its arguments) of each python or torchrun in a command line."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)  # drops comments, splits at && | ;
+    lexer.whitespace_split = True
+    try:
+        tokens = [*lexer, ";"]
+    except ValueError:  # an unbalanced quote: prose, not a command
+        return
+    for i, token in enumerate(tokens):
+        if token not in ("python", "python3", "torchrun"):
+            continue
+        args = tokens[i + 1:next(j for j in range(i, len(tokens)) if tokens[j] in ("&&", "||", ";", "|", "&"))]
+        if token == "torchrun":  # its own options come first, then the script
+            args = args[next((k for k, a in enumerate(args) if a.endswith(".py")), len(args)):]
+        if args[:1] == ["-m"] and len(args) > 1:
+            yield "-m " + args[1], args[2:]
+        elif args and args[0].endswith(".py"):
+            yield args[0], args[1:]
+
+
+def all_invocations():
+    for where, text in docs_and_docstrings():
+        for command in commands(text):
+            for target, args in invocations(command):
+                yield where, command, target, args
+
+
+def our_file(target):
+    """The file of a script or `-m module` of this repository; None for pytest, venv or another repository's."""
+    if target.startswith("-m "):
+        module = target[3:]
+        return ROOT / (module.replace(".", "/") + ".py") if module.split(".")[0] in PACKAGES else None
+    return None if target.startswith(("../", "/", "$")) else ROOT / target
+
+
+def value(args, flag):
+    return args[args.index(flag) + 1] if flag in args[:-1] else None
+
+
+def test_repository_paths_exist():
+    """A glob matches something; path::name names a test function of that file."""
+    missing = []
+    for where, text in docs_and_docstrings():
+        for token in re.split(r"[\s`'\"();|]+", text):
+            path, _, test = token.split("=")[-1].rstrip(".,:").partition("::")
+            if (not path.startswith(PATH_PREFIXES) or path.startswith(OTHER_REPOSITORIES)
+                    or not (path.endswith("/") or "." in path.rsplit("/", 1)[-1])):
+                continue
+            if any(c in path for c in "*?["):
+                found = any(ROOT.glob(path))
+            else:
+                found = (ROOT / path).exists() and (not test or re.search(
+                    rf"^def {re.escape(test.split('[')[0])}\(", (ROOT / path).read_text(), re.M))
+            if not found:
+                missing.append(f"{where}: {token}")
+    assert not missing, "\n".join(missing)
+
+
+def test_benchmarks_sections_exist():
+    """(BENCHMARKS.md, "Translation: a small-data recipe") names the start of one of its headings."""
+    headings = re.findall(r"^#+ (.*)", (ROOT / "BENCHMARKS.md").read_text(), re.M)
+    missing = [f"{path.relative_to(ROOT)}: {title}" for path in EVERY_TEXT
+               for title in re.findall(r'BENCHMARKS\.md`?,\s+"([^"]+)"', path.read_text())
+               if not any(h.startswith(title) for h in headings)]
+    assert not missing, "\n".join(missing)
+
+
+def defines(file, name):
+    """A def, class, import or assignment of that name at the top level of the file."""
+    return re.search(rf"^(?:def |class |from \S+ import .*)?{re.escape(name)}\b", file.read_text(), re.M)
+
+
+def resolves(parts):
+    """pkg.module[.name]: the longest prefix that is a module of ours, then a name that module defines."""
+    for n in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:n])
+        for file in (base.with_suffix(".py"), base / "__init__.py"):
+            if file.is_file():
+                return n == len(parts) or defines(file, parts[n])
+    return False
+
+
+def renamed(parts):
+    """x.module.name where module and name are ours but no package x exists (renamed since): our package."""
+    if len(parts) < 3 or importlib.util.find_spec(parts[0]):  # torch.distributed.init_process_group is torch's
+        return None
+    return next((pkg for pkg in PACKAGES if (file := ROOT / pkg / f"{parts[1]}.py").is_file()
+                 and defines(file, parts[2])), None)
+
+
+def test_dotted_module_references_resolve():
+    """`analysis.compare`, `eval.hellaswag.evaluate_model`; `harness.distributed.Dist` is training's now."""
+    wrong = []
+    for where, text in docs_and_docstrings():
+        for name in re.findall(r"(?<![\w.$/-])[a-z_]\w*(?:\.\w+)+", text):
+            parts = name.split(".")
+            if parts[-1] in ("py", "cu"):  # a file name (llm.c's train_gpt2.cu too), checked as a path
+                continue
+            if parts[0] in (*PACKAGES, *(p.stem for p in ROOT.glob("*.py"))):
+                if not resolves(parts):
+                    wrong.append(f"{where}: {name}")
+            elif package := renamed(parts):
+                wrong.append(f"{where}: {name} (no package {parts[0]}: {package}.{'.'.join(parts[1:])}?)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_scripts_and_modules_exist():
+    missing = []
+    for where, command, target, _ in all_invocations():
+        if file := our_file(target):
+            found = file.is_file()
+        else:
+            found = not target.startswith("-m ") or importlib.util.find_spec(target[3:].split(".")[0])
+        if not found:
+            missing.append(f"{where}: {command}")
+    assert not missing, "\n".join(missing)
+
+
+class Interface(Exception):
+    """Raised, with a flag -> accepted? function, when a script's main() starts reading its command line."""
+
+
+def trainer_accepts(cls, flag):
+    """As training/config.load_config reads argv: only an unknown key is an error here (the value is a dummy)."""
+    try:
+        config.load_config(cls, [flag, "0"])
+    except config.ConfigError as e:
+        return not str(e).startswith("unknown config key")
+    return True
+
+
+@functools.cache
+def accepts(script):
+    """flag -> accepted? for a script of ours: runs its main() until it reads argv (argparse, or
+    training/config.run_cli for the trainers) and stops it there, before any data, model or device is touched."""
+    def argparse_seen(parser, *args, **kwargs):
+        raise Interface(lambda flag: flag in parser._option_string_actions)
+
+    def run_cli_seen(doc, cls, argv, run):
+        raise Interface(lambda flag: flag in ("-h", "--help") or trainer_accepts(cls, flag))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_known_args", argparse_seen)
+        patch.setattr(config, "run_cli", run_cli_seen)
+        patch.setattr(sys, "argv", [str(script)])
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except Interface as seen:
+            return seen.args[0]
+    raise AssertionError(f"{script} never read its command line")
+
+
+@functools.cache
+def nanoact_model_args():
+    """The model_args our lm-eval model takes, read from its source (importing it imports lm-eval)."""
+    tree = ast.parse((ROOT / "eval" / "lm_eval_model.py").read_text())
+    init = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    return {a.arg for a in init.args.args[1:]}
+
+
+def test_flags_are_accepted():
+    """Each --flag after a script of ours is one it accepts (torchrun's own come before the script). Flags
+    hidden in shell variables (`FT="--init-from gpt2 ..."`, then `$FT`) are not read."""
+    unknown = []
+    for where, command, target, args in all_invocations():
+        if not (file := our_file(target)) or not file.is_file():
+            continue
+        if file == ROOT / "eval" / "lm_eval_model.py":
+            # lm-eval's own CLI reads every flag; ours are only the model name and its model_args
+            if value(args, "--model") == "nanoact":
+                keys = {kv.split("=")[0] for kv in (value(args, "--model_args") or "").split(",") if kv}
+                unknown += [f"{where}: model_args {k} in {command}" for k in keys - nanoact_model_args()]
+            continue
+        flags = [a.split("=")[0] for a in args if a.startswith("--")]
+        accepted = [accepts(file)] if flags else []
+        if flags and file == ROOT / "analysis" / "sweep.py":  # the options it does not know go to its trainer
+            plan = value(args, "--plan")
+            trainer = value(args, "--trainer") or (plan and sweep.read_plan(ROOT / plan)[0]) or "gpt2"
+            accepted.append(accepts(sweep.TRAINERS[trainer]))
+        unknown += [f"{where}: {flag} in {command}" for flag in flags if not any(ok(flag) for ok in accepted)]
+    assert not unknown, "\n".join(unknown)
+
+
+def test_no_issue_tracker_references():
+    """Not "issue 11": the reader has no such tracker. Point at the BENCHMARKS.md section, the experiments/
+    file or the test that holds the fact."""
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in EVERY_TEXT if path != Path(__file__)
+             for n, line in enumerate(path.read_text().splitlines(), 1) if ISSUE.search(line)]
+    assert not found, "\n".join(found)

@@ -1,0 +1,69 @@
+"""Imports point down (README, "Layout"): a folder imports only the folders below it, so a reader can follow
+any module to the bottom without meeting the trainer that uses it, and the loop never depends on a model."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# room -> the rooms it may import, lowest first; a room not listed here (scripts, bench/) may import anything
+BELOW = {
+    "activations": set(),
+    "data": set(),
+    "training": {"activations", "data"},
+    "model": {"activations"},
+    "translation": {"activations", "data"},
+    "eval": {"activations", "data", "training", "model", "translation"},
+    "export": {"activations", "data", "training", "model", "eval"},
+    "analysis": {"activations", "eval"},
+}
+# what evaluations and exports may take from training/: reading checkpoints (and, to run under torchrun on
+# the device the trainers use, the process group and precision helpers), never the loop
+TRAINING_FOR = {
+    "eval": {"training.checkpoint", "training.distributed", "training.precision"},
+    "export": {"training.checkpoint"},
+}
+ROOMS = set(BELOW) | {"bench", "sample", "train_gpt2", "train_translation"}
+
+
+def imports(source):
+    """The project names a file imports, dotted (a from-import of a room names the room's module)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            yield from (f"{node.module}.{alias.name}" if node.module in ROOMS else node.module
+                        for alias in node.names)
+
+
+def violations(files):
+    """One line per forbidden import in (path relative to the root, source) pairs."""
+    found = []
+    for rel, source in files:
+        room = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        if room not in BELOW:
+            continue
+        for name in imports(source):
+            target = name.split(".")[0]
+            if target not in ROOMS or target == room:
+                continue
+            if target not in BELOW[room]:
+                found.append(f"{rel} imports {name}: {room} may import only {sorted(BELOW[room])}")
+            elif target == "training" and room in TRAINING_FOR and \
+                    not any(name == m or name.startswith(m + ".") for m in TRAINING_FOR[room]):
+                found.append(f"{rel} imports {name}: {room} may take from training/ only {sorted(TRAINING_FOR[room])}")
+    return found
+
+
+def test_imports_point_down():
+    files = [(path.relative_to(ROOT), path.read_text()) for path in sorted(ROOT.rglob("*.py"))]
+    assert len(files) > 50 and violations(files) == []
+
+
+def test_the_rule_catches_an_upward_import():
+    """The check itself: a loop that imports the model, and an evaluation that imports the loop, are reported;
+    an evaluation that reads checkpoints is not."""
+    files = [(Path("training/x.py"), "from model import GPT\n"),
+             (Path("eval/y.py"), "import torch\nfrom training.loop import Trainer\n"),
+             (Path("eval/z.py"), "from training.checkpoint import load_checkpoint\nfrom model import GPT\n")]
+    assert [v.split(":")[0] for v in violations(files)] == ["training/x.py imports model.GPT",
+                                                           "eval/y.py imports training.loop"]

@@ -1,0 +1,110 @@
+"""The trainer contract (training/loop.py): a new trainer writes build, learning_rate, forward_backward and
+evaluate, and gets the rest: logs, checkpoints, exact resume, the closing line. The one below is the whole of
+such a trainer, a linear regression, in about 40 lines."""
+import json
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from training.checkpoint import load_checkpoint
+from training.config import EvalConfig, RunConfig
+from training.loop import Evaluation, Parts, Trainer
+
+TRUE_WEIGHTS = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+
+
+class Batches:
+    """y = x w + noise, the i-th batch a pure function of (seed, i): its position is its whole state."""
+
+    def __init__(self, seed):
+        self.seed, self.pos = seed, 0
+
+    def next_batch(self):
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.pos)
+        self.pos += 1
+        x = torch.randn(16, 4, generator=gen)
+        return x, x @ TRUE_WEIGHTS + 0.1 * torch.randn(16, 1, generator=gen)
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.pos = state["pos"]
+
+
+class LinearTrainer(Trainer):
+    kind = "linear"
+
+    def build(self, ctx, ckpt):
+        self.ctx, self.batches = ctx, Batches(self.cfg.run.seed)
+        self.model = torch.nn.Linear(4, 1)
+        self.val_x, self.val_y = Batches(seed=0).next_batch()
+        return Parts(model=self.model, optimizer=torch.optim.AdamW(self.model.parameters()), loader=self.batches,
+                     max_steps=self.cfg.optim.max_steps, model_config={"in": 4, "out": 1}, mlp_shape=(16, 4),
+                     description="linear regression, 5 parameters")
+
+    def learning_rate(self, step):
+        return self.cfg.optim.lr
+
+    def forward_backward(self, model):
+        x, y = self.batches.next_batch()
+        with self.ctx.autocast:
+            loss = F.mse_loss(model(x), y)
+        self.ctx.scaler.scale(loss).backward()
+        return loss, len(x)
+
+    @torch.no_grad()
+    def evaluate(self, step, last, model):
+        val = F.mse_loss(model(self.val_x), self.val_y).item()
+        return Evaluation({"val_loss": val}, f"val loss {val:.4f}", {"val": val})
+
+
+@dataclass
+class Optim:
+    lr: float = 0.05
+    grad_clip: float = 1.0
+    max_steps: int = 60
+
+
+@dataclass
+class LinearConfig:
+    optim: Optim = field(default_factory=Optim)
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(eval_interval=20))
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+def config(out_dir, **run):
+    return LinearConfig(run=RunConfig(out_dir=str(out_dir), device="cpu", checkpoint_interval=20, log_interval=10,
+                                      **run))
+
+
+def test_a_new_trainer_needs_only_its_own_hooks(tmp_path, capsys):
+    trainer = LinearTrainer(config(tmp_path))
+    model = trainer.fit()
+    assert torch.allclose(model.weight.detach().T, TRUE_WEIGHTS, atol=0.5)  # it learned
+    out = capsys.readouterr().out
+    assert "linear regression, 5 parameters | 60 steps | world 1 | float32 | compile False | starting from scratch" in out
+    assert "step     0/60 | val loss" in out and "step    50/60 | loss" in out and out.strip().splitlines()[-1].startswith(
+        "done: steps 0-60")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 20, 40, 60] and evals[-1]["val_loss"] < evals[0]["val_loss"] / 100
+    assert sum(r["kind"] == "train" for r in records) == 60 and records[-1]["tokens"] == 60 * 16
+    assert "60 val " in (tmp_path / "log.txt").read_text()
+    ckpt = load_checkpoint(tmp_path, kind="linear")
+    assert ckpt["step"] == 60 and ckpt["loader"] == [{"pos": 60}] and ckpt["model_config"] == {"in": 4, "out": 1}
+    # the base class sets nothing a trainer could come to depend on: only its config and the collective's label
+    assert set(vars(trainer)) - {"ctx", "batches", "model", "val_x", "val_y"} == {"cfg", "waiting"}
+
+
+def test_resume_of_the_new_trainer_is_exact(tmp_path):
+    straight = LinearTrainer(config(tmp_path / "straight")).fit()
+    LinearTrainer(config(tmp_path / "resumed")).fit()
+    for step in (40, 60):  # as if it had been killed before step 40's checkpoint
+        for name in (f"model_{step:05d}.pt", f"model_{step:05d}.pt.sha256"):
+            (tmp_path / "resumed" / name).unlink()
+    resumed = LinearTrainer(config(tmp_path / "resumed", resume=True)).fit()
+    assert torch.equal(resumed.weight, straight.weight) and torch.equal(resumed.bias, straight.bias)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and len(steps) == 60 + 4  # no step logged twice
