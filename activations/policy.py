@@ -33,6 +33,7 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
 import time
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -56,11 +57,23 @@ def kernel_hash():
     return digest.hexdigest()[:16]
 
 
+def driver_version():
+    """The NVIDIA driver's version (CUDA's number where torch exposes it, else nvidia-smi's), or None."""
+    exposed = getattr(torch._C, "_cuda_getDriverVersion", None)
+    if exposed is not None:
+        return exposed()
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out[0] if out else None
+
+
 def decision_key(platform, dtype, shape, compiled):
     """What a verdict depends on, as plain data (it is compared with keys read back from JSON and checkpoints)."""
-    cuda = platform.device_type == "cuda" and torch.cuda.is_available()
     return {"gpu": platform.name, "capability": list(platform.capability) if platform.capability else None,
-            "driver": torch._C._cuda_getDriverVersion() if cuda else None, "torch": str(torch.__version__),
+            "driver": driver_version() if platform.device_type == "cuda" else None, "torch": str(torch.__version__),
             "triton": platform.triton, "kernels": kernel_hash(), "dtype": str(dtype).replace("torch.", ""),
             "shape": list(shape), "compiled": bool(compiled)}
 
