@@ -150,6 +150,21 @@ def test_markdown_links_lead_somewhere():
     assert not broken, "\n".join(broken)
 
 
+def test_named_checkpoints_are_the_ones_the_recipe_writes():
+    """`log/aglu/model_19073.pt`: a run directory's checkpoint named in the docs is the last one the README's
+    recipe (configs/gpt2_124m.toml) writes: checkpoint_path at its max_steps (a run of N steps ends on
+    model_N: tests/test_train_gpt2.py::test_resume_needs_a_checkpoint_and_auto_resume_does_not)."""
+    import train_gpt2
+    from training.checkpoint import checkpoint_path
+
+    steps = config.load_config(train_gpt2.TrainConfig, ["--config", str(ROOT / "configs" / "gpt2_124m.toml")]).optim.max_steps
+    last = checkpoint_path("log/aglu", steps).name
+    named = [(where, m) for where, text in docs_and_docstrings()
+             for m in re.findall(r"\blog/\w+/(model_\d+\.pt)", text)]
+    assert named and "model_19073.pt" in (ROOT / "README.md").read_text()
+    assert [f"{w}: {m}" for w, m in named if m != last] == [], f"the recipe's last checkpoint is {last}"
+
+
 def test_benchmarks_sections_exist():
     """(BENCHMARKS.md, "Translation: a small-data recipe") names the start of one of its headings."""
     headings = re.findall(r"^#+ (.*)", (ROOT / "BENCHMARKS.md").read_text(), re.M)
