@@ -141,12 +141,12 @@ def verdict_path(directory, name, key):
 
 def _read_verdict(path, key, since):
     try:
-        verdict = json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if verdict.get("key") != key or (since is not None and verdict.get("time", 0) < since):
+    if found.get("key") != key or (since is not None and found.get("time", 0) < since):
         return None
-    return verdict
+    return found
 
 
 @contextlib.contextmanager
@@ -192,8 +192,8 @@ def _local(name, module, key, old, where, probe_args, master):
             ms = {"triton": old["triton_ms"], "torch": old["torch_ms"]} if old.get("triton_ms") is not None else None
             return (None if ms else old["reason"]), ms, "recorded"
         if master:
-            print(f"{name}: the recorded kernel decision was made for another setting ({key_change(old.get('key'), key)}); "
-                  "deciding again", flush=True)
+            print(f"{name}: the recorded kernel decision was made for another setting "
+                  f"({key_change(old.get('key'), key)}); deciding again", flush=True)
     shape, device, dtype, compiled, directory, since, timeout, work = probe_args
     state = {k: v.tolist() for k, v in module.state_dict().items()}  # plain data: the child rebuilds the module
     v = verdict(name, (name, state, shape, str(device), dtype, compiled), key, directory, since, timeout, work)

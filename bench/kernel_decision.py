@@ -53,8 +53,8 @@ def main(argv=None):
         warm, _ = timed(families, shape, platform, args.device, dtype, cuda, cache)
         recorded, _ = timed(families, shape, platform, args.device, dtype, cuda, cache, recorded=decisions)
     print(f"{platform.name}, {', '.join(families)} at {shape[0]}x{shape[1]} {str(dtype)[6:]}: empty cache {cold:.2f} s "
-          f"({cold / len(families):.2f} s per family; a child doing nothing {start_up:.2f} s), cached verdicts {warm * 1e3:.1f} ms, recorded decision "
-          f"{recorded * 1e3:.1f} ms")
+          f"({cold / len(families):.2f} s per family; a child doing nothing {start_up:.2f} s), cached verdicts "
+          f"{warm * 1e3:.1f} ms, recorded decision {recorded * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -75,8 +75,9 @@ def module_graph(folder):
     graph = {}
     for path in sorted((ROOT / folder).glob("*.py")):
         source = path.read_text()
-        named = {n.args[0].value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
-                 and getattr(n.func, "attr", None) == "import_module" and n.args and isinstance(n.args[0], ast.Constant)}
+        named = {n.args[0].value for n in ast.walk(ast.parse(source))
+                 if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "import_module"
+                 and n.args and isinstance(n.args[0], ast.Constant)}
         targets = set()
         for name in {*imports(source), *named}:
             parts = name.split(".")

@@ -53,7 +53,8 @@ def test_a_child_that_fails_is_a_no_with_one_line(children, capsys, work, what, 
     model, decisions = decide(work=work, timeout=timeout)
     assert decisions["aglu"]["impl"] == "torch" == model[0].impl and decisions["aglu"]["source"] == "probed"
     line, = capsys.readouterr().out.splitlines()
-    assert line.startswith(f"aglu: PyTorch path (the Triton kernel failed its check on NVIDIA Test GPU, float32: {what}")
+    assert line.startswith("aglu: PyTorch path (the Triton kernel failed its check on NVIDIA Test GPU, float32: "
+                           + what)
     assert line.endswith("; probed in a child process)") and children == [work.__name__]
     plain = activations.build("aglu", impl="torch")
     plain.load_state_dict(model[0].state_dict())
@@ -108,8 +109,8 @@ def test_a_recorded_decision_is_reused_until_its_key_changes(children, capsys, t
     model, reused = decide(work=probe_work.raising, recorded=recorded)
     assert children == ["kernel_faster"] and model[0].impl == "triton"
     assert reused["aglu"] == {**recorded["aglu"], "source": "recorded"}
-    assert capsys.readouterr().out == ("aglu: Triton kernel (Triton 1.000 ms vs PyTorch 2.000 ms, eager fwd+bwd at 8x64 "
-                                       "on NVIDIA Test GPU, float32; the recorded decision, not timed again)\n")
+    assert capsys.readouterr().out == ("aglu: Triton kernel (Triton 1.000 ms vs PyTorch 2.000 ms, eager fwd+bwd at "
+                                       "8x64 on NVIDIA Test GPU, float32; the recorded decision, not timed again)\n")
 
     other = Platform("cpu", "NVIDIA Other GPU", None, True, "3", True)
     model, again = decide(platform=other, work=probe_work.kernel_slower, recorded=recorded)

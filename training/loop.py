@@ -314,7 +314,8 @@ class Trainer:
 
     def checkpoint(self, run):
         parts, cfg = run.parts, self.cfg
-        state = {"kind": self.kind, "model": parts.model.state_dict(), "model_config": model_identity(parts.model_config),
+        state = {"kind": self.kind, "model": parts.model.state_dict(),
+                 "model_config": model_identity(parts.model_config),
                  "config": to_dict(cfg), "optimizer": parts.optimizer.state_dict(), "tokens": run.tokens,
                  "val_loss": run.evals[-1].get("val_loss") if run.evals else None,
                  "scaler": run.ctx.scaler.state_dict(), "kernels": run.kernels,
