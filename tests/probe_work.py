@@ -44,3 +44,8 @@ def by_rank(name, state, shape, device, dtype, compiled):
     if name == "aglu" and rank == 1:
         raise RuntimeError("ptxas fatal: simulated failure")
     return [{"triton": 1.0, "torch": 5.0}, {"triton": 4.0, "torch": 2.0}][rank]
+
+
+def slow_pass(name, state, shape, device, dtype, compiled):
+    time.sleep(1)
+    return {"triton": 1.0, "torch": 2.0}

@@ -89,6 +89,17 @@ def test_the_real_probe_passes_and_its_verdict_is_cached(children, capsys, tmp_p
     assert last["nswish"]["impl"] == "triton" and children[-1] == "kernel_faster"
 
 
+def test_the_ranks_of_a_node_probe_once(children):
+    """Ranks starting together with an empty cache: one probes (behind the verdict's file lock), the others wait
+    and read its verdict. Threads stand in for the ranks (flock locks conflict between open files, not processes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: decide(work=probe_work.slow_pass)[1]["aglu"], range(3)))
+    assert children == ["slow_pass"] and {r["impl"] for r in results} == {"triton"}
+    assert sorted(r["source"] == "probed" for r in results) == [False, False, True]
+
+
 def test_a_cached_no_is_printed_as_such_with_its_date(children, capsys):
     decide(work=probe_work.raising)
     capsys.readouterr()
