@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from activations import layer_activation
+from activations.impl import model_identity
 
 # Peak dense bf16 tensor throughput (FLOP/s, no sparsity) by device-name substring; first match wins.
 # Unknown devices get no MFU rather than a wrong one.
@@ -213,7 +214,7 @@ class GPT(nn.Module):
         """The model (in eval mode) of a GPT-2 checkpoint as training/checkpoint.py's load_checkpoint(path,
         kind="gpt2") reads it (ours, build-nanogpt's or nanoGPT's; as data, never code). This file reads no
         file itself: it stays the single GPT-2 file that export/ copies as transformers remote code."""
-        model = cls(GPTConfig(**ckpt["model_config"]))
+        model = cls(GPTConfig(**model_identity(ckpt["model_config"])))
         model.load_state_dict(ckpt["model"])
         return model.to(device).eval()
 

@@ -13,7 +13,9 @@ the trainer, config and seeds, the variants (a label each, with its trainer opti
 act_kwargs, plain_top_k, and the label it is compared against as `baseline`) and optionally corpora
 (a name each, with trainer options such as train_prefix): each corpus is a sweep of its own in
 OUT_DIR/{corpus}. Runs go one after another, seed by seed (every variant's seed 1, then seed 2 ...), each a
-subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed} (its output in train.out). A run whose final
+subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed} (its output in train.out). A variant's later seeds
+run the activation kernels' path its first seed decided (the trainer's --kernels-from), or the one its options
+pin (act_kwargs {"impl": ...}); the report names each variant's path. A run whose final
 evaluation (translation: its test-set BLEU) is logged is skipped; an unfinished one continues from its newest
 checkpoint (--auto-resume), so rerunning the same command after a crash finishes the sweep.
 
@@ -45,7 +47,7 @@ from analysis.sweep_report import finished, report
 
 TRAINERS = {"gpt2": ROOT / "train_gpt2.py", "translation": ROOT / "train_translation.py"}
 RESERVED = {"--act", "--seed", "--out-dir", "--out_dir", "--resume", "--auto-resume", "--auto_resume", "--config",
-            "--init-seed-offset", "--init_seed_offset"}
+            "--init-seed-offset", "--init_seed_offset", "--kernels-from", "--kernels_from"}
 # The A/A control's torch seed is seed + this: far from any seed list, so no control run shares an init stream
 # with a baseline run, while the data order (the seed alone) stays the baseline's.
 CONTROL_INIT_SEED_OFFSET = 1_000_000
@@ -65,11 +67,12 @@ def options(table):
     return out
 
 
-def train_command(trainer, config, variant_options, seed, path, overrides, nproc):
+def train_command(trainer, config, variant_options, seed, path, overrides, nproc, kernels_from=None):
     launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                      f"--nproc_per_node={nproc}"]
+    reuse = ["--kernels-from", str(kernels_from)] if kernels_from else []
     return [*launcher, str(TRAINERS[trainer]), "--config", config, *variant_options, "--seed", str(seed),
-            "--out-dir", str(path), "--auto-resume", *overrides]
+            "--out-dir", str(path), *reuse, "--auto-resume", *overrides]
 
 
 def run_sweep(args, overrides, out, corpus_options=()):
@@ -98,7 +101,10 @@ def run_sweep(args, overrides, out, corpus_options=()):
             tqdm.write(f"{path}: finished, skipped")
             continue
         path.mkdir(parents=True, exist_ok=True)
-        cmd = train_command(args.trainer, args.config, opts, seed, path, overrides, args.nproc_per_node)
+        # every seed of an arm on the numerical path its first seed's run decided (activations/policy.py)
+        first = run_dir(out, label, args.seeds[0])
+        cmd = train_command(args.trainer, args.config, opts, seed, path, overrides, args.nproc_per_node,
+                            first if seed != args.seeds[0] and (first / "run.json").is_file() else None)
         tqdm.write(f"{path}: {' '.join(cmd[1:])}")
         with open(path / "train.out", "a") as log:
             code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode

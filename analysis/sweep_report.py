@@ -90,6 +90,22 @@ def spread_flags(per_act, baselines, metrics):
     return flags
 
 
+def kernel_paths(runs):
+    """{variant: the path its activation ran, from each run's recorded kernel decisions}; a variant whose seeds ran
+    different paths is named MIXED with each seed's (its seeds then differ by more than the seed)."""
+    per = {}
+    for run in runs:
+        if run.kernels is None:
+            text = "not recorded"
+        else:
+            text = ", ".join(f"{family} {'Triton kernel' if r.get('impl') == 'triton' else 'PyTorch'}"
+                             for family, r in sorted(run.kernels.items())) or "PyTorch (no kernel family)"
+        per.setdefault(variant_of(run), {})[run.setting("seed")] = text
+    return {a: next(iter(set(seeds.values()))) if len(set(seeds.values())) == 1 else
+            "MIXED: " + "; ".join(f"seed {seed}: {text}" for seed, text in sorted(seeds.items(), key=str))
+            for a, seeds in per.items()}
+
+
 def control_verdict(control, base, pairs, metrics):
     """(reliable: True/False/None, sentence) for the A/A control against its baseline."""
     intervals = [(name, pairs[k]) for k, name in metrics if pairs[k]["ci95"] is not None]
@@ -155,11 +171,12 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
                               per_act[baselines[a]][k]["mean"], hella_items) for k, _ in metrics}
              for a in order if a != baselines[a] and baselines[a] in rows}
     flags = spread_flags(per_act, baselines, metrics)
+    paths = kernel_paths([r for r in done if variant_of(r) in rows])
     reliable, verdict = control_verdict(control, baselines[control], pairs[control], metrics) if control in pairs \
         else (None, None)
     result = {"baseline": baseline, "baselines": baselines, "acts": order, "unfinished": unfinished,
               "control": control, "control_reliable": reliable, "target_diff": target_diff,
-              "runs": [summary(r) for r in runs], "per_act": per_act, "paired": pairs,
+              "runs": [summary(r) for r in runs], "per_act": per_act, "paired": pairs, "kernel_paths": paths,
               "spread_flags": [{"variant": a, "metric": k, "std": s, "baseline_std": b, "ratio": r}
                                for a, k, s, b, r in flags]}
 
@@ -184,6 +201,8 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
                f"{ratio ** 2:.0f}x the seeds."]
     if flags:
         md.append("")
+    md += ["Activation path of each variant (run.json's kernel decisions; every seed of a variant should run the "
+           "same one):", "", *[f"- {a}: {paths[a]}" for a in order if a in paths], ""]
     sources, pair_rows, sentences = set(), [], []
     for a, per in pairs.items():
         for k, name in metrics:

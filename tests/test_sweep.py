@@ -456,3 +456,36 @@ def test_bad_control(argv, message, capsys):
     with pytest.raises(SystemExit):
         sweep.parse_args(["--config", "c.toml", "--acts", "gelu,relu", "--seeds", "1", "--out-dir", "x", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_later_seeds_reuse_the_first_seeds_kernel_path_and_the_report_names_it(tmp_path, monkeypatch):
+    """Seed 2 of every variant gets --kernels-from its seed-1 run (the trainer reuses that run's decision); the
+    report names each variant's path from run.json, and a variant whose seeds ran different paths is MIXED."""
+    calls = []
+    paths = {("aglu", 1): "triton", ("aglu", 2): "triton", ("nswish", 1): "triton", ("nswish", 2): "torch"}
+
+    def fake_subprocess_run(cmd, stdout=None, stderr=None):
+        calls.append(cmd)
+        args = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1)}
+        act, seed = args["--act"], int(args["--seed"])
+        path = tmp_path / "s" / f"{act}_seed{seed}"
+        fake_run(path, act, seed, 3.0 + seed / 10)
+        info = json.loads((path / "run.json").read_text())
+        decisions = {act: {"impl": paths[act, seed]}} if (act, seed) in paths else {}
+        info["environment"] = {"decisions": {"activations": decisions}}
+        (path / "run.json").write_text(json.dumps(info))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_subprocess_run)
+    sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu,nswish", "--seeds", "1,2",
+                "--out-dir", str(tmp_path / "s"), "--max-steps", "10"])
+    reused = {(c[c.index("--act") + 1], c[c.index("--seed") + 1]): c[c.index("--kernels-from") + 1]
+              for c in calls if "--kernels-from" in c}
+    assert reused == {(a, "2"): str(tmp_path / "s" / f"{a}_seed1") for a in ("gelu", "aglu", "nswish")}
+    md = (tmp_path / "s" / "sweep.md").read_text()
+    assert "- gelu: PyTorch (no kernel family)\n- aglu: aglu Triton kernel\n" \
+           "- nswish: MIXED: seed 1: nswish Triton kernel; seed 2: nswish PyTorch\n" in md
+    assert json.loads((tmp_path / "s" / "sweep.json").read_text())["kernel_paths"]["aglu"] == "aglu Triton kernel"
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "o",
+                          "--kernels-from", "x"])

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from activations.impl import model_identity
 from data.files import atomic_file, fsync_dir, remove_temporaries
 from training import distributed
 from training.foreign_checkpoints import nanogpt_checkpoint_in, read_foreign_checkpoint
@@ -239,7 +240,7 @@ def resume_training(ckpt, model_config, world_size, rank, model, optimizer, load
     if "source" in ckpt:  # build-nanogpt / nanoGPT: weights, but no data position or RNG states to continue
         raise CheckpointError(f"{path} was written by another harness and cannot be resumed exactly; start from its "
                               f"weights with --init-from {path} and another --out-dir")
-    if ckpt["model_config"] != model_config:
+    if model_identity(ckpt["model_config"]) != model_identity(model_config):  # impl is a speed option: may change
         raise CheckpointError(f"{path} was trained with model config {ckpt['model_config']}; "
                               "resume with the same model options or use a new --out-dir")
     if ckpt["world_size"] != world_size:

@@ -12,7 +12,7 @@ The base class keeps no attribute a trainer reads: a hook gets what it needs as 
 trainer itself kept in build (its Context, its loaders). tests/test_loop.py trains a trainer of 40 lines.
 
 fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
-build; resume; the activation kernels' self-check; the run log; compile and DDP; the loop; the trainer's
+build; resume; the activation kernels' decision (activations/policy.py); the run log; compile and DDP; the loop; the trainer's
 closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and at the end),
 train step, log, checkpoint (every checkpoint_interval steps, at the end and on a signal), stop. The stdout
 lines' format is training/runlog.py's.
@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from activations import selfcheck
+from activations import policy
+from activations.impl import model_identity
 from training import distributed, hardware, runlog
 from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resume_training,
                                  save_training_checkpoint)
@@ -62,7 +63,7 @@ class Parts:
     optimizer: torch.optim.Optimizer
     loader: object  # training batches; state_dict/load_state_dict, so a resume continues the data order
     max_steps: int
-    model_config: dict  # stored in checkpoints: a resume with another one is refused
+    model_config: dict  # stored in checkpoints: a resume with another one (impl aside, a speed option) is refused
     mlp_shape: tuple  # (rows, width) of the activation's input per micro-batch: where kernels are timed
     description: str  # the trainer's part of the first stdout line (model size, data)
     origin: str = "starting from scratch"  # or which weights the model was initialised from
@@ -90,6 +91,7 @@ class Run:
     evals: list = field(default_factory=list)  # every Evaluation's fields, in order
     started: float = field(default_factory=time.time)
     first_step_done: tuple | None = None  # (time, step) after the first, compiling, step: the ETA's origin
+    kernels: dict = field(default_factory=dict)  # the activation kernel decisions, kept in checkpoints for a resume
 
 
 class Trainer:
@@ -151,9 +153,14 @@ class Trainer:
                                 parts.loader)
                 if ckpt.get("scaler"):
                     ctx.scaler.load_state_dict(ckpt["scaler"])
-            # before compile and DDP: the kernels checked and timed on this GPU, at this run's shape and dtype
-            decisions["activations"] = selfcheck.select(parts.model, parts.mlp_shape, platform, d.device,
-                                                        PRECISIONS[ctx.precision], ctx.compile, d)
+            # before compile and DDP: the kernels checked and timed on this GPU, at this run's shape and dtype, or
+            # the decision this run (or the run named by --kernels-from) recorded under the same key
+            recorded = ckpt.get("kernels") if ckpt else None
+            if recorded is None and run_cfg.kernels_from:
+                recorded = runlog.recorded_kernels(run_cfg.kernels_from)
+            decisions["activations"] = policy.select(
+                parts.model, parts.mlp_shape, platform, d.device, PRECISIONS[ctx.precision], ctx.compile, d,
+                recorded=recorded, cache=run_cfg.kernel_cache or None, reprobe=run_cfg.kernel_reprobe)
             log = RunLog(run_cfg.out_dir, d.master, resume_step=start if ckpt else None,
                          tensorboard=run_cfg.tensorboard, wandb_project=run_cfg.wandb_project,
                          wandb_run_name=run_cfg.wandb_run_name)
@@ -165,7 +172,8 @@ class Trainer:
                 print(runlog.start_line(parts.description, parts.max_steps, d.world_size, ctx.precision, ctx.compile,
                                         where), flush=True)
             eval_model, train_model = self.wrap(ctx, parts, start)
-            run = Run(ctx, parts, log, eval_model, train_model, step=start, tokens=ckpt.get("tokens", 0) if ckpt else 0)
+            run = Run(ctx, parts, log, eval_model, train_model, step=start, tokens=ckpt.get("tokens", 0) if ckpt else 0,
+                      kernels=decisions["activations"])
             stop = GracefulStop()
             self.loop(run, stop)
             if not stop.requested:
@@ -306,10 +314,11 @@ class Trainer:
 
     def checkpoint(self, run):
         parts, cfg = run.parts, self.cfg
-        state = {"kind": self.kind, "model": parts.model.state_dict(), "model_config": parts.model_config,
+        state = {"kind": self.kind, "model": parts.model.state_dict(),
+                 "model_config": model_identity(parts.model_config),
                  "config": to_dict(cfg), "optimizer": parts.optimizer.state_dict(), "tokens": run.tokens,
                  "val_loss": run.evals[-1].get("val_loss") if run.evals else None,
-                 "scaler": run.ctx.scaler.state_dict(),
+                 "scaler": run.ctx.scaler.state_dict(), "kernels": run.kernels,
                  **self.checkpoint_state(run.evals[-1] if run.evals else None)}
         self.waiting = (run.step, f"checkpoint model_{run.step:05d}.pt (gathering states, then rank 0 saving it)")
         save_training_checkpoint(state, parts.loader, run.ctx.dist, cfg.run.out_dir, run.step, cfg.run.keep_checkpoints)

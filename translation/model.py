@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from activations import layer_activation
+from activations.impl import model_identity
 
 NORMS = ("deepnorm", "postln", "preln")
 
@@ -190,7 +191,7 @@ class Transformer(nn.Module):
     def from_checkpoint(cls, ckpt, device="cpu"):
         """The model (in eval mode) of a translation checkpoint as training/checkpoint.py's
         load_checkpoint(path, kind="translation") reads it; its tokenizer is ckpt["spm"]."""
-        model = cls(TranslationConfig(**ckpt["model_config"]))
+        model = cls(TranslationConfig(**model_identity(ckpt["model_config"])))
         model.load_state_dict(ckpt["model"])
         return model.to(device).eval()
 
