@@ -52,6 +52,14 @@ def test_resume_is_exact(runs):
     assert records(straight) == records(split)
 
 
+def test_the_last_checkpoint_holds_the_last_evaluation(runs):
+    """Written after the step-8 evaluation: its val_loss and BLEU are step 8's, not step 4's."""
+    _, _, straight, _ = runs
+    ckpt = load_checkpoint(straight / "model_00008.pt", kind="translation")
+    evals = [r for r in records(straight) if r["kind"] == "eval"]
+    assert evals[-1]["step"] == 8 and (ckpt["val_loss"], ckpt["bleu"]) == (evals[-1]["val_loss"], evals[-1]["bleu"])
+    assert ckpt["val_loss"] != evals[-2]["val_loss"]
+
 def test_logs_in_the_gpt2_trainer_formats(runs):
     _, _, straight, _ = runs
     lines = [line.split() for line in (straight / "log.txt").read_text().splitlines()]

@@ -14,7 +14,8 @@ trainer itself kept in build (its Context, its loaders). tests/test_loop.py trai
 fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
 build; resume; the activation kernels' self-check; the run log; compile and DDP; the loop; the trainer's
 closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and at the end),
-train step, log, checkpoint (every checkpoint_interval steps, at the end and on a signal), stop. The stdout
+train step, log, checkpoint (every checkpoint_interval steps and on a signal), stop; at the end the checkpoint
+follows the final evaluation, so the file the closing line names holds the numbers it prints. The stdout
 lines' format is training/runlog.py's.
 
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
@@ -239,13 +240,14 @@ class Trainer:
             last = run.step == run.parts.max_steps
             if run.step % self.cfg.eval.eval_interval == 0 or last:
                 self.evaluation(run, last)
-            if last:
+            if last:  # saved after the final evaluation, so the last checkpoint holds its val loss (and BLEU)
+                self.checkpoint(run)
                 return
             loss, lr, norm, seconds, step_tokens = self.train_step(run)
             self.log_step(run, loss, lr, norm, seconds, step_tokens)
             self.waiting = (run.step, "the stop-signal all-reduce")
             stopping = distributed.any_rank(stop.requested, run.ctx.dist)
-            if run.step % interval == 0 or run.step == run.parts.max_steps or stopping:
+            if (run.step % interval == 0 and run.step < run.parts.max_steps) or stopping:
                 self.checkpoint(run)
             if stopping:
                 stop.requested = True  # every rank exits non-zero, not only the one signalled
