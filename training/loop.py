@@ -113,7 +113,9 @@ class Trainer:
 
     def forward_backward(self, model):
         """Forward and backward passes of one optimizer step on this rank, through `model` (compiled, DDP):
-        (mean loss tensor, tokens). Scale the loss with the Context's scaler before backward."""
+        (loss tensor, tokens): the step's loss is that tensor's mean over ranks (a mean over this rank's batches,
+        or, as train_translation.py's, this rank's share of a sum normalised over all ranks). Scale the loss
+        with the Context's scaler before backward."""
         raise NotImplementedError
 
     def evaluate(self, step, last, model):
