@@ -154,8 +154,9 @@ class TranslationTrainer(Trainer):
                                        d.world_size, seed=cfg.run.seed, pad_multiple=pad_multiple, accum=self.accum)
         self.val_loader = TokenBatchLoader(*valid_ids, cfg.data.max_tokens, 0, d.rank, d.world_size, shuffle=False)
         shapes, step_batches = self.loader.shapes(), self.accum * d.world_size
-        step = (f"{step_batches} batch{'es' * (step_batches > 1)} (grad accum {self.accum}) of <= {cfg.data.max_tokens} "
-                "tokens" + (f", <= {step_batches * cfg.data.max_sentences} sentences" if cfg.data.max_sentences else ""))
+        step = (f"{step_batches} batch{'es' * (step_batches > 1)} (grad accum {self.accum}) of <= "
+                f"{cfg.data.max_tokens} tokens" + (f", <= {step_batches * cfg.data.max_sentences} sentences"
+                                                   if cfg.data.max_sentences else ""))
         return Parts(model=self.model, loader=self.loader, model_config=to_dict(mcfg),
                      optimizer=adamw(self.model, o.lr, o.weight_decay, o.betas, o.eps, d.device_type),
                      max_steps=o.max_steps or o.epochs * self.loader.steps_per_epoch(),
