@@ -2,6 +2,7 @@
 evaluate, and gets the rest: logs, checkpoints, exact resume, the closing line. The one below is the whole of
 such a trainer, a linear regression, in about 40 lines."""
 import json
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -108,3 +109,16 @@ def test_resume_of_the_new_trainer_is_exact(tmp_path):
     assert torch.equal(resumed.weight, straight.weight) and torch.equal(resumed.bias, straight.bias)
     steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps) and len(steps) == 60 + 4  # no step logged twice
+
+
+def test_the_file_the_closing_line_names_holds_the_numbers_it_prints(tmp_path, capsys):
+    """The last checkpoint is written after the final evaluation: its val_loss is the final one, not the one
+    eval_interval steps earlier."""
+    LinearTrainer(config(tmp_path)).fit()
+    closing = capsys.readouterr().out.strip().splitlines()[-1]
+    printed_val = float(re.search(r"final val loss (\S+)", closing).group(1))
+    ckpt = load_checkpoint(tmp_path / re.search(r"(model_\d+\.pt)$", closing).group(1), kind="linear")
+    evals = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "eval"]
+    assert ckpt["step"] == evals[-1]["step"] == 60 and ckpt["val_loss"] == evals[-1]["val_loss"]
+    assert f"{ckpt['val_loss']:.4f}" == f"{printed_val:.4f}" and ckpt["val_loss"] != evals[-2]["val_loss"]

@@ -14,7 +14,8 @@ trainer itself kept in build (its Context, its loaders). tests/test_loop.py trai
 fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
 build; resume; the activation kernels' decision (activations/policy.py); the run log; compile and DDP; the loop; the trainer's
 closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and at the end),
-train step, log, checkpoint (every checkpoint_interval steps, at the end and on a signal), stop. The stdout
+train step, log, checkpoint (every checkpoint_interval steps and on a signal), stop; at the end the checkpoint
+follows the final evaluation, so the file the closing line names holds the numbers it prints. The stdout
 lines' format is training/runlog.py's.
 
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
@@ -114,7 +115,9 @@ class Trainer:
 
     def forward_backward(self, model):
         """Forward and backward passes of one optimizer step on this rank, through `model` (compiled, DDP):
-        (mean loss tensor, tokens). Scale the loss with the Context's scaler before backward."""
+        (loss tensor, tokens): the step's loss is that tensor's mean over ranks (a mean over this rank's batches,
+        or, as train_translation.py's, this rank's share of a sum normalised over all ranks). Scale the loss
+        with the Context's scaler before backward."""
         raise NotImplementedError
 
     def evaluate(self, step, last, model):
@@ -247,13 +250,14 @@ class Trainer:
             last = run.step == run.parts.max_steps
             if run.step % self.cfg.eval.eval_interval == 0 or last:
                 self.evaluation(run, last)
-            if last:
+            if last:  # saved after the final evaluation, so the last checkpoint holds its val loss (and BLEU)
+                self.checkpoint(run)
                 return
             loss, lr, norm, seconds, step_tokens = self.train_step(run)
             self.log_step(run, loss, lr, norm, seconds, step_tokens)
             self.waiting = (run.step, "the stop-signal all-reduce")
             stopping = distributed.any_rank(stop.requested, run.ctx.dist)
-            if run.step % interval == 0 or run.step == run.parts.max_steps or stopping:
+            if (run.step % interval == 0 and run.step < run.parts.max_steps) or stopping:
                 self.checkpoint(run)
             if stopping:
                 stop.requested = True  # every rank exits non-zero, not only the one signalled
