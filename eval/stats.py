@@ -148,10 +148,3 @@ def item_level(diffs, z=Z95):
     mean = statistics.fmean(diffs) if diffs else None
     se = statistics.stdev(diffs) / math.sqrt(n) if n > 1 else None
     return {"items": n, "mean": mean, "se": se, "ci95": None if se is None else [mean - z * se, mean + z * se]}
-
-
-def binomial_floor(p, n_items):
-    """Half the width of the 95% Wilson interval of an accuracy p on n_items: the benchmark's own noise,
-    which no number of seeds removes (every seed is scored on the same items)."""
-    lo, hi = wilson(round(p * n_items), n_items)
-    return (hi - lo) / 2
