@@ -164,9 +164,15 @@ class GPTTrainer(Trainer):
                                                            self.ctx.autocast)
         if e.hellaswag_interval and (step % e.hellaswag_interval == 0 or last):
             t0 = time.time()  # the whole call: the first one also tokenizes (then cached) and compiles
+            # the final evaluation scores both ways and keeps every item's predictions for paired comparisons
+            # (eval/compare_items.py, the sweep report); the ones before only the completion scoring they log
+            limit = f"_limit{e.hellaswag_limit}" if e.hellaswag_limit else ""
+            items = Path(self.cfg.run.out_dir) / f"hellaswag_items_{step:05d}{limit}.jsonl.gz" if last else None
             hella = evaluate_model(model, device=d.device, data_path=e.hellaswag_data or None,
-                                   limit=e.hellaswag_limit or None, scoring="completion", dist_info=d,
-                                   autocast=self.ctx.autocast, progress=False, cache=True)["completion"]
+                                   limit=e.hellaswag_limit or None, scoring="both" if last else "completion",
+                                   dist_info=d, autocast=self.ctx.autocast, progress=False, cache=True,
+                                   items_file=items, about={"run": self.cfg.run.out_dir, "step": step,
+                                                            "act": self.cfg.model.act})["completion"]
             seconds = time.time() - t0
             result.scalars["hella"] = hella["acc_norm"]
             result.fields.update(hellaswag_acc=hella["acc"], hellaswag_acc_norm=hella["acc_norm"],

@@ -6,6 +6,9 @@ these seeds detect at 80% power and alpha 0.05, and the seeds a target differenc
 the final val loss, else the observed difference). A variant whose seed std is more than twice its
 baseline's is flagged. An A/A control (the baseline again with another init stream) is reported first: if
 its interval excludes 0, identical settings differ "significantly" and no interval of the sweep can be trusted.
+For HellaSwag, where every run is scored on the same items, each pair also gets the item-level interval of its
+difference (from the final evaluation's items files, eval/hellaswag_items.py): the per-seed interval answers
+"another seed of training", the item-level one "another sample of items"; a claim needs both to exclude 0.
 Written to sweep.md, sweep.json and compare.png (analysis/sweep_plot.py) in the sweep directory.
 """
 import json
@@ -15,7 +18,10 @@ from pathlib import Path
 from analysis.compare import plot_telemetry, table
 from analysis.runs import RunError, load_run, load_runs, markdown_table, summary
 from analysis.sweep_plot import plot_sweep
-from eval.stats import binomial_floor, detectable_difference, mean_std, paired, seeds_needed
+from eval import hellaswag_items
+from eval.compare_items import shared_items
+from eval.hellaswag_items import ItemsError
+from eval.stats import detectable_difference, item_level, mean_std, mcnemar_exact, paired, seeds_needed
 
 METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_norm"),
            ("bleu", "valid BLEU (greedy)"), ("test_bleu_greedy", "test BLEU greedy"), ("test_bleu_beam", "test BLEU beam")]
@@ -46,15 +52,56 @@ def _num(x):
     return f"{abs(x):.2g}"
 
 
-def add_power(pair, key, target_diff=None, baseline_mean=None, hella_items=None):
-    """Adds detectable (80% power, alpha 0.05), target and seeds_needed (and for HellaSwag the binomial
-    floor of its item count at the baseline's accuracy) to a paired() result."""
+def add_power(pair, key, target_diff=None):
+    """Adds detectable (80% power, alpha 0.05), target and seeds_needed to a paired() result."""
     pair["detectable"] = detectable_difference(pair["std"], pair["n"])
     pair["target"] = target_diff if key == "final_val" and target_diff is not None else pair["mean"]
     pair["seeds_needed"] = seeds_needed(pair["std"], pair["target"])
-    if key == "hella_acc_norm" and baseline_mean is not None and hella_items:
-        pair["binomial_floor"], pair["items"] = binomial_floor(baseline_mean, hella_items), hella_items
     return pair
+
+
+# the in-loop HellaSwag number the sweep reads (hella_acc_norm): completion scoring, acc_norm
+ITEM_KEY = ("completion", "acc_norm")
+
+
+def items_of(runs):
+    """{(variant, seed): Items} of the finished runs' latest items files (the final evaluation writes one)."""
+    found = {}
+    for run in runs:
+        path = hellaswag_items.newest(run.path)
+        if path is not None and variant_of(run) is not None:
+            try:
+                found[(variant_of(run), run.setting("seed"))] = hellaswag_items.read(path)
+            except ItemsError as e:
+                raise SystemExit(f"error: {e}") from None
+    return found
+
+
+def item_interval(items, variant, base):
+    """Item-level interval of variant - base on HellaSwag acc_norm over the seeds both have items for: per item,
+    the mean over seeds of (variant right) - (base right); the items are the sampling unit (stats.item_level).
+    Per seed: the discordant items and the exact McNemar p. None without a seed of both."""
+    seeds = sorted(s for v, s in items if v == variant and (base, s) in items)
+    seeds = [s for s in seeds if ITEM_KEY in items[(variant, s)].preds and ITEM_KEY in items[(base, s)].preds]
+    if not seeds:
+        return None
+    indices, per_seed = None, []
+    for s in seeds:
+        a, b = items[(variant, s)], items[(base, s)]
+        try:
+            shared = shared_items(a, b)
+            if indices is not None and shared != indices:
+                raise ItemsError(f"{a.path}: other items than seed {seeds[0]}'s; score every run on the same items")
+        except ItemsError as e:
+            raise SystemExit(f"error: {e}") from None
+        indices = shared
+        right_a, right_b = a.correct(*ITEM_KEY, indices), b.correct(*ITEM_KEY, indices)
+        only_a = sum(x and not y for x, y in zip(right_a, right_b))
+        only_b = sum(y and not x for x, y in zip(right_a, right_b))
+        per_seed.append((right_a, right_b, only_a, only_b))
+    diffs = [sum(ra[i] - rb[i] for ra, rb, _, _ in per_seed) / len(seeds) for i in range(len(indices))]
+    return {**item_level(diffs), "seeds": seeds, "discordant": [a + b for _, _, a, b in per_seed],
+            "p_mcnemar": [mcnemar_exact(a, b) for _, _, a, b in per_seed]}
 
 
 def power_sentence(name, metric, key, pair, named):
@@ -73,10 +120,35 @@ def power_sentence(name, metric, key, pair, named):
             text += f"; {which} {_num(pair['target'])} would need more than 10,000 seeds"
         else:
             text += f"; {which} {_num(pair['target'])} would need {pair['seeds_needed']} seeds"
-    if "binomial_floor" in pair:
-        text += (f"; the benchmark alone is ±{pair['binomial_floor']:.4f} ({pair['items']:,} items), "
-                 "a floor no number of seeds lowers")
     return text + "."
+
+
+def hellaswag_intervals(pairs, baselines):
+    """The per-seed and the item-level interval of each pair's HellaSwag difference side by side, and what
+    each answers; [] when no pair has items files."""
+    rows = []
+    for a, per in pairs.items():
+        p = per.get("hella_acc_norm") or {}
+        items = p.get("item_level")
+        if items is None:
+            continue
+        ci = lambda c: "-" if c is None else f"[{c[0]:+.4f}, {c[1]:+.4f}]"
+        rows.append([f"{a} - {baselines[a]}", len(items["seeds"]), f"{items['items']:,}", f"{items['mean']:+.4f}",
+                     ci(p["ci95"]), ci(items["ci95"]), ", ".join(f"{d:,}" for d in items["discordant"]),
+                     ", ".join(f"{q:.3g}" for q in items["p_mcnemar"])])
+    if not rows:
+        return []
+    return ["HellaSwag acc_norm (completion scoring, final evaluation): two intervals for one difference. The per-seed "
+            "interval (t over seeds, above) answers *would another seed of training give this difference on these "
+            "items?*; it cannot see which items the benchmark happens to hold. The item-level interval answers *would "
+            "another sample of items like these give it, for these trained models?*: per item the difference of "
+            "right answers averaged over the seeds, mean ± 1.96 sd/√items; it cannot see seed-to-seed variation. "
+            "Only the items the two models answer differently (discordant) carry information, so it is usually much "
+            "narrower than two accuracies' Wilson intervals suggest. \"X beats the baseline\" needs both to exclude "
+            "0. Per seed: the discordant items and the exact McNemar p (`python -m eval.compare_items` on two runs "
+            "gives the full comparison):", "",
+            markdown_table(["pair", "seeds", "items", "diff", "per-seed 95% CI", "item-level 95% CI",
+                            "discordant items per seed", "McNemar p per seed"], rows), ""]
 
 
 def spread_flags(per_act, baselines, metrics):
@@ -157,19 +229,20 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
     baselines = {a: (plan.get("baselines") or {}).get(a) or baseline for a in order}
 
     rows = {a: {} for a in order}  # variant -> metric -> {seed: value}
-    hella_items = 0
     for run in done:
         if variant_of(run) in rows:
             s = summary(run)
-            hella_items = max(hella_items, s["hella_n"] or 0)
             for key, _ in METRICS:
                 if s[key] is not None:
                     rows[variant_of(run)].setdefault(key, {})[run.setting("seed")] = s[key]
     metrics = [(k, name) for k, name in METRICS if any(k in r for r in rows.values())]
     per_act = {a: {k: mean_std(list(rows[a].get(k, {}).values())) for k, _ in metrics} for a in order}
-    pairs = {a: {k: add_power(paired(rows[baselines[a]].get(k, {}), rows[a].get(k, {})), k, target_diff,
-                              per_act[baselines[a]][k]["mean"], hella_items) for k, _ in metrics}
-             for a in order if a != baselines[a] and baselines[a] in rows}
+    pairs = {a: {k: add_power(paired(rows[baselines[a]].get(k, {}), rows[a].get(k, {})), k, target_diff)
+                 for k, _ in metrics} for a in order if a != baselines[a] and baselines[a] in rows}
+    if "hella_acc_norm" in dict(metrics):
+        items = items_of(r for r in done if variant_of(r) in rows)
+        for a, per in pairs.items():
+            per["hella_acc_norm"]["item_level"] = item_interval(items, a, baselines[a])
     flags = spread_flags(per_act, baselines, metrics)
     paths = kernel_paths([r for r in done if variant_of(r) in rows])
     reliable, verdict = control_verdict(control, baselines[control], pairs[control], metrics) if control in pairs \
@@ -225,6 +298,7 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
                markdown_table(["pair", "metric", "n", "diff", "t", "95% CI", "detectable (80%)", "seeds needed"],
                               pair_rows), "",
                "What these seeds can detect:", "", *sentences, ""]
+    md += hellaswag_intervals(pairs, baselines)
     text = "\n".join(md)
     (out / "sweep.md").write_text(text)
     (out / "sweep.json").write_text(json.dumps(result, indent=2))

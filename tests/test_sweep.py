@@ -130,14 +130,6 @@ def test_detectable_difference_and_seeds_needed_by_hand(scipy, monkeypatch):
     assert stats.detectable_difference(s, 1) is None and stats.seeds_needed(0.0, 0.001) == 2
 
 
-def test_binomial_floor_by_hand():
-    n, z = 10042, 1.959963984540054
-    p = round(0.30 * n) / n
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    assert stats.binomial_floor(0.30, n) == pytest.approx(half, rel=1e-12)
-    assert round(stats.binomial_floor(0.30, n), 4) == 0.009  # the ±0.9 points of a 124M-sized HellaSwag score
-
-
 def test_paired_uses_shared_seeds_only():
     got = stats.paired({1: 1.0, 2: 2.0, 3: 3.0}, {2: 2.5, 3: 3.0, 4: 9.0})
     assert got["seeds"] == [2, 3] and got["mean"] == pytest.approx(0.25)
@@ -410,14 +402,37 @@ def test_control_that_excludes_zero_says_the_sweep_is_unreliable(tmp_path):
     assert "excludes 0. The sweep is unreliable" in text and text.index("unreliable") < text.index("| run ")
 
 
-def test_hellaswag_power_has_the_binomial_floor(tmp_path):
-    for act, shift in (("gelu", 0.0), ("relu", 0.01)):
-        for seed in (1, 2, 3):
-            fake_run(tmp_path / f"{act}_seed{seed}", act, seed, 3.5, hella=0.30 + shift + seed / 1000 * (act == "relu"))
+def test_hellaswag_pairs_get_the_item_level_interval(tmp_path, write_items):
+    """Beside the per-seed interval, each pair's item-level one from the runs' final items files: per item the
+    difference of right answers averaged over the seeds, mean ± 1.96 sd/sqrt(items); and no 'floor'."""
+    labels = [i % 4 for i in range(40)]
+    right = {("gelu", 1): range(0, 12), ("gelu", 2): range(5, 17),  # items each run answers right (acc_norm)
+             ("relu", 1): [*range(0, 10), *range(20, 25)], ("relu", 2): [*range(5, 17), 30, 31, 32]}
+    for (act, seed), hits in right.items():
+        run = tmp_path / f"{act}_seed{seed}"
+        fake_run(run, act, seed, 3.5, hella=len(hits) / 40)
+        write_items(run / "hellaswag_items_00010.jsonl.gz", labels,
+                    [label if i in hits else (label + 1) % 4 for i, label in enumerate(labels)], step=10)
     text = sweep.report(tmp_path, acts=["gelu", "relu"])
     hella = json.loads((tmp_path / "sweep.json").read_text())["paired"]["relu"]["hella_acc_norm"]
-    assert hella["items"] == 10042 and hella["binomial_floor"] == pytest.approx(stats.binomial_floor(0.30, 10042))
-    assert "the benchmark alone is ±0.0090 (10,042 items), a floor no number of seeds lowers." in text
+    diffs = [sum((i in right[("relu", s)]) - (i in right[("gelu", s)]) for s in (1, 2)) / 2 for i in range(40)]
+    mean, sd = sum(diffs) / 40, statistics.stdev(diffs)
+    items = hella["item_level"]
+    assert items["seeds"] == [1, 2] and items["items"] == 40
+    assert items["mean"] == pytest.approx(hella["mean"]) == pytest.approx(mean)  # the same difference, 2 views
+    assert items["ci95"] == pytest.approx([mean - 1.959963984540054 * sd / math.sqrt(40),
+                                           mean + 1.959963984540054 * sd / math.sqrt(40)], rel=1e-12)
+    assert items["discordant"] == [7, 3]  # seed 1: gelu only 10, 11; relu only 20-24. Seed 2: relu only 30-32
+    assert items["p_mcnemar"] == [pytest.approx(2 * 29 / 128), pytest.approx(0.25)]
+    assert "floor" not in text and "binomial_floor" not in hella
+    assert "another seed of training" in text and "another sample of items" in text
+    row = next(line for line in text.splitlines() if line.startswith("| relu - gelu") and "7, 3" in line)
+    assert f"[{items['ci95'][0]:+.4f}, {items['ci95'][1]:+.4f}]" in row
+    assert f"[{hella['ci95'][0]:+.4f}, {hella['ci95'][1]:+.4f}]" in row
+    # a run scored on other items than its partner: a one-line error naming the file
+    write_items(tmp_path / "relu_seed2" / "hellaswag_items_00010.jsonl.gz", labels[:30], labels[:30], step=10)
+    with pytest.raises(SystemExit, match="relu_seed2/hellaswag_items_00010.jsonl.gz has 30 items"):
+        sweep.main(["--report-only", str(tmp_path)])
 
 
 def test_control_from_the_cli_and_a_plan(tmp_path, monkeypatch):
