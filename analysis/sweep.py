@@ -199,9 +199,10 @@ def parse_args(argv):
     if bad:
         p.error(f"variant/corpus names {', '.join(bad)} must be letters, digits, . _ + - (they name directories)")
     acts = [opts[opts.index("--act") + 1] for _, opts, _ in args.variants if "--act" in opts]
-    unknown = [a for a in acts if a not in activations.available()]
+    unknown = [a for a in acts if a not in activations.available() and activations.gate_activation(a) is None]
     if unknown:
-        p.error(f"unknown activation(s) {', '.join(unknown)}; choose from {', '.join(activations.available())}")
+        p.error(f"unknown activation(s) {', '.join(unknown)}; choose from {', '.join(activations.available())}, or a "
+                f"gated MLP: {', '.join(activations.GLU_NAMES)} or NAME{activations.GLU_SUFFIX}")
     labels = [label for label, _, _ in args.variants]
     if args.baseline and args.baseline not in labels:
         p.error(f"--baseline {args.baseline} is not one of --acts {','.join(labels)}")
