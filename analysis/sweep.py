@@ -4,6 +4,8 @@
         --out-dir runs/sweep --max-steps 300            # any further --key value goes to the trainer
     python -m analysis.sweep ... --nproc-per-node 8          # each run under torchrun
     python -m analysis.sweep --plan configs/sweep_translation_acts.toml --out-dir runs/translation_acts
+    python -m analysis.sweep --config configs/gpt2_cpu_tiny.toml --acts gelu,swiglu,aglu,aglu_glu --seeds 1,2,3 \
+        --out-dir runs/glu                                # gated MLPs (swiglu, NAME_glu) beside plain ones
     python -m analysis.sweep --report-only runs/sweep        # re-read the runs, rewrite the report(s)
     python -m analysis.sweep --report-only runs/sweep --target-diff 0.01   # seeds to detect 0.01 nats
     python -m analysis.sweep ... --control                   # with an A/A control, reported first
@@ -26,7 +28,8 @@ sweep directory) has mean ± sample std per variant of the final val loss (and H
 test BLEU where logged), and for each variant the paired difference to its baseline (--acts: the first, or
 --baseline) over the seeds both finished: mean, std, t = mean / (std/sqrt n), the 95% interval
 mean ± t_{0.975, n-1} std/sqrt(n), the difference those seeds detect with 80% power and the seeds
---target-diff (default: the observed difference) needs. Negative val-loss differences favour the variant.
+--target-diff (default: the observed difference) needs; and each variant's parameter count, flagged where it
+differs from its baseline's by more than 0.5%. Negative val-loss differences favour the variant.
 """
 import argparse
 import json
