@@ -208,3 +208,24 @@ def test_gated_translation_model_learns():
         opt.step()
         losses.append(loss.item())
     assert losses[0] > 2.5 and sum(losses[-10:]) / 10 < 0.5, (losses[0], losses[-10:])
+
+
+def test_translation_trainer_runs_a_gated_ffn(tmp_path):
+    """NSwish on the gate, per-token statistics, plain SiLU gate in the top FFN: the checkpoint and run.json say so."""
+    import train_translation
+    from test_parallel_data import write_corpus as write_parallel
+    from test_train_translation import args as translation_args
+
+    out = tmp_path / "run"
+    train_translation.main(translation_args(write_parallel(tmp_path / "corpus"), out, tmp_path / "spm", "--act",
+                                            "nswish_glu", "--max-steps", "4", "--test-at-end", "false"))
+    ckpt = load_checkpoint(out, kind="translation")
+    model = Transformer.from_checkpoint(ckpt)
+    ffn, top = model.encoder[0].ffn, model.encoder[-1].ffn
+    assert ckpt["model_config"]["act"] == "nswish_glu" and ffn.fc_up.out_features == 64  # 2/3 of ffn_dim 64 -> 64
+    assert (type(ffn.act).__name__, type(top.act).__name__) == ("NSwish", "SiLU")
+    params = json.loads((out / "run.json").read_text())["environment"]["params"]
+    assert params == model.param_counts() and params["mlp_per_layer"] == n_params(ffn)
+    telemetry = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+                 if "telemetry" in line][-1]["telemetry"]
+    assert all("product_sparsity" in layer for layer in telemetry["layers"])
