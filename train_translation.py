@@ -30,7 +30,7 @@ from eval.bleu import decode_cost, split_bleu, translate_and_score
 from training import distributed
 from training.checkpoint import load_checkpoint
 from training.config import ConfigError, EvalConfig, RunConfig, from_dict, run_cli, to_dict
-from training.loop import Evaluation, Parts, Trainer, no_sync_unless
+from training.loop import Evaluation, Parts, Trainer, no_sync_unless, param_line
 from training.precision import autocast_for
 from training.optimizer import adamw
 from training.schedule import inverse_sqrt
@@ -160,8 +160,9 @@ class TranslationTrainer(Trainer):
         return Parts(model=self.model, loader=self.loader, model_config=to_dict(mcfg),
                      optimizer=adamw(self.model, o.lr, o.weight_decay, o.betas, o.eps, d.device_type),
                      max_steps=o.max_steps or o.epochs * self.loader.steps_per_epoch(),
-                     mlp_shape=(cfg.data.max_tokens, mcfg.ffn_dim), batch_shapes=shapes,
-                     description=f"{self.model.num_params() / 1e6:.2f}M parameters | act {mcfg.act} (plain top "
+                     mlp_shape=(cfg.data.max_tokens, self.model.encoder[0].ffn.fc1.out_features),
+                     batch_shapes=shapes, params=self.model.param_counts(),
+                     description=f"{param_line(self.model.param_counts())} | act {mcfg.act} (plain top "
                                  f"{mcfg.plain_top_k}) | {mcfg.norm} {mcfg.enc_layers}-{mcfg.dec_layers} | vocab "
                                  f"{mcfg.vocab_size} | {len(train_ids[0])} train pairs (of {len(train_src)}, max len "
                                  f"{cfg.data.max_len}) | step: {step} | {self.loader.steps_per_epoch()} steps/epoch | "

@@ -4,6 +4,8 @@
         --out-dir runs/sweep --max-steps 300            # any further --key value goes to the trainer
     python -m analysis.sweep ... --nproc-per-node 8          # each run under torchrun
     python -m analysis.sweep --plan configs/sweep_translation_acts.toml --out-dir runs/translation_acts
+    python -m analysis.sweep --config configs/gpt2_cpu_tiny.toml --acts gelu,swiglu,aglu,aglu_glu --seeds 1,2,3 \
+        --out-dir runs/glu                                # gated MLPs (swiglu, NAME_glu) beside plain ones
     python -m analysis.sweep --report-only runs/sweep        # re-read the runs, rewrite the report(s)
     python -m analysis.sweep --report-only runs/sweep --target-diff 0.01   # seeds to detect 0.01 nats
     python -m analysis.sweep ... --control                   # with an A/A control, reported first
@@ -28,7 +30,8 @@ sweep directory) has mean ± sample std per variant of the final val loss (and H
 test BLEU where logged), and for each variant the paired difference to its baseline (--acts: the first, or
 --baseline) over the seeds both finished: mean, std, t = mean / (std/sqrt n), the 95% interval
 mean ± t_{0.975, n-1} std/sqrt(n), the difference those seeds detect with 80% power and the seeds
---target-diff (default: the observed difference) needs. Negative val-loss differences favour the variant.
+--target-diff (default: the observed difference) needs; and each variant's parameter count, flagged where it
+differs from its baseline's by more than 0.5%. Negative val-loss differences favour the variant.
 HellaSwag pairs also get the item-level interval of their difference, from the runs' final items files
 (train with --hellaswag-interval): another sample of items, beside the seeds' another seed of training.
 """
@@ -207,9 +210,10 @@ def parse_args(argv):
     if bad:
         p.error(f"variant/corpus names {', '.join(bad)} must be letters, digits, . _ + - (they name directories)")
     acts = [opts[opts.index("--act") + 1] for _, opts, _ in args.variants if "--act" in opts]
-    unknown = [a for a in acts if a not in activations.available()]
+    unknown = [a for a in acts if a not in activations.available() and activations.gate_activation(a) is None]
     if unknown:
-        p.error(f"unknown activation(s) {', '.join(unknown)}; choose from {', '.join(activations.available())}")
+        p.error(f"unknown activation(s) {', '.join(unknown)}; choose from {', '.join(activations.available())}, or a "
+                f"gated MLP: {', '.join(activations.GLU_NAMES)} or NAME{activations.GLU_SUFFIX}")
     labels = [label for label, _, _ in args.variants]
     if args.baseline and args.baseline not in labels:
         p.error(f"--baseline {args.baseline} is not one of --acts {','.join(labels)}")

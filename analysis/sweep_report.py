@@ -4,7 +4,9 @@ For every variant, mean ± sample std over seeds; for every variant against its 
 difference over the seeds both finished (mean, std, t, 95% interval) and its power: the smallest difference
 these seeds detect at 80% power and alpha 0.05, and the seeds a target difference needs (--target-diff for
 the final val loss, else the observed difference). A variant whose seed std is more than twice its
-baseline's is flagged. An A/A control (the baseline again with another init stream) is reported first: if
+baseline's is flagged. Each variant's parameter count (run.json's, from the model) is stated, and a variant
+whose count outside the embeddings differs from its baseline's by more than 0.5% is flagged: its comparison is
+then also one of model size (a gated MLP at the wrong width, say). An A/A control (the baseline again with another init stream) is reported first: if
 its interval excludes 0, identical settings differ "significantly" and no interval of the sweep can be trusted.
 For HellaSwag, where every run is scored on the same items, each pair also gets the item-level interval of its
 difference (from the final evaluation's items files, eval/hellaswag_items.py): the per-seed interval answers
@@ -28,6 +30,7 @@ METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_no
 UNITS = {"final_val": "nats", "hella_acc_norm": "acc_norm", "bleu": "BLEU", "test_bleu_greedy": "BLEU",
          "test_bleu_beam": "BLEU"}
 SPREAD_FLAG = 2.0  # a variant's seed std above this multiple of its baseline's gets flagged
+PARAM_FLAG = 0.005  # a variant whose non-embedding parameter count differs from its baseline's by more gets flagged
 
 
 def variant_of(run):
@@ -178,6 +181,24 @@ def kernel_paths(runs):
             for a, seeds in per.items()}
 
 
+def run_params(run):
+    """The parameter counts the trainer wrote into run.json ({"total", "non_embedding", "mlp_per_layer"}), or None."""
+    try:
+        return json.loads((run.path / "run.json").read_text())["environment"]["params"] or None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def param_flags(params, baselines):
+    """[(variant, its non-embedding count, its baseline's, relative difference)] beyond PARAM_FLAG."""
+    flags = []
+    for a, base in baselines.items():
+        mine, theirs = (params.get(v, {}).get("non_embedding") for v in (a, base))
+        if a != base and mine and theirs and abs(mine - theirs) > PARAM_FLAG * theirs:
+            flags.append((a, mine, theirs, mine / theirs - 1))
+    return flags
+
+
 def control_verdict(control, base, pairs, metrics):
     """(reliable: True/False/None, sentence) for the A/A control against its baseline."""
     intervals = [(name, pairs[k]) for k, name in metrics if pairs[k]["ci95"] is not None]
@@ -245,13 +266,20 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
             per["hella_acc_norm"]["item_level"] = item_interval(items, a, baselines[a])
     flags = spread_flags(per_act, baselines, metrics)
     paths = kernel_paths([r for r in done if variant_of(r) in rows])
+    params = {}
+    for run in done:
+        if variant_of(run) in rows and run_params(run):
+            params.setdefault(variant_of(run), run_params(run))
+    size_flags = param_flags(params, baselines)
     reliable, verdict = control_verdict(control, baselines[control], pairs[control], metrics) if control in pairs \
         else (None, None)
     result = {"baseline": baseline, "baselines": baselines, "acts": order, "unfinished": unfinished,
               "control": control, "control_reliable": reliable, "target_diff": target_diff,
               "runs": [summary(r) for r in runs], "per_act": per_act, "paired": pairs, "kernel_paths": paths,
               "spread_flags": [{"variant": a, "metric": k, "std": s, "baseline_std": b, "ratio": r}
-                               for a, k, s, b, r in flags]}
+                               for a, k, s, b, r in flags],
+              "params": params, "param_flags": [{"variant": a, "non_embedding": m, "baseline_non_embedding": b,
+                                                 "relative": r} for a, m, b, r in size_flags]}
 
     def pm(stat):
         if stat["mean"] is None:
@@ -268,6 +296,20 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
            markdown_table(["variant", "n", *[name for _, name in metrics]],
                           [[a, max((s["n"] for s in per_act[a].values()), default=0),
                             *[pm(per_act[a][k]) for k, _ in metrics]] for a in order]), ""]
+    if params:
+        md += ["Parameters per variant (run.json; outside embeddings: what an MLP's form changes):", "",
+               markdown_table(["variant", "parameters", "outside embeddings", "per MLP", "vs baseline"],
+                              [[a, f"{params[a]['total']:,}", f"{params[a]['non_embedding']:,}",
+                                f"{params[a]['mlp_per_layer']:,}",
+                                "-" if a == baselines[a] or baselines[a] not in params else
+                                f"{params[a]['non_embedding'] / params[baselines[a]]['non_embedding'] - 1:+.2%}"]
+                               for a in order if a in params]), ""]
+    for a, m, b, r in size_flags:
+        md += [f"- **{a} is not parameter-matched**: {m:,} parameters outside embeddings against {baselines[a]}'s "
+               f"{b:,} ({r:+.2%}, more than {PARAM_FLAG:.1%}); its difference also measures model size (for a "
+               "gated MLP, set glu_hidden to the width that matches)."]
+    if size_flags:
+        md.append("")
     for a, k, s, b, ratio in flags:
         md += [f"- **{a} needs more seeds**: its seed std of {dict(metrics)[k]} ({s:.4f}) is {ratio:.1f}x "
                f"{baselines[a]}'s ({b:.4f}); for the precision of the baseline's mean it needs about "

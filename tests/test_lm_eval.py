@@ -202,7 +202,7 @@ def test_bad_model_args(make_checkpoint):
         NanoactLM(checkpoint=str(make_checkpoint()), device="cpu", batch_size="auto")
 
 
-@pytest.mark.parametrize("act", ["gelu", "aglu"])  # a plain GPT2LMHeadModel, and remote code
+@pytest.mark.parametrize("act", ["gelu", "aglu", "swiglu"])  # a plain GPT2LMHeadModel, remote code, a gated MLP
 def test_export_runs_in_lm_evals_own_hf_model(make_checkpoint, hellaswag_file, gpt2_enc, tmp_path, offline, act):
     """`lm_eval --model hf --model_args pretrained=OUT,trust_remote_code=True` on an export with no other flag:
     the tokenizer comes from the export itself, and the scores are our adapter's on the checkpoint."""

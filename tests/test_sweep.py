@@ -22,10 +22,10 @@ FINAL = {("gelu", 1): 3.50, ("gelu", 2): 3.60, ("gelu", 3): 3.40,
          ("relu", 1): 3.55, ("relu", 2): 3.70, ("relu", 3): 3.38}
 
 
-def fake_run(path, act, seed, final, max_steps=10, stop_at=None, hella=None):
+def fake_run(path, act, seed, final, max_steps=10, stop_at=None, hella=None, params=None):
     log = RunLog(path)
     log.write_run_info({"model": {"act": act}, "optim": {"max_steps": max_steps, "total_batch_size": 64},
-                        "run": {"seed": seed}}, {})
+                        "run": {"seed": seed}}, {"params": params} if params else {})
     for step in range(0, (max_steps if stop_at is None else stop_at) + 1):
         if step < max_steps:
             log.record(step, kind="train", loss=5.0 - step / 10, tok_per_s=100.0, tokens=(step + 1) * 64)
@@ -504,3 +504,47 @@ def test_later_seeds_reuse_the_first_seeds_kernel_path_and_the_report_names_it(t
     with pytest.raises(SystemExit):
         sweep.parse_args(["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "o",
                           "--kernels-from", "x"])
+
+
+def test_report_states_parameters_and_flags_arms_that_are_not_matched(tmp_path):
+    """run.json's parameter counts per arm; an arm off its baseline's non-embedding count by > 0.5% is flagged."""
+    counts = {"gelu": 1_000_000, "swiglu": 1_004_000, "wide_glu": 1_006_000}  # +0.4%: matched; +0.6%: not
+    for label, n in counts.items():
+        for seed in (1, 2):
+            fake_run(tmp_path / f"{label}_seed{seed}", label, seed, 3.0 + seed / 10,
+                     params={"total": n + 50_000, "non_embedding": n, "mlp_per_layer": n // 10})
+    text = sweep.report(tmp_path, acts=list(counts))
+    result = json.loads((tmp_path / "sweep.json").read_text())
+    assert result["params"]["swiglu"] == {"total": 1_054_000, "non_embedding": 1_004_000, "mlp_per_layer": 100_400}
+    assert [(f["variant"], round(f["relative"], 6)) for f in result["param_flags"]] == [("wide_glu", 0.006)]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| swiglu ")]
+    assert ["swiglu", "1,054,000", "1,004,000", "100,400", "+0.40%"] in rows
+    assert "**wide_glu is not parameter-matched**: 1,006,000 parameters outside embeddings against gelu's 1,000,000 " \
+           "(+0.60%, more than 0.5%)" in text and "swiglu is not" not in text
+
+
+def test_gated_names_sweep_with_the_plain_ones():
+    args, _ = sweep.parse_args(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,swiglu,aglu,aglu_glu",
+                                "--seeds", "1", "--out-dir", "x"])
+    assert args.acts == ["gelu", "swiglu", "aglu", "aglu_glu"] and args.baseline == "gelu"
+
+
+@pytest.mark.parametrize("plan, config", [("configs/sweep_gpt2_glu.toml", "configs/gpt2_124m.toml"),
+                                          ("configs/sweep_gpt2_glu_cpu.toml", "configs/gpt2_cpu_study.toml")])
+def test_shipped_glu_plans_match_parameters(plan, config):
+    """Both plans: ten arms, plain and gated, whose models have MLPs of equal size within 0.5% of gelu's."""
+    from analysis.sweep import options  # noqa: F401  (the plan's tables are trainer options)
+    from model import MLP, GPTConfig
+    from training.config import load_config
+
+    import train_gpt2
+
+    args, _ = sweep.parse_args(["--plan", plan, "--out-dir", "x"])
+    assert args.config == config and len(args.variants) == 10
+    sizes = {}
+    for label, opts, _ in args.variants:
+        cfg = load_config(train_gpt2.TrainConfig, ["--config", config, *opts])
+        sizes[label] = sum(p.numel() for p in MLP(cfg.model, 0).parameters())
+    assert {label for label, _, _ in args.variants} >= {"gelu", "swiglu", "relu2", "relu2_glu", "aglu", "aglu_glu",
+                                                        "nswish", "nswish_glu"}
+    assert all(abs(n / sizes["gelu"] - 1) < 0.005 for n in sizes.values()), sizes

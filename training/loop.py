@@ -69,6 +69,7 @@ class Parts:
     description: str  # the trainer's part of the first stdout line (model size, data)
     origin: str = "starting from scratch"  # or which weights the model was initialised from
     batch_shapes: int | None = 1  # distinct batch shapes, each compiled once; None: free (compiled dynamic)
+    params: dict = field(default_factory=dict)  # parameter counts (the model's param_counts()), for run.json
 
 
 @dataclass
@@ -93,6 +94,12 @@ class Run:
     started: float = field(default_factory=time.time)
     first_step_done: tuple | None = None  # (time, step) after the first, compiling, step: the ETA's origin
     kernels: dict = field(default_factory=dict)  # the activation kernel decisions, kept in checkpoints for a resume
+
+
+def param_line(counts):
+    """The start line's model size, e.g. 124.49M parameters (85.07M outside embeddings, 4.723M per MLP)."""
+    return (f"{counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M outside embeddings, "
+            f"{counts['mlp_per_layer'] / 1e6:.3f}M per MLP)")
 
 
 class Trainer:
@@ -167,7 +174,7 @@ class Trainer:
             log = RunLog(run_cfg.out_dir, d.master, resume_step=start if ckpt else None,
                          tensorboard=run_cfg.tensorboard, wandb_project=run_cfg.wandb_project,
                          wandb_run_name=run_cfg.wandb_run_name)
-            log.write_run_info(to_dict(cfg), {**environment(d), "decisions": decisions})
+            log.write_run_info(to_dict(cfg), {**environment(d), "decisions": decisions, "params": parts.params})
             if d.master:
                 if d.restart:
                     print(runlog.restart_line(d.restart, ckpt and ckpt["path"], start), flush=True)
