@@ -16,6 +16,10 @@ next_batch() call after reset() on rank r returns row i = s_(n*B*W + r*B + i) fo
 W = world_size. One step's batches of all ranks are thus B*W consecutive sequences, disjoint
 between ranks, and a whole epoch is covered with each sequence used once.
 
+Start-up checks every shard (format, size, largest token id) without reading it whole once its
+statistics are known: data/fineweb.py records them in manifest.json, and shards from elsewhere are read
+once and recorded beside them (data/shard_stats.py).
+
 state_dict() is that position in the stream (epoch, index into the epoch's shard order, index
 into the shard's window order) plus what gives the stream its meaning (seed, shuffle, T, the shard
 names and sizes), all plain ints/lists/strings. Restoring recomputes the permutations from the seed
@@ -29,6 +33,7 @@ import numpy as np
 import torch
 
 from data.fineweb import EXPECTED, PREPARE_AGAIN
+from data import shard_stats
 from data.shard_formats import find_shards, read_tokens, shard_patterns
 from data.tokenizer import VOCAB_SIZE
 
@@ -48,8 +53,10 @@ class ShardLoader:
             raise FileNotFoundError(f"{problem}; prepare the shards with `python data/fineweb.py --out {data_dir}` "
                                     "(add --input FILES for local text)")
         recorded = _check_manifest(data_dir, split)
+        cache, new = shard_stats.cached(data_dir), {}
         self.names = [p.name for p in paths]
-        self.shards = [_open_shard(p, T, vocab_size, recorded.get(p.name)) for p in paths]
+        self.shards = [_open_shard(p, T, vocab_size, recorded.get(p.name), cache.get(p.name), new) for p in paths]
+        shard_stats.remember(data_dir, new)
         self.n_windows = [(len(s) - 1) // T for s in self.shards]
         self._perm_key, self._perm = None, None
         self.reset()
@@ -115,13 +122,14 @@ class ShardLoader:
 
 def _check_manifest(data_dir, split):
     """Refuse a directory whose preparation was interrupted or whose shards are missing: training would
-    silently see part of the data. Returns {shard file: tokens} of the split as data/fineweb.py recorded them."""
+    silently see part of the data. Returns {shard file: its entry} of the split as data/fineweb.py recorded them
+    (tokens; and max_token and fingerprint since data/shard_stats.py)."""
     path = data_dir / "manifest.json"
     if not path.exists():
         return {}
     try:
         manifest = json.loads(path.read_text())
-        recorded = {s["file"]: s["tokens"] for s in manifest["shards"] if s["split"] == split}
+        recorded = {s["file"]: s for s in manifest["shards"] if s["split"] == split}
     except (ValueError, TypeError, KeyError):
         raise ValueError(f"{path}: not a manifest written by data/fineweb.py; {PREPARE_AGAIN}") from None
     if not manifest.get("finished", False):
@@ -133,18 +141,26 @@ def _check_manifest(data_dir, split):
     return recorded
 
 
-def _open_shard(path, T, vocab_size, recorded_tokens=None):
-    """Memory-map one shard after checking it can feed the model: uint16, 1-D, >= T+1 tokens, ids < vocab."""
+def _open_shard(path, T, vocab_size, listed, cached, new):
+    """Memory-map one shard after checking it can feed the model: uint16, 1-D, >= T+1 tokens, ids < vocab.
+    The largest id comes from its manifest.json entry (`listed`) or an earlier start's record (`cached`) when
+    that entry's fingerprint matches the file (data/shard_stats.py); otherwise the shard is read whole, once,
+    and its entry added to `new` for the next start."""
     tokens = read_tokens(path)
-    if recorded_tokens is not None and tokens.size != recorded_tokens:
-        raise ValueError(f"{path}: {tokens.size:,} tokens but manifest.json records {recorded_tokens:,}; "
+    if listed is not None and tokens.size != listed["tokens"]:
+        raise ValueError(f"{path}: {tokens.size:,} tokens but manifest.json records {listed['tokens']:,}; "
                          f"{PREPARE_AGAIN}")
     if tokens.size == 0:
         raise ValueError(f"{path}: empty shard (0 tokens); {PREPARE_AGAIN}")
     if tokens.size < T + 1:
         raise ValueError(f"{path}: {tokens.size} tokens, fewer than seq_len + 1 = {T + 1}; lower seq_len, "
                          "or prepare bigger shards (data/fineweb.py --shard-size)")
-    top = int(tokens.max())  # reads the whole shard once, so a bad file fails at start-up, not hours in
+    known = shard_stats.trusted(path, listed) or shard_stats.trusted(path, cached)
+    if known is None or known["tokens"] != tokens.size:
+        top = int(tokens.max())  # reads the whole shard, once: a bad file fails at start-up, not hours in
+        new[path.name] = shard_stats.record(path, tokens.size, top)
+    else:
+        top = known["max_token"]
     if top >= vocab_size:
         raise ValueError(f"{path}: token id {top} >= the model's vocab_size {vocab_size}; {EXPECTED}; "
                          f"{PREPARE_AGAIN}")

@@ -393,3 +393,76 @@ def test_atomic_file_replaces_whole_or_not_at_all(tmp_path, durable):
     (tmp_path / ".hidden.tmpfile").write_text("not ours")
     remove_temporaries(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden.tmpfile", "f.json"]
+
+
+# ---- start-up reads no shard whole once its statistics are known (data/shard_stats.py)
+
+@pytest.fixture
+def max_calls(monkeypatch):
+    """Every whole-shard read of start-up (np.memmap.max: shards are memory-mapped), counted."""
+    calls = []
+    real = np.memmap.max
+    monkeypatch.setattr(np.memmap, "max", lambda self, *a, **k: calls.append(self.filename) or real(self, *a, **k))
+    return calls
+
+
+def test_a_manifest_start_reads_no_shard_whole(fineweb, tmp_path, max_calls):
+    good = tmp_path / "good.txt"
+    good.write_text("a small document " * 25000)
+    out = tmp_path / "shards"
+    prep(fineweb, [good], out, "--shard-size", "20000", "--max-tokens", "60000")  # 40 kB shards: sampled blocks
+    m, arrays = read_shards(out)
+    assert [(s["tokens"], s["max_token"]) for s in m["shards"]] == [(len(a), int(a.max())) for a in arrays]
+    assert all(s["fingerprint"].startswith(f"{(out / s['file']).stat().st_size}:") for s in m["shards"])
+    loader = ShardLoader(out, "train", B=2, T=8)
+    ShardLoader(out, "val", B=2, T=8).next_batch()
+    assert loader.next_batch()[0].shape == (2, 8) and max_calls == []
+    assert not (out / ".nanoact_shard_stats.json").exists()  # nothing to remember: the manifest knew it all
+
+    shard = out / "local_train_000001.npy"
+    tokens = np.load(shard)
+    tokens[0] = tokens[1]  # same size, other content: the fingerprint differs, so the shard is read again
+    np.save(shard, tokens)
+    ShardLoader(out, "train", B=2, T=8)
+    assert [Path(f).name for f in max_calls] == ["local_train_000001.npy"]
+    ShardLoader(out, "train", B=2, T=8)  # ... once: its new statistics are remembered beside it
+    assert len(max_calls) == 1
+    tokens[0] = 50257
+    np.save(shard, tokens)
+    with pytest.raises(ValueError, match="local_train_000001.npy: token id 50257 >= the model's vocab_size 50257"):
+        ShardLoader(out, "train", B=2, T=8)
+
+
+def test_foreign_shards_are_read_once_and_a_bad_one_still_fails(tmp_path, max_calls):
+    from tests.test_shard_formats import write_build_nanogpt, write_llmc
+    write_build_nanogpt(tmp_path, "train", 1, np.arange(100, 200))
+    write_llmc(tmp_path / "edu_fineweb_train_000002.bin", np.arange(200, 300))
+    (tmp_path / "train.bin").write_bytes(np.arange(300, 400, dtype=np.uint16).tobytes())
+    first = ShardLoader(tmp_path, "train", B=2, T=8, shuffle=False)
+    assert len(max_calls) == 3
+    again = ShardLoader(tmp_path, "train", B=2, T=8, shuffle=False)
+    assert len(max_calls) == 3 and again.state_dict() == first.state_dict()
+    assert torch.equal(first.next_batch()[0], again.next_batch()[0])
+    write_llmc(tmp_path / "edu_fineweb_train_000002.bin", [*range(200, 299), 60000])  # same size, a bad id
+    with pytest.raises(ValueError, match=r"edu_fineweb_train_000002.bin: token id 60000 >= the model's vocab_size"):
+        ShardLoader(tmp_path, "train", B=2, T=8)
+    assert [Path(f).name for f in max_calls[3:]] == ["edu_fineweb_train_000002.bin"]
+
+
+def test_a_read_only_shard_directory_keeps_its_statistics_in_the_cache(tmp_path, monkeypatch, max_calls):
+    from data import shard_stats
+    data, cache = write_shards(tmp_path / "data", [100, 120]), tmp_path / "cache"
+    monkeypatch.setenv("NANOACT_CACHE", str(cache))
+    real = shard_stats.atomic_file
+
+    def read_only(path, *args, **kwargs):
+        if Path(path).parent == data:
+            raise PermissionError(13, "Permission denied")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(shard_stats, "atomic_file", read_only)
+    ShardLoader(data, "train", B=2, T=8)
+    assert len(max_calls) == 2 and [p.name for p in data.iterdir()] != [] and not (data / shard_stats.SIDECAR).exists()
+    assert len(list((cache / "shards").glob("*.json"))) == 1
+    ShardLoader(data, "train", B=2, T=8)
+    assert len(max_calls) == 2
