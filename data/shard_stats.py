@@ -10,8 +10,10 @@ a hash of a few sampled blocks, some KiB) and trusted while the fingerprint matc
   their records kept in .nanoact_shard_stats.json beside them, or, where that directory is read-only, in
   $NANOACT_CACHE/shards/ (default ~/.cache/nanoact).
 
-A fingerprint samples the file: a shard rewritten in place with the same size and the same sampled blocks would
-be trusted; anything that rewrites whole shards (a new preparation, a truncated copy) changes it.
+Start-up trusts a record whose size matches the file (a stat: data/loader.py reads nothing of a 100-shard
+corpus); the loader compares the rest of the fingerprint when it first opens the shard. A fingerprint samples
+the file: a shard rewritten in place with the same size and the same sampled blocks would be trusted; a new
+preparation, a truncated or another copy changes it.
 """
 import hashlib
 import json
@@ -43,11 +45,21 @@ def record(path, tokens, max_token):
     return {"tokens": int(tokens), "max_token": int(max_token), "fingerprint": fingerprint(path)}
 
 
+def complete(entry):
+    return bool(entry) and "max_token" in entry and "fingerprint" in entry
+
+
+def recorded_size(path, entry):
+    """The entry (manifest or cache) when it records a file of this one's byte size (a stat, no read), else None.
+    Start-up trusts it; the loader compares the whole fingerprint when it first opens the shard."""
+    if complete(entry) and entry["fingerprint"].split(":")[0] == str(Path(path).stat().st_size):
+        return entry
+    return None
+
+
 def trusted(path, entry):
-    """The entry (manifest or cache) when it records this very file, else None (the shard must be read)."""
-    if not entry or "max_token" not in entry or "fingerprint" not in entry:
-        return None
-    return entry if entry["fingerprint"] == fingerprint(path) else None
+    """True when the entry records this very file: the same fingerprint."""
+    return complete(entry) and entry["fingerprint"] == fingerprint(path)
 
 
 def _user_cache(data_dir):

@@ -406,7 +406,7 @@ def max_calls(monkeypatch):
     return calls
 
 
-def test_a_manifest_start_reads_no_shard_whole(fineweb, tmp_path, max_calls):
+def test_a_manifest_start_reads_no_shard_whole(fineweb, tmp_path, max_calls, monkeypatch):
     good = tmp_path / "good.txt"
     good.write_text("a small document " * 25000)
     out = tmp_path / "shards"
@@ -414,22 +414,30 @@ def test_a_manifest_start_reads_no_shard_whole(fineweb, tmp_path, max_calls):
     m, arrays = read_shards(out)
     assert [(s["tokens"], s["max_token"]) for s in m["shards"]] == [(len(a), int(a.max())) for a in arrays]
     assert all(s["fingerprint"].startswith(f"{(out / s['file']).stat().st_size}:") for s in m["shards"])
-    loader = ShardLoader(out, "train", B=2, T=8)
-    ShardLoader(out, "val", B=2, T=8).next_batch()
-    assert loader.next_batch()[0].shape == (2, 8) and max_calls == []
-    assert not (out / ".nanoact_shard_stats.json").exists()  # nothing to remember: the manifest knew it all
+    import data.loader
+    opened, real_read = [], data.loader.read_tokens
+    monkeypatch.setattr(data.loader, "read_tokens", lambda path: opened.append(path.name) or real_read(path))
+    loader = ShardLoader(out, "train", B=2, T=8, shuffle=False)
+    assert opened == [] and loader.state_dict()["shards"] == [["local_train_000001.npy", 20000],
+                                                              ["local_train_000002.npy", 20000]]
+    assert loader.next_batch()[0].shape == (2, 8) and opened == ["local_train_000001.npy"]  # opened when first used
+    assert max_calls == [] and not (out / ".nanoact_shard_stats.json").exists()  # the manifest knew it all
 
     shard = out / "local_train_000001.npy"
     tokens = np.load(shard)
-    tokens[0] = tokens[1]  # same size, other content: the fingerprint differs, so the shard is read again
+    tokens[0] = tokens[1]  # same size, other content: the fingerprint differs, so the shard is read when opened
     np.save(shard, tokens)
-    ShardLoader(out, "train", B=2, T=8)
+    ShardLoader(out, "train", B=2, T=8, shuffle=False).next_batch()
     assert [Path(f).name for f in max_calls] == ["local_train_000001.npy"]
-    ShardLoader(out, "train", B=2, T=8)  # ... once: its new statistics are remembered beside it
+    ShardLoader(out, "train", B=2, T=8, shuffle=False).next_batch()  # ... once: its new record is kept beside it
     assert len(max_calls) == 1
     tokens[0] = 50257
     np.save(shard, tokens)
+    loader = ShardLoader(out, "train", B=2, T=8, shuffle=False)
     with pytest.raises(ValueError, match="local_train_000001.npy: token id 50257 >= the model's vocab_size 50257"):
+        loader.next_batch()  # before any of its tokens are used
+    np.save(shard, tokens[:-1])  # another size: the record does not count, start-up reads it
+    with pytest.raises(ValueError, match="local_train_000001.npy: 19,999 tokens but manifest.json records 20,000"):
         ShardLoader(out, "train", B=2, T=8)
 
 
@@ -441,12 +449,16 @@ def test_foreign_shards_are_read_once_and_a_bad_one_still_fails(tmp_path, max_ca
     first = ShardLoader(tmp_path, "train", B=2, T=8, shuffle=False)
     assert len(max_calls) == 3
     again = ShardLoader(tmp_path, "train", B=2, T=8, shuffle=False)
-    assert len(max_calls) == 3 and again.state_dict() == first.state_dict()
-    assert torch.equal(first.next_batch()[0], again.next_batch()[0])
+    assert again.state_dict() == first.state_dict()
+    assert [again.next_batch()[0].tolist() for _ in range(18)] == [first.next_batch()[0].tolist() for _ in range(18)]
+    assert len(max_calls) == 3  # 18 batches of 2 go through all 36 windows: every shard opened, none read again
     write_llmc(tmp_path / "edu_fineweb_train_000002.bin", [*range(200, 299), 60000])  # same size, a bad id
+    loader = ShardLoader(tmp_path, "train", B=2, T=8, shuffle=False)  # edu_fineweb_train_000002.bin comes first
     with pytest.raises(ValueError, match=r"edu_fineweb_train_000002.bin: token id 60000 >= the model's vocab_size"):
-        ShardLoader(tmp_path, "train", B=2, T=8)
-    assert [Path(f).name for f in max_calls[3:]] == ["edu_fineweb_train_000002.bin"]
+        loader.next_batch()
+    write_llmc(tmp_path / "edu_fineweb_train_000002.bin", [*range(200, 300), 60000])  # another size: at start-up
+    with pytest.raises(ValueError, match=r"edu_fineweb_train_000002.bin: token id 60000 >= the model's vocab_size"):
+        ShardLoader(tmp_path, "train", B=2, T=8, shuffle=False)
 
 
 def test_a_read_only_shard_directory_keeps_its_statistics_in_the_cache(tmp_path, monkeypatch, max_calls):
