@@ -76,6 +76,7 @@ def main():
         pool.mkdir()
         t0 = time.perf_counter()
         entries = write_pool(pool, sizes[-1], tokens)
+        os.sync()  # the disk's write-back of the new shards would otherwise slow the reads timed next
         print(f"wrote {sizes[-1]} shards of {tokens:,} tokens ({sizes[-1] * 2 * tokens / 1e9:.1f} GB) in "
               f"{time.perf_counter() - t0:.0f} s to {root} | {platform.processor() or platform.machine()}, "
               f"{os.cpu_count()} CPUs, torch {torch.__version__}")
