@@ -74,7 +74,21 @@ def test_quick_runs_what_decides_safety_and_says_how_long():
     names, line = gpu_check.plan(gpu_check.SECTIONS, True, lambda n: True)
     assert names == ["kernels", "resume", "hellaswag"] and line.endswith("at most 3 min 15 s in all")
     names, line = gpu_check.plan(gpu_check.SECTIONS, False, lambda n: n != "ddp")  # one GPU
-    assert len(names) == 8 and line.endswith("at most 10 min 45 s in all") and "ddp" not in line
+    assert len(names) == 8 and line.endswith("at most 11 min 45 s in all") and "ddp" not in line
+
+
+def test_a_child_past_its_sections_bound_is_stopped(tmp_path):
+    import time
+
+    from bench import gpu_check
+
+    ctx = SimpleNamespace(bound=1, deadline=time.time() + 1)
+    t0 = time.time()
+    with pytest.raises(gpu_check.OverBound, match="did not finish within the section's 1 s bound; stopped"):
+        gpu_check.run(ctx, [sys.executable, "-c", "import time; time.sleep(60)"])
+    assert time.time() - t0 < 10
+    with pytest.raises(gpu_check.OverBound, match="the section's 1 s bound was spent before it finished"):
+        gpu_check.run(ctx, [sys.executable, "-c", "pass"])  # nothing starts once the bound is spent
 
 
 @pytest.fixture
