@@ -46,6 +46,7 @@ def record(path, tokens, max_token):
 
 
 def complete(entry):
+    """An entry with what start-up needs (manifests written before data/shard_stats.py lack it)."""
     return bool(entry) and "max_token" in entry and "fingerprint" in entry
 
 

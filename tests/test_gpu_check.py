@@ -1,5 +1,7 @@
 """bench/gpu_check.py on a machine without a GPU (CI): it runs what applies (every kernel against the PyTorch path,
-in Triton's interpreter), lists what it skipped, writes its JSON and markdown, and exits 0."""
+in Triton's interpreter), lists what it skipped, writes its JSON and markdown, and exits 0. On simulated GPUs
+(training/hardware.py's Platform, as in tests/test_hardware.py): the dtypes it checks, and the step section's
+rows for the path a run takes (selfcheck.select()'s decision) beside the forced kernel and PyTorch paths."""
 import json
 import os
 import subprocess
