@@ -9,7 +9,7 @@ DDP. For each kernel family of the model (aglu, apa, nswish, nrelu, their per-in
   2. a recorded decision (the checkpoint being resumed, or --kernels-from: a sweep's first seed of the arm)
      made under this run's key: reused as it is, nothing checked or timed. Under another key: one line
      saying what changed, then 3;
-  3. the verdict cached on disk for this key (--kernel-cache, else $NANOACT_CACHE_DIR, $XDG_CACHE_HOME/nanoact
+  3. the verdict cached on disk for this key (--kernel-cache, else $NANOACT_CACHE, $XDG_CACHE_HOME/nanoact
      or ~/.cache/nanoact): reused without a probe; a cached "no" is printed as such, with its date.
      --kernel-reprobe ignores verdicts written before this run started, and recorded decisions;
   4. a child process (multiprocessing spawn: its own CUDA context) runs selfcheck.probe: the check, then both
@@ -129,7 +129,7 @@ def run_child(work, args, timeout):
 
 # ---------------------------------------------------------------- the verdict cache
 def cache_dir(option=None):
-    base = option or os.environ.get("NANOACT_CACHE_DIR") or \
+    base = option or os.environ.get("NANOACT_CACHE") or \
         Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nanoact"
     return Path(base) / "kernels"
 

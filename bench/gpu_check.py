@@ -14,7 +14,7 @@ and hellaswag (300 items):
                   fwd+bwd time of each activation and path, eager and compiled, against compiled GELU at 65536 x 3072
     train_step    bench/train_step.py: the plain reference GPT-2 against nanoact gelu, aglu, nswish, 124M, compiled,
                   B=64 T=1024 when memory allows: ms/step, tok/s, MFU, peak memory, ratios, from one run. aglu and
-                  nswish on the path a run takes (the trainers' selfcheck.select() decision, with its reason) and
+                  nswish on the path a run takes (the trainers' policy.select() decision, with its reason) and
                   on the kernel and the PyTorch path forced, each labelled
     loss_chunks   --loss-chunks 8 against the plain loss (loss and gradients) and the peak memory of each
     attention     each SDPA backend (--attention-backend), eager, and each --compile-mode: which run, how fast
@@ -52,7 +52,7 @@ if not torch.cuda.is_available():  # before triton's first import: the kernels t
 ROOT = Path(__file__).resolve().parents[1]
 
 import activations  # noqa: E402
-from activations import selfcheck  # noqa: E402
+from activations import policy, selfcheck  # noqa: E402
 from activations.impl import kernels  # noqa: E402
 from training.config import ConfigError  # noqa: E402
 from training.hardware import choose_compile, choose_precision, detect  # noqa: E402
@@ -199,8 +199,9 @@ def time_activations(ctx):
 
 def trainer_choice(model, mlp_shape, ctx):
     """The kernel-or-PyTorch decision a run takes on this GPU: training/loop.py's call, made before compile with
-    the run's platform, precision and compile choice (the one place this script asks; follow the trainers)."""
-    return selfcheck.select(model, mlp_shape, ctx.platform, ctx.device, PRECISIONS[ctx.precision], ctx.compile)
+    the run's platform, precision and compile choice (the one place this script asks; follow the trainers): the
+    verdict cached for this GPU, or a probe in a child process, exactly as the run's first start would take it."""
+    return policy.select(model, mlp_shape, ctx.platform, ctx.device, PRECISIONS[ctx.precision], ctx.compile)
 
 
 def step_contenders(ctx, preset, batch, seq):

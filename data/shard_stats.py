@@ -17,10 +17,9 @@ preparation, a truncated or another copy changes it.
 """
 import hashlib
 import json
-import os
 from pathlib import Path
 
-from data.files import atomic_file
+from data.files import atomic_file, cache_root
 
 BLOCK, BLOCKS = 4096, 8  # 32 KiB read per shard: the first and last block and six between
 SIDECAR = ".nanoact_shard_stats.json"
@@ -64,9 +63,8 @@ def trusted(path, entry):
 
 
 def _user_cache(data_dir):
-    root = Path(os.environ.get("NANOACT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "nanoact")
     key = hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:16]
-    return root.expanduser() / "shards" / f"{key}.json"
+    return cache_root().expanduser() / "shards" / f"{key}.json"
 
 
 def cached(data_dir):

@@ -29,7 +29,6 @@ import argparse
 import hashlib
 import itertools
 import json
-import os
 import re
 import sys
 import time
@@ -45,7 +44,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from data import DataError
-from data.files import atomic_file
+from data.files import atomic_file, cache_root
 from data.tokenizer import TokenizerError, gpt2_tokenizer
 from eval import hellaswag_items
 from eval.scoring import block_size_of, bucket, pack_rows, row_length, score_batch
@@ -61,13 +60,9 @@ SCORINGS = ("completion", "lm_eval")
 
 
 
-def cache_dir():
-    return Path(os.environ.get("NANOACT_CACHE") or Path.home() / ".cache" / "nanoact")
-
-
 def download(url=URL):
     """The validation jsonl, fetched once into the cache (atomically, so concurrent ranks are safe)."""
-    path = cache_dir() / "hellaswag_val.jsonl"
+    path = cache_root() / "hellaswag_val.jsonl"
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,7 +169,7 @@ def token_cache_file(data_path, enc, limit, scorings):
     digest = hashlib.sha256(Path(data_path).read_bytes()).hexdigest()[:24]
     tokenizer = f"{enc.name}-tiktoken{tiktoken.__version__}"
     name = f"v{TOKEN_CACHE_VERSION}_{digest}_{tokenizer}_{limit or 'all'}_{'+'.join(scorings)}"
-    return cache_dir() / "hellaswag_tokens" / f"{name}.npz"
+    return cache_root() / "hellaswag_tokens" / f"{name}.npz"
 
 
 def save_requests(path, requests):

@@ -1,7 +1,7 @@
 """bench/gpu_check.py on a machine without a GPU (CI): it runs what applies (every kernel against the PyTorch path,
 in Triton's interpreter), lists what it skipped, writes its JSON and markdown, and exits 0. On simulated GPUs
 (training/hardware.py's Platform, as in tests/test_hardware.py): the dtypes it checks, and the step section's
-rows for the path a run takes (selfcheck.select()'s decision) beside the forced kernel and PyTorch paths."""
+rows for the path a run takes (activations/policy.select()'s decision) beside the forced kernel and PyTorch paths."""
 import json
 import os
 import subprocess
@@ -114,18 +114,23 @@ def fake_train_step(monkeypatch):
 
 @pytest.mark.parametrize("faster", ["triton", "torch"])
 def test_the_step_section_times_the_path_a_run_takes(tmp_path, monkeypatch, fake_train_step, faster):
-    """A simulated H100 (kernels in Triton's interpreter on CPU tensors): the section asks select() what the
-    trainers ask, at the step's MLP shape, dtype and compile choice; the run's row is labelled with that decision,
-    beside the kernel and the PyTorch path forced."""
+    """A simulated H100 (kernels in Triton's interpreter on CPU tensors): the section asks policy.select() what the
+    trainers ask, at the step's MLP shape, dtype and compile choice (its child runs tests/probe_work.py's timings);
+    the run's row is labelled with that decision, beside the kernel and the PyTorch path forced."""
     pytest.importorskip("triton")
-    from activations import impl, selfcheck
+    import probe_work
+    from activations import impl, policy, selfcheck
     from bench import gpu_check
 
     monkeypatch.setattr(impl, "KERNEL_DEVICES", ("cuda", "cpu"))
-    asked = []
-    ms = {"triton": 1.0, "torch": 2.0} if faster == "triton" else {"triton": 2.0, "torch": 1.0}
-    monkeypatch.setattr(selfcheck, "time_paths", lambda module, shape, device, dtype, compiled:
-                        asked.append((shape, dtype, compiled)) or dict(ms))
+    monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "cache"))
+    work = probe_work.kernel_faster if faster == "triton" else probe_work.kernel_slower
+    ms = work(None, None, None, None, None, None)
+    monkeypatch.setattr(selfcheck, "probe", work)  # what policy.select hands its child
+    asked, select = [], policy.select
+    monkeypatch.setattr(policy, "select", lambda model, shape, platform, device, dtype, compiled, *a, **k:
+                        asked.append((shape, dtype, compiled)) or select(model, shape, platform, device, dtype,
+                                                                         compiled, *a, **k))
     ctx = SimpleNamespace(device="cpu", platform=H100, smoke=True, out=tmp_path, precision="bfloat16", compile=True)
     ok, fig = gpu_check.check_train_step(ctx)
     assert ok and asked == [((2 * 64, 4 * 128), torch.bfloat16, True)] * 2  # tiny preset, B=2, T=64

@@ -28,7 +28,7 @@ def children(monkeypatch, tmp_path):
     """"auto" considers CPU tensors, no decision yet, an empty verdict cache; returns the list of child launches."""
     monkeypatch.setattr(impl, "KERNEL_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(impl, "TRUSTED", {})
-    monkeypatch.setenv("NANOACT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "cache"))
     launched = []
     real = policy.run_child
     monkeypatch.setattr(policy, "run_child", lambda work, *a: launched.append(work.__name__) or real(work, *a))
@@ -116,7 +116,7 @@ def test_a_recorded_decision_is_reused_until_its_key_changes(children, capsys, t
     the cache read); on another GPU the run decides again and says why in one line."""
     _, recorded = decide(work=probe_work.kernel_faster)
     capsys.readouterr()
-    monkeypatch.setenv("NANOACT_CACHE_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "empty"))
     model, reused = decide(work=probe_work.raising, recorded=recorded)
     assert children == ["kernel_faster"] and model[0].impl == "triton"
     assert reused["aglu"] == {**recorded["aglu"], "source": "recorded"}
@@ -148,7 +148,7 @@ def test_resume_and_later_seeds_reuse_the_recorded_decision(children, monkeypatc
     assert "impl" not in ckpt["model_config"]["act_kwargs"]
 
     monkeypatch.setattr(selfcheck, "probe", probe_work.raising)  # a probe now would say no
-    monkeypatch.setenv("NANOACT_CACHE_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "empty"))
     for name, extra in (("resumed", {}), ("other_impl", {"act_kwargs": '{"impl": "torch"}'})):
         shutil.copytree(tmp_path / "full", tmp_path / name, ignore=shutil.ignore_patterns("*00008*"))
         train_in_process(args(data, tmp_path / name, act="aglu", resume="true", **extra))

@@ -36,7 +36,7 @@ def auto_on_cpu(monkeypatch, tmp_path):
     cache."""
     monkeypatch.setattr(impl, "KERNEL_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(impl, "TRUSTED", {})
-    monkeypatch.setenv("NANOACT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.fixture

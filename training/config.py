@@ -211,7 +211,7 @@ class RunConfig:
     checkpoint_interval: int = 1000
     keep_checkpoints: int = 3
     dist_timeout: float = 600.0  # seconds a collective may wait for the other ranks before the run stops naming them
-    # the activation kernels' verdicts (activations/policy.py); "": $NANOACT_CACHE_DIR, else $XDG_CACHE_HOME/nanoact
+    # the activation kernels' verdicts (activations/policy.py); "": $NANOACT_CACHE, else $XDG_CACHE_HOME/nanoact
     # or ~/.cache/nanoact
     kernel_cache: str = ""
     kernel_reprobe: bool = False  # probe the kernels again: ignore cached verdicts and the recorded decision
