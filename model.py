@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from activations import layer_activation
+from errors import CheckpointError, CheckpointNotFound, ConfigError
 
 # Peak dense bf16 tensor throughput (FLOP/s, no sparsity) by device-name substring; first match wins.
 # Unknown devices get no MFU rather than a wrong one.
@@ -60,8 +61,8 @@ def sdpa_backends(name):
     names = name.split(",")
     bad = [n for n in names if n not in ATTENTION_BACKENDS]
     if bad or not names:
-        raise ValueError(f"unknown attention_backend {name!r}; choose auto or one or more (comma-separated, "
-                         f"tried in order) of {', '.join(ATTENTION_BACKENDS)}")
+        raise ConfigError(f"unknown attention_backend {name!r}; choose auto or one or more (comma-separated, "
+                          f"tried in order) of {', '.join(ATTENTION_BACKENDS)}")
     return [ATTENTION_BACKENDS[n] for n in names]
 
 
@@ -129,7 +130,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         if loss_chunks < 0:
-            raise ValueError(f"loss_chunks={loss_chunks} must be >= 0 (0: off)")
+            raise ConfigError(f"loss_chunks={loss_chunks} must be >= 0 (0: off)")
         self.loss_chunks = loss_chunks
         backends = sdpa_backends(attention_backend)
         self.transformer = nn.ModuleDict(dict(
@@ -230,7 +231,7 @@ class GPT(nn.Module):
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if ".mlp.act." not in k]
         if missing or unexpected:
-            raise ValueError(f"{name_or_dir} is not a GPT-2 checkpoint: missing {missing[:3]}, unexpected {unexpected[:3]}")
+            raise CheckpointError(f"{name_or_dir} is not a GPT-2 checkpoint: missing {missing[:3]}, unexpected {unexpected[:3]}")
         return model
 
 
@@ -243,9 +244,9 @@ def pretrained_gpt2(name_or_dir):
         hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
     except (OSError, ValueError) as e:  # transformers' messages span lines; the first says what failed
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        raise FileNotFoundError(f"{name_or_dir}: no transformers GPT-2 there ({first.strip()}); give a directory "
-                                "written by save_pretrained, or a hub name such as gpt2 or openai-community/gpt2 "
-                                "(downloaded once, then read from the cache offline)") from None
+        raise CheckpointNotFound(f"{name_or_dir}: no transformers GPT-2 there ({first.strip()}); give a directory "
+                                 "written by save_pretrained, or a hub name such as gpt2 or openai-community/gpt2 "
+                                 "(downloaded once, then read from the cache offline)") from None
     hc = hf.config
     architecture = dict(block_size=hc.n_positions, vocab_size=hc.vocab_size, n_layer=hc.n_layer, n_head=hc.n_head,
                         n_embd=hc.n_embd, dropout=0.0, bias=True)

@@ -31,6 +31,7 @@ import torch
 from data.fineweb import EXPECTED, PREPARE_AGAIN
 from data.shard_formats import find_shards, read_tokens, shard_patterns
 from data.tokenizer import VOCAB_SIZE
+from errors import DataError, DataNotFound
 
 
 class ShardLoader:
@@ -45,8 +46,8 @@ class ShardLoader:
             problem = f"no {' or '.join(map(repr, shard_patterns(split)))} token shards in {data_dir}/" \
                 if data_dir.is_dir() else \
                 f"data directory {data_dir}/ does not exist"
-            raise FileNotFoundError(f"{problem}; prepare the shards with `python data/fineweb.py --out {data_dir}` "
-                                    "(add --input FILES for local text)")
+            raise DataNotFound(f"{problem}; prepare the shards with `python data/fineweb.py --out {data_dir}` "
+                               "(add --input FILES for local text)")
         recorded = _check_manifest(data_dir, split)
         self.names = [p.name for p in paths]
         self.shards = [_open_shard(p, T, vocab_size, recorded.get(p.name)) for p in paths]
@@ -77,8 +78,8 @@ class ShardLoader:
         ours = self.state_dict()
         for key in ("seed", "shuffle", "T", "shards"):
             if d[key] != ours[key]:
-                raise ValueError(f"loader state was saved with {key}={d[key]!r} but this '{self.split}' loader has "
-                                 f"{key}={ours[key]!r}: the saved position means nothing in this data stream")
+                raise DataError(f"loader state was saved with {key}={d[key]!r} but this '{self.split}' loader has "
+                                f"{key}={ours[key]!r}: the saved position means nothing in this data stream")
         self.epoch, self.shard_pos, self.window_pos = d["epoch"], d["shard_pos"], d["window_pos"]
 
     def _shard_order(self, epoch):
@@ -123,13 +124,13 @@ def _check_manifest(data_dir, split):
         manifest = json.loads(path.read_text())
         recorded = {s["file"]: s["tokens"] for s in manifest["shards"] if s["split"] == split}
     except (ValueError, TypeError, KeyError):
-        raise ValueError(f"{path}: not a manifest written by data/fineweb.py; {PREPARE_AGAIN}") from None
+        raise DataError(f"{path}: not a manifest written by data/fineweb.py; {PREPARE_AGAIN}") from None
     if not manifest.get("finished", False):
-        raise ValueError(f"{path} says preparation is unfinished; rerun the same `python data/fineweb.py ...` "
-                         "command to complete it")
+        raise DataError(f"{path} says preparation is unfinished; rerun the same `python data/fineweb.py ...` "
+                        "command to complete it")
     missing = [file for file in recorded if not (data_dir / file).exists()]
     if missing:
-        raise ValueError(f"{data_dir / missing[0]} is missing ({path} lists it); {PREPARE_AGAIN}")
+        raise DataError(f"{data_dir / missing[0]} is missing ({path} lists it); {PREPARE_AGAIN}")
     return recorded
 
 
@@ -137,15 +138,15 @@ def _open_shard(path, T, vocab_size, recorded_tokens=None):
     """Memory-map one shard after checking it can feed the model: uint16, 1-D, >= T+1 tokens, ids < vocab."""
     tokens = read_tokens(path)
     if recorded_tokens is not None and tokens.size != recorded_tokens:
-        raise ValueError(f"{path}: {tokens.size:,} tokens but manifest.json records {recorded_tokens:,}; "
-                         f"{PREPARE_AGAIN}")
+        raise DataError(f"{path}: {tokens.size:,} tokens but manifest.json records {recorded_tokens:,}; "
+                        f"{PREPARE_AGAIN}")
     if tokens.size == 0:
-        raise ValueError(f"{path}: empty shard (0 tokens); {PREPARE_AGAIN}")
+        raise DataError(f"{path}: empty shard (0 tokens); {PREPARE_AGAIN}")
     if tokens.size < T + 1:
-        raise ValueError(f"{path}: {tokens.size} tokens, fewer than seq_len + 1 = {T + 1}; lower seq_len, "
-                         "or prepare bigger shards (data/fineweb.py --shard-size)")
+        raise DataError(f"{path}: {tokens.size} tokens, fewer than seq_len + 1 = {T + 1}; lower seq_len, "
+                        "or prepare bigger shards (data/fineweb.py --shard-size)")
     top = int(tokens.max())  # reads the whole shard once, so a bad file fails at start-up, not hours in
     if top >= vocab_size:
-        raise ValueError(f"{path}: token id {top} >= the model's vocab_size {vocab_size}; {EXPECTED}; "
-                         f"{PREPARE_AGAIN}")
+        raise DataError(f"{path}: token id {top} >= the model's vocab_size {vocab_size}; {EXPECTED}; "
+                        f"{PREPARE_AGAIN}")
     return tokens

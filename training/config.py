@@ -14,9 +14,7 @@ import types
 import typing
 from pathlib import Path
 
-
-class ConfigError(ValueError):
-    pass
+from errors import ConfigError, NanoactError
 
 
 def _leaves(cls, prefix=""):
@@ -224,11 +222,12 @@ class EvalConfig:
 
 def run_cli(doc, cls, argv, run):
     """A trainer's command line: --help lists every option; otherwise build `cls` (defaults, --config TOML,
-    --key value) and call run(cfg). Bad input (ValueError: config, checkpoint, data) ends in one line."""
+    --key value) and call run(cfg). The project's own errors (errors.py: config, checkpoint, data, tokenizer,
+    distributed) end in one line; any other exception keeps its traceback."""
     if "-h" in argv or "--help" in argv:
         print(doc + "\noptions (default):\n" + help_text(cls))
         return None
     try:
         return run(load_config(cls, argv))
-    except (ValueError, FileNotFoundError) as e:
+    except NanoactError as e:
         raise SystemExit(f"error: {e}") from None

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from activations import layer_activation
+from errors import ConfigError
 
 NORMS = ("deepnorm", "postln", "preln")
 
@@ -163,7 +164,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.check_config(cfg)
         if cfg.vocab_size <= 0:
-            raise ValueError("vocab_size must be set (the trainer takes it from the sentencepiece model)")
+            raise ConfigError("vocab_size must be set (the trainer takes it from the sentencepiece model)")
         self.cfg = cfg
         if cfg.norm == "deepnorm":
             enc_alpha, self.enc_beta, dec_alpha, self.dec_beta = deepnorm_constants(cfg.enc_layers, cfg.dec_layers)
@@ -198,11 +199,11 @@ class Transformer(nn.Module):
     def check_config(cfg):
         """Everything but the vocabulary (which comes from the tokenizer): usable before any data is read."""
         if cfg.norm not in NORMS:
-            raise ValueError(f"unknown norm {cfg.norm!r}; choose one of {', '.join(NORMS)}")
+            raise ConfigError(f"unknown norm {cfg.norm!r}; choose one of {', '.join(NORMS)}")
         if cfg.positions not in ("sinusoidal", "learned"):
-            raise ValueError(f"unknown positions {cfg.positions!r}; choose sinusoidal or learned")
+            raise ConfigError(f"unknown positions {cfg.positions!r}; choose sinusoidal or learned")
         if cfg.d_model % cfg.n_head:
-            raise ValueError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
+            raise ConfigError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
         with torch.random.fork_rng(devices=[]):  # a trial build: the init RNG stream stays as it was
             for n in (cfg.enc_layers, cfg.dec_layers):
                 layer_activation(cfg.act, cfg.act_kwargs, 0, n, cfg.plain_top_k)
