@@ -165,6 +165,16 @@ def test_named_checkpoints_are_the_ones_the_recipe_writes():
     assert [f"{w}: {m}" for w, m in named if m != last] == [], f"the recipe's last checkpoint is {last}"
 
 
+def test_ci_runs_the_readme_test_command():
+    """.ci/run installs what the README's test command installs and runs exactly its pytest command."""
+    readme = next(line for line in commands((ROOT / "README.md").read_text()) if "-m pytest" in line)
+    ci = [line.split("#")[0].strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    install, tests = readme.split(" && python -m pytest")
+    assert "python -m pytest" + tests in ci
+    assert [part.strip().replace("pip install ", "python -m pip install --quiet ") for part in install.split("&&")] == \
+        [line for line in ci if "pip install" in line]
+
+
 def test_benchmarks_sections_exist():
     """(BENCHMARKS.md, "Translation: a small-data recipe") names the start of one of its headings."""
     headings = re.findall(r"^#+ (.*)", (ROOT / "BENCHMARKS.md").read_text(), re.M)
