@@ -18,6 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from activations import layer_activation, mlp_activation
 from activations.impl import model_identity
 from activations.gated import GatedProduct, hidden_width
+from errors import CheckpointError, CheckpointNotFound, ConfigError
 
 # Peak dense bf16 tensor throughput (FLOP/s, no sparsity) by device-name substring; first match wins.
 # Unknown devices get no MFU rather than a wrong one.
@@ -64,8 +65,8 @@ def sdpa_backends(name):
     names = name.split(",")
     bad = [n for n in names if n not in ATTENTION_BACKENDS]
     if bad or not names:
-        raise ValueError(f"unknown attention_backend {name!r}; choose auto or one or more (comma-separated, "
-                         f"tried in order) of {', '.join(ATTENTION_BACKENDS)}")
+        raise ConfigError(f"unknown attention_backend {name!r}; choose auto or one or more (comma-separated, "
+                          f"tried in order) of {', '.join(ATTENTION_BACKENDS)}")
     return [ATTENTION_BACKENDS[n] for n in names]
 
 
@@ -147,7 +148,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         if loss_chunks < 0:
-            raise ValueError(f"loss_chunks={loss_chunks} must be >= 0 (0: off)")
+            raise ConfigError(f"loss_chunks={loss_chunks} must be >= 0 (0: off)")
         self.loss_chunks = loss_chunks
         backends = sdpa_backends(attention_backend)
         self.transformer = nn.ModuleDict(dict(
@@ -253,14 +254,14 @@ class GPT(nn.Module):
         pretrained weights and adds the activation's own parameters at their init values.
         """
         if mlp_activation(act)[1]:
-            raise ValueError(f"act {act!r} is a gated MLP: GPT-2's weights are a plain two-matrix MLP, so no weights "
-                             "map onto its three matrices; pick a plain activation or train from scratch")
+            raise ConfigError(f"act {act!r} is a gated MLP: GPT-2's weights are a plain two-matrix MLP, so no weights "
+                              "map onto its three matrices; pick a plain activation or train from scratch")
         architecture, state = pretrained_gpt2(name_or_dir)
         model = cls(GPTConfig(**architecture, act=act, act_kwargs=act_kwargs or {}))
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if ".mlp.act." not in k]
         if missing or unexpected:
-            raise ValueError(f"{name_or_dir} is not a GPT-2 checkpoint: missing {missing[:3]}, unexpected {unexpected[:3]}")
+            raise CheckpointError(f"{name_or_dir} is not a GPT-2 checkpoint: missing {missing[:3]}, unexpected {unexpected[:3]}")
         return model
 
 
@@ -273,9 +274,9 @@ def pretrained_gpt2(name_or_dir):
         hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
     except (OSError, ValueError) as e:  # transformers' messages span lines; the first says what failed
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        raise FileNotFoundError(f"{name_or_dir}: no transformers GPT-2 there ({first.strip()}); give a directory "
-                                "written by save_pretrained, or a hub name such as gpt2 or openai-community/gpt2 "
-                                "(downloaded once, then read from the cache offline)") from None
+        raise CheckpointNotFound(f"{name_or_dir}: no transformers GPT-2 there ({first.strip()}); give a directory "
+                                 "written by save_pretrained, or a hub name such as gpt2 or openai-community/gpt2 "
+                                 "(downloaded once, then read from the cache offline)") from None
     hc = hf.config
     architecture = dict(block_size=hc.n_positions, vocab_size=hc.vocab_size, n_layer=hc.n_layer, n_head=hc.n_head,
                         n_embd=hc.n_embd, dropout=0.0, bias=True)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from data.tokenizer import EOT, VOCAB_SIZE, TokenizerError, gpt2_tokenizer
+from data.tokenizer import EOT, VOCAB_SIZE, gpt2_tokenizer
+from errors import CheckpointError, ConfigError, DataError, NanoactError
 from model import GPT
-from training.checkpoint import CheckpointError, load_checkpoint
+from training.checkpoint import load_checkpoint
 from training.distributed import pick_device
 from training.precision import autocast_for
 
@@ -40,7 +41,7 @@ def read_prompt(args):
         try:
             return Path(args.prompt_file).read_text(encoding="utf-8")
         except OSError as e:
-            raise ValueError(f"{args.prompt_file}: cannot read the prompt file ({e.strerror})") from None
+            raise DataError(f"{args.prompt_file}: cannot read the prompt file ({e.strerror})") from None
     return args.prompt
 
 
@@ -49,8 +50,8 @@ def sample(model, enc, prompt, num_samples, max_new_tokens, temperature, top_k, 
     """[text of each sample] (the prompt included), and the seconds generation took."""
     tokens = enc.encode(prompt, allowed_special={"<|endoftext|>"}) or [EOT]  # no prompt: a document's start
     if len(tokens) >= model.config.block_size:
-        raise ValueError(f"the prompt has {len(tokens)} tokens, the model's context is {model.config.block_size}; "
-                         "shorten it")
+        raise ConfigError(f"the prompt has {len(tokens)} tokens, the model's context is {model.config.block_size}; "
+                          "shorten it")
     idx = torch.tensor(tokens, device=device).repeat(num_samples, 1)
     generator = torch.Generator(device=device).manual_seed(seed)
     start = time.perf_counter()
@@ -90,13 +91,13 @@ def main(argv=None):
         enc = gpt2_tokenizer()
         model = load_model(args.source, device)
         if model.config.vocab_size < VOCAB_SIZE:
-            raise ValueError(f"{args.source}: a {model.config.vocab_size}-token vocabulary (character-level data?); "
-                             f"sample.py decodes GPT-2's {VOCAB_SIZE} BPE tokens only")
+            raise CheckpointError(f"{args.source}: a {model.config.vocab_size}-token vocabulary (character-level data?); "
+                                  f"sample.py decodes GPT-2's {VOCAB_SIZE} BPE tokens only")
         if args.compile:
             model.forward = torch.compile(model.forward, dynamic=True)  # generate calls forward with new lengths
         texts, seconds = sample(model, enc, read_prompt(args), args.num_samples, args.max_new_tokens,
                                 args.temperature, args.top_k or None, args.seed, device, autocast, args.kv_cache)
-    except (CheckpointError, TokenizerError, FileNotFoundError, RuntimeError, ValueError) as e:
+    except NanoactError as e:
         sys.exit(f"error: {e}")
     for text in texts:
         print(text, SEPARATOR, sep="\n", flush=True)

@@ -58,7 +58,7 @@ class GPTEvalConfig(EvalConfig):
     hellaswag_interval: int = 0  # 0: off; else HellaSwag every N steps (at evaluation steps) and at the end
     hellaswag_data: str = ""  # "": download into the cache
     hellaswag_limit: int = 0  # 0: all 10,042 items
-    sample_interval: int = 0  # 0: off; else print sample generations every N steps (and always at the end)
+    sample_interval: int = 0  # 0: off; else print 2 samples every N steps, between evaluations too (always at the end)
 
 
 @dataclass
@@ -161,7 +161,7 @@ class GPTTrainer(Trainer):
 
     def evaluate(self, step, last, model):
         """Validation loss (on `model`: compiled when compile is on), activation telemetry on the first
-        validation batch, HellaSwag and samples at their intervals."""
+        validation batch, and HellaSwag at its interval."""
         d, e = self.ctx.dist, self.cfg.eval
         val = self.validation_loss(model)
         result = Evaluation({"val_loss": val}, f"val loss {val:.4f}", {"val": val})
@@ -185,8 +185,6 @@ class GPTTrainer(Trainer):
             result.fields.update(hellaswag_acc=hella["acc"], hellaswag_acc_norm=hella["acc_norm"],
                                  hellaswag_seconds=seconds)
             result.text += f" | hellaswag acc {hella['acc']:.4f} acc_norm {hella['acc_norm']:.4f} ({seconds:.1f}s)"
-        if e.sample_interval and step % e.sample_interval == 0 and 0 < step and not last:
-            self.print_samples()
         return result
 
     @torch.no_grad()
@@ -203,10 +201,15 @@ class GPTTrainer(Trainer):
         model.train()
         return distributed.all_reduce_mean(total / self.val_steps, d).item()
 
-    def finish(self, step):
-        self.print_samples()
+    def after_step(self, step):
+        every = self.cfg.eval.sample_interval
+        if every and step % every == 0 and step < self.cfg.optim.max_steps:  # the last step's come from finish
+            self.print_samples(step)
 
-    def print_samples(self):
+    def finish(self, step):
+        self.print_samples(step)
+
+    def print_samples(self, step):
         d = self.ctx.dist
         try:
             enc = gpt2_tokenizer()
@@ -223,7 +226,7 @@ class GPTTrainer(Trainer):
             out = self.model.generate(prompt, 24, top_k=50, generator=gen)
         self.model.train()
         for row in out.tolist():
-            print(f"rank {d.rank} sample: {enc.decode([t for t in row if t < enc.n_vocab])!r}", flush=True)
+            print(f"step {step} rank {d.rank} sample: {enc.decode([t for t in row if t < enc.n_vocab])!r}", flush=True)
 
 
 def read_init_source(name):

@@ -16,6 +16,7 @@ import inspect
 from activations.aglu import AGLU, APA
 from activations.anact import NReLU, NSwish
 from activations.basic import GELU, GELUExact, LeakyReLU2, ReLU, ReLU2, SiLU
+from errors import ConfigError
 
 _REGISTRY = {
     "gelu": GELU,
@@ -59,7 +60,7 @@ def layer_activation(name, options, layer, n_layers, plain_top_k=0):
     top `plain_top_k` layers the unnormalized counterpart, which takes none of the normalized one's
     options (per_instance, momentum ...). The one place this rule lives; every model calls it."""
     if not 0 <= plain_top_k <= n_layers:
-        raise ValueError(f"plain_top_k={plain_top_k} must lie in [0, {n_layers}] (the number of layers)")
+        raise ConfigError(f"plain_top_k={plain_top_k} must lie in [0, {n_layers}] (the number of layers)")
     if layer >= n_layers - plain_top_k and plain_name(name) != name:
         return build(plain_name(name))
     return build(name, **options)
@@ -86,8 +87,8 @@ def mlp_activation(setting):
 def activation_class(name):
     """The class registered as `name`; an unknown name raises ValueError with the choices."""
     if name not in _REGISTRY:
-        raise ValueError(f"unknown activation {name!r}; choose one of: {', '.join(available())} (a gated MLP: "
-                         f"{', '.join(GLU_NAMES)} or NAME{GLU_SUFFIX} for any of these)")
+        raise ConfigError(f"unknown activation {name!r}; choose one of: {', '.join(available())} (a gated MLP: "
+                          f"{', '.join(GLU_NAMES)} or NAME{GLU_SUFFIX} for any of these)")
     return _REGISTRY[name]
 
 
@@ -100,5 +101,5 @@ def build(name, **kwargs):
     bad = [k for k in kwargs if k not in valid]
     if bad:
         choices = ", ".join(valid) if valid else "none"
-        raise ValueError(f"activation {name!r} takes no option(s) {', '.join(bad)}; its options: {choices}")
+        raise ConfigError(f"activation {name!r} takes no option(s) {', '.join(bad)}; its options: {choices}")
     return cls(**kwargs)

@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from activations.impl import check_impl, kernels, use_kernels
+from errors import ConfigError
 
 LAM_MIN = 1e-4  # the authors' clamp keeping lam > 0; below it lam gets no gradient (like torch.clamp)
 LOG2_E, LN_2 = 1.4426950408889634, 0.6931471805599453
@@ -112,7 +113,7 @@ class APA(nn.Module):
                  impl="auto"):
         super().__init__()
         if channelwise and not num_channels:
-            raise ValueError("channelwise=True needs num_channels (the size of the last dim)")
+            raise ConfigError("channelwise=True needs num_channels (the size of the last dim)")
         self.impl = check_impl(impl)
         shape = (num_channels,) if channelwise else ()
         self.kappa = nn.Parameter(_init(kappa_init, shape, "kappa"))

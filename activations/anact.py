@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from activations.aglu import _up
 from activations.impl import check_impl, kernels, use_kernels
+from errors import ConfigError
 
 
 def _swish_grad(x):
@@ -95,7 +96,7 @@ class _NormalizedActivation(nn.Module):
     def __init__(self, momentum=0.1, lower=0.5, upper=2.0, beta=0.3, per_instance=False, eps=1e-5, impl="auto"):
         super().__init__()
         if not (0.0 < momentum <= 1.0 and 0.0 <= lower < 1.0 < upper):
-            raise ValueError(f"need 0 < momentum <= 1 and lower < 1 < upper, got {momentum}, {lower}, {upper}")
+            raise ConfigError(f"need 0 < momentum <= 1 and lower < 1 < upper, got {momentum}, {lower}, {upper}")
         self.momentum, self.lower, self.upper, self.beta = momentum, lower, upper, beta
         self.per_instance, self.eps, self.impl = per_instance, eps, check_impl(impl)
         self.alpha = nn.Parameter(torch.zeros(()))

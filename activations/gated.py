@@ -9,6 +9,8 @@ PyTorch (and torch.compile, which fuses it with the gate's elementwise work wher
 """
 import torch.nn as nn
 
+from errors import ConfigError
+
 MULTIPLE = 64  # gated hidden widths are rounded to this: matmul tiles, and Shazeer's / LLaMA's convention
 
 
@@ -17,10 +19,10 @@ def hidden_width(plain, gated, override=0):
     multiple of 64 (at least 64), so its three matrices hold as many weights as the plain MLP's two
     (GPT-2 124M: 2048 against 3072, 4.72M weights each); else `override`."""
     if override < 0:
-        raise ValueError(f"glu_hidden={override} must be >= 0 (0: 2/3 of the plain width, rounded to {MULTIPLE})")
+        raise ConfigError(f"glu_hidden={override} must be >= 0 (0: 2/3 of the plain width, rounded to {MULTIPLE})")
     if not gated:
         if override:
-            raise ValueError(f"glu_hidden={override} sets a gated MLP's width, and this MLP is plain; leave it at 0 "
+            raise ConfigError(f"glu_hidden={override} sets a gated MLP's width, and this MLP is plain; leave it at 0 "
                              "or name a gated activation (swiglu, geglu, reglu or NAME_glu)")
         return plain
     return override or max(MULTIPLE, MULTIPLE * int(2 * plain / (3 * MULTIPLE) + 0.5))

@@ -13,7 +13,7 @@ loads, evaluates, exports and resumes on any device, on the path that device dec
 """
 import importlib
 
-import torch
+from errors import ConfigError
 
 try:  # Triton is optional; imported by name so that code copied without kernels.py (an export) runs too
     kernels = importlib.import_module("activations.kernels")
@@ -32,7 +32,7 @@ def family(module):
 
 def check_impl(impl):
     if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+        raise ConfigError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     return impl
 
 

@@ -212,8 +212,9 @@ def blocker(platform):
     """Why "auto" cannot use the kernels on this platform at all (training/hardware.py), or None."""
     if platform.device_type not in impl.KERNEL_DEVICES:
         return f"not a CUDA device ({platform.device_type})"
-    if impl.kernels is None:
-        return "Triton is not installed"
     if platform.capability is not None and platform.capability < (7, 0):
         return f"{platform.name} is {platform.sm}; Triton needs compute capability 7.0 or newer"
+    # the platform's own Triton (a described GPU has one or not), then whether our kernels import on this machine
+    if platform.triton is None or impl.kernels is None:
+        return "Triton is not installed"
     return None

@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from errors import DataError
 from eval.stats import wilson
 
 HELLASWAG_ITEMS = 10042  # the validation set build-nanogpt and our trainer score when no limit is set
@@ -31,7 +32,7 @@ LOG_KINDS = {"train", "val", "hella", "bleu"}
 LLMC_STREAMS = {"trl": "train", "tel": "val", "eval": "hella"}  # llm.c's llmc/logger.h -> series
 
 
-class RunError(Exception):
+class RunError(DataError):
     """A run directory that cannot be read; the message is one line that says what to do."""
 
 

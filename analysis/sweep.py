@@ -49,6 +49,7 @@ from tqdm import tqdm
 
 import activations
 from analysis.sweep_report import finished, report
+from errors import ConfigError
 
 TRAINERS = {"gpt2": ROOT / "train_gpt2.py", "translation": ROOT / "train_translation.py"}
 RESERVED = {"--act", "--seed", "--out-dir", "--out_dir", "--resume", "--auto-resume", "--auto_resume", "--config",
@@ -132,22 +133,22 @@ def read_plan(path):
     try:
         plan = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ValueError(f"cannot read --plan {path}: {e}") from None
+        raise ConfigError(f"cannot read --plan {path}: {e}") from None
     unknown = set(plan) - {"trainer", "config", "seeds", "control", "variants", "corpora"}
     if unknown or not isinstance(plan.get("variants"), dict) or not plan["variants"]:
-        raise ValueError(f"--plan {path}: expected keys trainer, config, seeds, optional control, [variants.LABEL] "
-                         f"tables and optional [corpora.NAME] tables{f'; unknown {sorted(unknown)}' if unknown else ''}")
+        raise ConfigError(f"--plan {path}: expected keys trainer, config, seeds, optional control, [variants.LABEL] "
+                          f"tables and optional [corpora.NAME] tables{f'; unknown {sorted(unknown)}' if unknown else ''}")
     variants = []
     for label, table in plan["variants"].items():
         table = dict(table)
         baseline = table.pop("baseline", None)
         if baseline is not None and baseline not in plan["variants"]:
-            raise ValueError(f"--plan {path}: variant {label} has baseline {baseline!r}, which is not a variant")
+            raise ConfigError(f"--plan {path}: variant {label} has baseline {baseline!r}, which is not a variant")
         variants.append((label, options(table), baseline))
     corpora = [(name, options(table)) for name, table in plan.get("corpora", {}).items()]
     control = plan.get("control", False)
     if not isinstance(control, (bool, str)):
-        raise ValueError(f"--plan {path}: control must be true or the control's label, got {control!r}")
+        raise ConfigError(f"--plan {path}: control must be true or the control's label, got {control!r}")
     return plan.get("trainer"), plan.get("config"), plan.get("seeds"), variants, corpora, control
 
 
@@ -188,7 +189,7 @@ def parse_args(argv):
             p.error("--plan names the variants and their baselines; leave out --acts and --baseline")
         try:
             trainer, config, seeds, args.variants, args.corpora, control = read_plan(args.plan)
-        except ValueError as e:
+        except ConfigError as e:
             p.error(str(e))
         args.control = args.control or control
         args.trainer, args.config, args.seeds = args.trainer or trainer, args.config or config, args.seeds or seeds

@@ -13,10 +13,8 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "0" if any("cuda" in a for a in sys.argv) else "1")  # before triton loads
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 

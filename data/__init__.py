@@ -4,9 +4,7 @@ import os
 import urllib.error
 import urllib.request
 
-
-class DataError(ValueError):
-    """Input data that cannot be used as it is (missing, malformed, misaligned); the message says what to do."""
+from errors import DataError  # noqa: F401  (data's callers catch it from here)
 
 
 def hub_unreachable(timeout=10):

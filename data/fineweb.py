@@ -43,7 +43,8 @@ from tqdm import tqdm
 
 from data import hub_unreachable, shard_stats
 from data.files import atomic_file, remove_temporaries
-from data.tokenizer import EOT, TokenizerError, gpt2_tokenizer
+from data.tokenizer import EOT, gpt2_tokenizer
+from errors import DataError, DataNotFound, NanoactError
 
 HF_DATASET = "HuggingFaceFW/fineweb-edu"
 DEFINING = ("source", "tokenizer", "name", "shard_size", "val_tokens", "max_docs", "max_tokens")
@@ -78,7 +79,7 @@ def _kind(path):
         return "txt"
     if name.removesuffix(".gz").endswith((".jsonl", ".json")):
         return "json"
-    raise ValueError(f"{path}: unknown file type; --input takes .txt, .jsonl, .json (each optionally .gz) or .parquet")
+    raise DataError(f"{path}: unknown file type; --input takes .txt, .jsonl, .json (each optionally .gz) or .parquet")
 
 
 def _open_text(path):
@@ -90,12 +91,12 @@ def _json_row(line, where):
     try:
         return json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not a JSON line ({e.msg})") from None
+        raise DataError(f"{where}: not a JSON line ({e.msg})") from None
 
 
 def _text_field(row, where):
     if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-        raise ValueError(f"{where}: row has no 'text' string field")
+        raise DataError(f"{where}: row has no 'text' string field")
     return row["text"]
 
 
@@ -103,7 +104,7 @@ def _parquet_documents(path):
     import pyarrow.parquet as pq  # only needed for parquet input
     table = pq.ParquetFile(path)
     if "text" not in table.schema_arrow.names:
-        raise ValueError(f"{path}: no 'text' column (columns: {', '.join(table.schema_arrow.names)})")
+        raise DataError(f"{path}: no 'text' column (columns: {', '.join(table.schema_arrow.names)})")
     rows = itertools.count(1)
     for batch in table.iter_batches(columns=["text"]):
         for text in batch.column(0).to_pylist():
@@ -121,9 +122,9 @@ def hf_documents(config, streaming, first):
             return (row["text"] for row in ds.skip(first))
         except ConnectionError as e:
             problem = str(e).splitlines()[0]
-    raise ValueError(f"cannot load {HF_DATASET} from the Hugging Face hub ({problem}); offline, tokenize local "
-                     "text instead: --input FILES (.txt, .jsonl, .json, .parquet; e.g. --input corpus/*.txt)"
-                     + ("" if offline else ", or set HF_HUB_OFFLINE=1 to use a cached download"))
+    raise DataError(f"cannot load {HF_DATASET} from the Hugging Face hub ({problem}); offline, tokenize local "
+                    "text instead: --input FILES (.txt, .jsonl, .json, .parquet; e.g. --input corpus/*.txt)"
+                    + ("" if offline else ", or set HF_HUB_OFFLINE=1 to use a cached download"))
 
 
 class ShardWriter:
@@ -165,8 +166,8 @@ class ShardWriter:
         if not self.m["shards"]:
             val = self.val_tokens or self.n_pending // 10
             if not 0 < val < self.n_pending:
-                raise ValueError(f"the corpus has {self.n_pending} tokens: too few for a val shard of {val} tokens "
-                                 "and a train split")
+                raise DataError(f"the corpus has {self.n_pending} tokens: too few for a val shard of {val} tokens "
+                                "and a train split")
             self._write(val)
         while self.n_pending:
             self._write(min(self.S, self.n_pending))
@@ -218,17 +219,17 @@ def read_shard(path):
             except OSError:
                 raise
             except Exception:  # numpy's header parser raises ValueError, SyntaxError, TokenError ...
-                raise ValueError(f"{path}: not a .npy array (missing or damaged NUMPY header); {EXPECTED}; "
-                                 f"{PREPARE_AGAIN}") from None
+                raise DataError(f"{path}: not a .npy array (missing or damaged NUMPY header); {EXPECTED}; "
+                                f"{PREPARE_AGAIN}") from None
             data_start = f.tell()
     except OSError as e:
-        raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
+        raise DataError(f"{path}: cannot read it ({e.strerror})") from None
     if dtype != np.uint16 or len(shape) != 1:
-        raise ValueError(f"{path}: a {len(shape)}-D {dtype} array; {EXPECTED}; {PREPARE_AGAIN}")
+        raise DataError(f"{path}: a {len(shape)}-D {dtype} array; {EXPECTED}; {PREPARE_AGAIN}")
     size = path.stat().st_size - data_start
     if size < 2 * shape[0]:
-        raise ValueError(f"{path}: truncated: its header promises {shape[0]:,} tokens ({2 * shape[0]:,} bytes) "
-                         f"but {size:,} bytes follow; {PREPARE_AGAIN}")
+        raise DataError(f"{path}: truncated: its header promises {shape[0]:,} tokens ({2 * shape[0]:,} bytes) "
+                        f"but {size:,} bytes follow; {PREPARE_AGAIN}")
     return np.load(path, mmap_mode="r")
 
 
@@ -237,19 +238,19 @@ def open_manifest(out, options):
     path = out / "manifest.json"
     if not path.exists():
         if any(out.glob(f"{options['name']}_*.npy")):
-            raise ValueError(f"{out} holds {options['name']}_*.npy shards but no manifest.json; "
-                             "use another --out or delete them")
+            raise DataError(f"{out} holds {options['name']}_*.npy shards but no manifest.json; "
+                            "use another --out or delete them")
         return {**options, "eot": EOT, "dtype": "uint16", "shards": [], "total_tokens": 0, "documents": None,
                 "resume": {"doc": 0, "pos": 0}, "finished": False}
     manifest = json.loads(path.read_text())
     changed = [k for k in DEFINING if manifest.get(k) != options[k]]
     if changed:
-        raise ValueError(f"{out} was prepared with different {', '.join(changed)} ({path}); "
-                         "rerun with the same options, or use another --out")
+        raise DataError(f"{out} was prepared with different {', '.join(changed)} ({path}); "
+                        "rerun with the same options, or use another --out")
     for shard in manifest["shards"]:
         file = out / shard["file"]
         if not file.exists() or read_shard(file).shape != (shard["tokens"],):
-            raise ValueError(f"{file} is missing or not the size {path} records; delete {out} and prepare again")
+            raise DataError(f"{file} is missing or not the size {path} records; delete {out} and prepare again")
     return manifest
 
 
@@ -258,7 +259,7 @@ def prepare(args):
     inputs = [Path(p) for p in args.input or []]
     for path in inputs:
         if not path.is_file():
-            raise FileNotFoundError(f"no such input file: {path}")
+            raise DataNotFound(f"no such input file: {path}")
         _kind(path)
     source = [str(p.resolve()) for p in inputs] if inputs else f"{HF_DATASET}/{args.hf_config}"
     name = args.name or ("local" if inputs else "fineweb_edu")
@@ -319,7 +320,7 @@ def parse_args(argv=None):
 def main(argv=None):
     try:
         return prepare(parse_args(argv))
-    except (ValueError, FileNotFoundError, TokenizerError) as e:
+    except NanoactError as e:
         raise SystemExit(f"error: {e}") from None
 
 

@@ -38,6 +38,7 @@ from data import shard_stats
 from data.fineweb import EXPECTED, PREPARE_AGAIN
 from data.shard_formats import find_shards, read_tokens, shard_patterns
 from data.tokenizer import VOCAB_SIZE
+from errors import DataError, DataNotFound
 
 
 class ShardLoader:
@@ -52,8 +53,8 @@ class ShardLoader:
             problem = f"no {' or '.join(map(repr, shard_patterns(split)))} token shards in {data_dir}/" \
                 if data_dir.is_dir() else \
                 f"data directory {data_dir}/ does not exist"
-            raise FileNotFoundError(f"{problem}; prepare the shards with `python data/fineweb.py --out {data_dir}` "
-                                    "(add --input FILES for local text)")
+            raise DataNotFound(f"{problem}; prepare the shards with `python data/fineweb.py --out {data_dir}` "
+                               "(add --input FILES for local text)")
         recorded = _check_manifest(data_dir, split)
         cache, new = shard_stats.cached(data_dir), {}
         self.data_dir, self.vocab_size, self.names = data_dir, vocab_size, [p.name for p in paths]
@@ -95,8 +96,8 @@ class ShardLoader:
         ours = self.state_dict()
         for key in ("seed", "shuffle", "T", "shards"):
             if d[key] != ours[key]:
-                raise ValueError(f"loader state was saved with {key}={d[key]!r} but this '{self.split}' loader has "
-                                 f"{key}={ours[key]!r}: the saved position means nothing in this data stream")
+                raise DataError(f"loader state was saved with {key}={d[key]!r} but this '{self.split}' loader has "
+                                f"{key}={ours[key]!r}: the saved position means nothing in this data stream")
         self.epoch, self.shard_pos, self.window_pos = d["epoch"], d["shard_pos"], d["window_pos"]
 
     def _tokens(self, k):
@@ -154,13 +155,13 @@ def _check_manifest(data_dir, split):
         manifest = json.loads(path.read_text())
         recorded = {s["file"]: s for s in manifest["shards"] if s["split"] == split}
     except (ValueError, TypeError, KeyError):
-        raise ValueError(f"{path}: not a manifest written by data/fineweb.py; {PREPARE_AGAIN}") from None
+        raise DataError(f"{path}: not a manifest written by data/fineweb.py; {PREPARE_AGAIN}") from None
     if not manifest.get("finished", False):
-        raise ValueError(f"{path} says preparation is unfinished; rerun the same `python data/fineweb.py ...` "
-                         "command to complete it")
+        raise DataError(f"{path} says preparation is unfinished; rerun the same `python data/fineweb.py ...` "
+                        "command to complete it")
     missing = [file for file in recorded if not (data_dir / file).exists()]
     if missing:
-        raise ValueError(f"{data_dir / missing[0]} is missing ({path} lists it); {PREPARE_AGAIN}")
+        raise DataError(f"{data_dir / missing[0]} is missing ({path} lists it); {PREPARE_AGAIN}")
     return recorded
 
 
@@ -171,8 +172,8 @@ def _open_shard(path, T, vocab_size, listed, entries, new):
     to `new` for the next start."""
     tokens = read_tokens(path)
     if listed is not None and tokens.size != listed["tokens"]:
-        raise ValueError(f"{path}: {tokens.size:,} tokens but manifest.json records {listed['tokens']:,}; "
-                         f"{PREPARE_AGAIN}")
+        raise DataError(f"{path}: {tokens.size:,} tokens but manifest.json records {listed['tokens']:,}; "
+                        f"{PREPARE_AGAIN}")
     _check_shard(path, tokens.size, None, T, vocab_size)
     known = next((e for e in entries if shard_stats.trusted(path, e) and e["tokens"] == tokens.size), None)
     if known:
@@ -187,10 +188,10 @@ def _open_shard(path, T, vocab_size, listed, entries, new):
 def _check_shard(path, size, top, T, vocab_size):
     """Can a shard of `size` tokens whose largest id is `top` (None: not known yet) feed the model?"""
     if size == 0:
-        raise ValueError(f"{path}: empty shard (0 tokens); {PREPARE_AGAIN}")
+        raise DataError(f"{path}: empty shard (0 tokens); {PREPARE_AGAIN}")
     if size < T + 1:
-        raise ValueError(f"{path}: {size} tokens, fewer than seq_len + 1 = {T + 1}; lower seq_len, "
-                         "or prepare bigger shards (data/fineweb.py --shard-size)")
+        raise DataError(f"{path}: {size} tokens, fewer than seq_len + 1 = {T + 1}; lower seq_len, "
+                        "or prepare bigger shards (data/fineweb.py --shard-size)")
     if top is not None and top >= vocab_size:
-        raise ValueError(f"{path}: token id {top} >= the model's vocab_size {vocab_size}; {EXPECTED}; "
-                         f"{PREPARE_AGAIN}")
+        raise DataError(f"{path}: token id {top} >= the model's vocab_size {vocab_size}; {EXPECTED}; "
+                        f"{PREPARE_AGAIN}")

@@ -26,8 +26,11 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 def read_lines(path):
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\r\n") for line in f]
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return [line.rstrip("\r\n") for line in f]
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read it as UTF-8 text, one sentence a line ({getattr(e, 'strerror', None) or e})") from None
 
 
 def read_parallel(src_path, tgt_path):

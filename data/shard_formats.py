@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from data.fineweb import read_shard
+from errors import DataError
 
 LLMC_MAGIC, LLMC_VERSION, LLMC_HEADER_INTS = 20240520, 1, 256
 LLMC_LLAMA3_MAGIC = 20240801
@@ -46,23 +47,23 @@ def read_llmc_shard(path):
     """An llm.c token shard, after checking its header against the file: one line per mismatch."""
     size = path.stat().st_size
     if size < LLMC_HEADER_BYTES:
-        raise ValueError(f"{path}: {size} bytes, shorter than llm.c's {LLMC_HEADER_BYTES}-byte header (256 int32); "
-                         f"not an llm.c token shard; {LLMC_AGAIN}")
+        raise DataError(f"{path}: {size} bytes, shorter than llm.c's {LLMC_HEADER_BYTES}-byte header (256 int32); "
+                        f"not an llm.c token shard; {LLMC_AGAIN}")
     magic, version, count = (int(v) for v in np.fromfile(path, dtype="<i4", count=3))
     if magic == LLMC_LLAMA3_MAGIC:
-        raise ValueError(f"{path}: an llm.c LLaMA-3 shard (magic {magic}, uint32 tokens), but nanoact trains on GPT-2 "
-                         f"tokens; {LLMC_AGAIN}")
+        raise DataError(f"{path}: an llm.c LLaMA-3 shard (magic {magic}, uint32 tokens), but nanoact trains on GPT-2 "
+                        f"tokens; {LLMC_AGAIN}")
     if magic != LLMC_MAGIC:
-        raise ValueError(f"{path}: bad magic {magic} in the header, expected {LLMC_MAGIC} (llm.c's GPT-2 token "
-                         f"shard); {LLMC_AGAIN}")
+        raise DataError(f"{path}: bad magic {magic} in the header, expected {LLMC_MAGIC} (llm.c's GPT-2 token "
+                        f"shard); {LLMC_AGAIN}")
     if version != LLMC_VERSION:
-        raise ValueError(f"{path}: header version {version}, expected {LLMC_VERSION} (uint16 GPT-2 tokens); "
-                         f"{LLMC_AGAIN}")
+        raise DataError(f"{path}: header version {version}, expected {LLMC_VERSION} (uint16 GPT-2 tokens); "
+                        f"{LLMC_AGAIN}")
     expected = LLMC_HEADER_BYTES + 2 * count
     if count <= 0 or size != expected:
-        raise ValueError(f"{path}: the header's token count {count:,} needs {expected:,} bytes "
-                         f"({LLMC_HEADER_BYTES} header + 2 per token) but the file has {size:,} "
-                         f"({'truncated' if size < expected else 'extra bytes'}); {LLMC_AGAIN}")
+        raise DataError(f"{path}: the header's token count {count:,} needs {expected:,} bytes "
+                        f"({LLMC_HEADER_BYTES} header + 2 per token) but the file has {size:,} "
+                        f"({'truncated' if size < expected else 'extra bytes'}); {LLMC_AGAIN}")
     return np.memmap(path, dtype=np.uint16, mode="r", offset=LLMC_HEADER_BYTES, shape=(count,))
 
 
@@ -70,8 +71,8 @@ def read_headerless(path):
     """nanoGPT's train.bin / val.bin: nothing but uint16 tokens."""
     size = path.stat().st_size
     if size % 2:
-        raise ValueError(f"{path}: {size:,} bytes, an odd number, so not the uint16 tokens of nanoGPT's "
-                         "prepare.py (train.bin / val.bin); prepare them again")
+        raise DataError(f"{path}: {size:,} bytes, an odd number, so not the uint16 tokens of nanoGPT's "
+                        "prepare.py (train.bin / val.bin); prepare them again")
     if size == 0:
-        raise ValueError(f"{path}: empty file (0 tokens); prepare it again")
+        raise DataError(f"{path}: empty file (0 tokens); prepare it again")
     return np.memmap(path, dtype=np.uint16, mode="r")

@@ -1,10 +1,8 @@
 """GPT-2's BPE through tiktoken: the one tokenizer of the FineWeb shards, HellaSwag and the lm-eval model."""
+from errors import TokenizerError
+
 EOT = 50256  # <|endoftext|>: starts every document in the shards; also the (masked) padding token in scoring
 VOCAB_SIZE = 50257  # GPT-2 BPE tokens; the GPT pads its embedding table to 50304 (model.py) for faster matmuls
-
-
-class TokenizerError(RuntimeError):
-    pass
 
 
 def gpt2_tokenizer():

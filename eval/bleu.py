@@ -14,6 +14,7 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU
 
 from data.parallel_corpus import read_lines
+from errors import DataError, NanoactError
 from training import distributed
 from translation.decode import translate
 
@@ -21,7 +22,7 @@ from translation.decode import translate
 def corpus_bleu(hypotheses, references, lowercase=False):
     """(BLEU score, sacrebleu signature string) of detokenized hypotheses against one reference each."""
     if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; they must align")
+        raise DataError(f"{len(hypotheses)} hypotheses but {len(references)} references; they must align")
     bleu = BLEU(tokenize="13a", lowercase=lowercase)
     score = bleu.corpus_score(list(hypotheses), [list(references)])
     return score.score, str(bleu.get_signature())
@@ -74,7 +75,7 @@ def main(argv):
         raise SystemExit(__doc__)
     try:
         score, signature = corpus_bleu(read_lines(args[0]), read_lines(args[1]), "--lowercase" in argv)
-    except (OSError, ValueError) as e:
+    except NanoactError as e:
         raise SystemExit(f"error: {e}") from None
     print(f"BLEU {score:.2f}  ({signature})")
 

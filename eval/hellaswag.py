@@ -45,13 +45,14 @@ from tqdm import tqdm
 
 from data import DataError
 from data.files import atomic_file, cache_root
-from data.tokenizer import TokenizerError, gpt2_tokenizer
+from data.tokenizer import gpt2_tokenizer
+from errors import ConfigError, NanoactError
 from eval import hellaswag_items
 from eval.scoring import block_size_of, bucket, pack_rows, row_length, score_batch
 from eval.stats import wilson
 from model import GPT
 from training import distributed
-from training.checkpoint import CheckpointError, load_checkpoint
+from training.checkpoint import load_checkpoint
 from training.precision import autocast_for
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -293,7 +294,7 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
     (eval/hellaswag_items.py's format; `about`: what its header says the scores come from).
     """
     if scoring not in (*SCORINGS, "both"):
-        raise ValueError(f"unknown scoring {scoring!r}; choose completion, lm_eval or both")
+        raise ConfigError(f"unknown scoring {scoring!r}; choose completion, lm_eval or both")
     scorings = SCORINGS if scoring == "both" else (scoring,)
     rank, world = (dist_info.rank, dist_info.world_size) if dist_info is not None else (0, 1)
     plan = prepare(data_path or download(), limit, scorings, block_size_of(model), 4 * batch_items, rank, world,
@@ -392,7 +393,7 @@ def main(argv=None):
             results = evaluate_model(model, d.device, data, args.limit, args.scoring, d, autocast, True,
                                      args.batch_items, cache=True, items_file=hellaswag_items.items_file(out),
                                      about=about)
-        except (CheckpointError, DataError, TokenizerError, OSError, ValueError) as e:
+        except NanoactError as e:
             sys.exit(f"error: {e}")
         if d.master:
             for name, r in results.items():

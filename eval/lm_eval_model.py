@@ -21,6 +21,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from data.tokenizer import EOT, VOCAB_SIZE, gpt2_tokenizer
+from errors import ConfigError
 from eval.scoring import bucket, row_length, score_rows
 from model import GPT
 from training.checkpoint import load_checkpoint
@@ -38,10 +39,10 @@ class NanoactLM(TemplateLM):
                  max_gen_toks=256, max_batch_size=None):
         super().__init__()
         if (checkpoint is None) == (hf is None):
-            raise ValueError("nanoact model_args need checkpoint=PATH (file or run directory) or hf=DIR, not both")
+            raise ConfigError("nanoact model_args need checkpoint=PATH (file or run directory) or hf=DIR, not both")
         del max_batch_size  # lm-eval always passes it; batches here have a fixed size
         if not str(batch_size).isdigit() or int(batch_size) < 1:
-            raise ValueError(f"batch_size={batch_size!r}: give a positive integer ('auto' is not supported)")
+            raise ConfigError(f"batch_size={batch_size!r}: give a positive integer ('auto' is not supported)")
         self._device = pick_device(device or "auto")
         model = GPT.from_pretrained(hf) if hf else GPT.from_checkpoint(load_checkpoint(checkpoint, kind="gpt2"), self._device)
         self.model = model.to(self._device).eval()

@@ -17,6 +17,7 @@ import importlib.util
 from pathlib import Path
 
 import activations
+from errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 WRAPPER = "export.transformers_wrapper"
@@ -52,8 +53,8 @@ def relative_source(module):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if project_file(alias.name):
-                    raise ValueError(f"{path}:{node.lineno}: `import {alias.name}` cannot be exported as remote code; "
-                                     f"write `from {alias.name} import NAME`")
+                    raise ConfigError(f"{path}:{node.lineno}: `import {alias.name}` cannot be exported as remote code; "
+                                      f"write `from {alias.name} import NAME`")
         elif isinstance(node, ast.ImportFrom):
             target = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
                 else node.module
@@ -61,8 +62,8 @@ def relative_source(module):
                 continue
             for alias in node.names:
                 if project_file(f"{target}.{alias.name}"):
-                    raise ValueError(f"{path}:{node.lineno}: importing the module {target}.{alias.name} cannot be "
-                                     f"exported as remote code; write `from {target}.{alias.name} import NAME`")
+                    raise ConfigError(f"{path}:{node.lineno}: importing the module {target}.{alias.name} cannot be "
+                                      f"exported as remote code; write `from {target}.{alias.name} import NAME`")
             needed.add(target)
             edits.append((node, ast.unparse(ast.ImportFrom(module=flat_name(target), names=node.names, level=1))))
     starts = [0]
@@ -89,8 +90,8 @@ def modeling_source(copied_imports, classes):
               f"from .{flat_name('activations')} import register\n"]
     for i, (name, cls) in enumerate(sorted(classes.items())):
         if cls.__module__ == "__main__" or cls.__qualname__ != cls.__name__:
-            raise ValueError(f"activation {name!r} ({cls.__qualname__} in {cls.__module__}) must be a module-level "
-                             "class in an importable file to be exported")
+            raise ConfigError(f"activation {name!r} ({cls.__qualname__} in {cls.__module__}) must be a module-level "
+                              "class in an importable file to be exported")
         module = f".{flat_name(cls.__module__)}" if project_file(cls.__module__) else cls.__module__
         lines += [f"from {module} import {cls.__name__} as _activation_{i}\n", f"register({name!r}, _activation_{i})\n"]
     return "".join(lines)

@@ -25,12 +25,13 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from activations.basic import GELU, GELUExact, ReLU, ReLU2, SiLU
-from data.tokenizer import EOT, VOCAB_SIZE, TokenizerError
+from data.tokenizer import EOT, VOCAB_SIZE
+from errors import CheckpointError, NanoactError
 from export.remote_code import AUTO_MAP, write_remote_code
 from export.tokenizer import bpe_from_openai_files, bpe_from_tiktoken, save_gpt2_tokenizer
 from export.transformers_wrapper import NanoactConfig, NanoactForCausalLM
 from model import GPT, nanoact_to_hf
-from training.checkpoint import CheckpointError, load_checkpoint
+from training.checkpoint import load_checkpoint
 
 # The activations GPT-2 has, by class, and their names in GPT2Config.activation_function.
 GPT2_ACTIVATIONS = {GELU: "gelu_new", GELUExact: "gelu", ReLU: "relu", ReLU2: "relu2", SiLU: "silu"}
@@ -50,8 +51,8 @@ def export_gpt2(model, out_dir, activation_function):
     missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to wte
     if missing or unexpected:
-        raise ValueError(f"cannot map the checkpoint onto GPT2LMHeadModel: missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]}")
+        raise CheckpointError(f"cannot map the checkpoint onto GPT2LMHeadModel: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}")
     hf.save_pretrained(out_dir)
 
 
@@ -94,7 +95,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         kind = export(args.checkpoint, args.out_dir, args.tokenizer_dir)
-    except (CheckpointError, FileNotFoundError, ValueError, TokenizerError) as e:
+    except NanoactError as e:
         sys.exit(f"error: {e}")
     how = "GPT2LMHeadModel" if kind == "gpt2" else "custom code: from_pretrained(..., trust_remote_code=True)"
     print(f"wrote {args.out_dir} ({how}; GPT-2 tokenizer: AutoTokenizer.from_pretrained)")

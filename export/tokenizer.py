@@ -14,6 +14,7 @@ import transformers
 from transformers import GPT2TokenizerFast
 
 from data.tokenizer import EOT, gpt2_tokenizer
+from errors import TokenizerError
 
 EOT_TEXT = "<|endoftext|>"
 
@@ -64,7 +65,7 @@ def bpe_from_openai_files(directory):
     """(vocab, merges) from OpenAI's encoder.json and vocab.bpe."""
     vocab_file, merges_file = Path(directory) / "encoder.json", Path(directory) / "vocab.bpe"
     if not (vocab_file.is_file() and merges_file.is_file()):
-        raise FileNotFoundError(f"{directory}: needs OpenAI's GPT-2 encoder.json and vocab.bpe")
+        raise TokenizerError(f"{directory}: needs OpenAI's GPT-2 encoder.json and vocab.bpe")
     lines = merges_file.read_text(encoding="utf-8").split("\n")[1:]  # line 0 is the "#version" header
     return json.loads(vocab_file.read_text(encoding="utf-8")), [tuple(line.split()) for line in lines if line]
 
@@ -74,7 +75,7 @@ def save_gpt2_tokenizer(out_dir, vocab, merges, model_max_length):
     bos, eos and unk, as in OpenAI's GPT-2 tokenizer on the hub."""
     out_dir = Path(out_dir)
     if vocab.get(EOT_TEXT) != EOT:
-        raise ValueError(f"not GPT-2's vocabulary: {EOT_TEXT} is not token {EOT}")
+        raise TokenizerError(f"not GPT-2's vocabulary: {EOT_TEXT} is not token {EOT}")
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab_file, merges_file = out_dir / "vocab.json", out_dir / "merges.txt"
     vocab_file.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")

@@ -4,7 +4,7 @@ import typing
 
 import pytest
 
-from training.config import ConfigError, from_dict, load_config, to_dict
+from training.config import ConfigError, from_dict, help_text, load_config, to_dict
 
 
 @dataclasses.dataclass
@@ -89,3 +89,27 @@ def test_shipped_translation_configs_load_and_build():
         assert [train_translation.accumulation(data, n) for n in (1, 2, 4)] == [4, 2, 1]  # the same step on 1-4 GPUs
     small = load_config(train_translation.TrainConfig, ["--config", "configs/translation_small_data.toml"])
     assert (small.model.tie_output, small.model.dropout, small.optim.warmup_steps) == (False, 0.1, 1000)
+
+
+@dataclasses.dataclass
+class Documented(Inner):
+    # the learning rate at the top of the schedule,
+    # after warmup
+    max_lr: float = 6e-4
+    n_layer: int = 4  # transformer blocks ("#" in a comment is fine)
+    seed: int = 1
+
+
+def test_help_shows_each_options_default_and_comment():
+    """--help: the comment after a field, else the comment lines above it; a subclass's field wins."""
+    lines = {line.split()[0]: line for line in help_text(Documented).splitlines()}
+    assert lines["--max-lr"].split(None, 2)[1:] == ["0.0006", "the learning rate at the top of the schedule, after warmup"]
+    assert lines["--n-layer"].split(None, 2)[1:] == ["4", 'transformer blocks ("#" in a comment is fine)']
+    assert lines["--seed"].split() == ["--seed", "1"] and lines["--act"].split() == ["--act", "'gelu'"]
+
+
+def test_sample_interval_help_says_when_samples_come():
+    import train_gpt2
+
+    line = next(line for line in help_text(train_gpt2.TrainConfig).splitlines() if "--sample-interval" in line)
+    assert "every N steps, between evaluations too" in line

@@ -32,7 +32,7 @@ EVERY_TEXT = [*DOCS, *SOURCES, *sorted((ROOT / "tests").glob("*.py")), *sorted((
 # a folder by its trailing slash: extension-less words such as data/tiny_shards (written by a run) or
 # eval/val_loss (a wandb key) are not taken for paths.
 PATH_PREFIXES = tuple(f"{d}/" for d in (*PACKAGES, "configs", "docs", "tests", "experiments", ".ci")) + (
-    "model.py", "sample.py", "train_gpt2.py", "train_translation.py", "requirements.txt", "pyproject.toml",
+    "errors.py", "model.py", "sample.py", "train_gpt2.py", "train_translation.py", "requirements.txt", "pyproject.toml",
     "BENCHMARKS.md", "README.md")
 OTHER_REPOSITORIES = ("data/*/prepare.py",)  # nanoGPT's, in docs/coming_from.md's table
 ISSUE = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)
@@ -163,6 +163,16 @@ def test_named_checkpoints_are_the_ones_the_recipe_writes():
              for m in re.findall(r"\blog/\w+/(model_\d+\.pt)", text)]
     assert named and "model_19073.pt" in (ROOT / "README.md").read_text()
     assert [f"{w}: {m}" for w, m in named if m != last] == [], f"the recipe's last checkpoint is {last}"
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run installs what the README's test command installs and runs exactly its pytest command."""
+    readme = next(line for line in commands((ROOT / "README.md").read_text()) if "-m pytest" in line)
+    ci = [line.split("#")[0].strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    install, tests = readme.split(" && python -m pytest")
+    assert "python -m pytest" + tests in ci
+    assert [part.strip().replace("pip install ", "python -m pip install --quiet ") for part in install.split("&&")] == \
+        [line for line in ci if "pip install" in line]
 
 
 def test_benchmarks_sections_exist():

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from errors import DistributedError
 from test_data import fineweb  # noqa: F401 (a fixture: data.fineweb with an offline tokenizer, or a skip)
 from test_train_gpt2 import ROOT, args, cli_error, final_weights, train_in_process, train_losses, write_corpus
 from training import checkpoint
@@ -115,7 +116,7 @@ def test_several_nodes_with_restarts_need_a_fresh_store_per_round(monkeypatch):
     for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", GROUP_WORLD_SIZE="2",
                            TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_MAX_RESTARTS="1").items():
         monkeypatch.setenv(key, value)
-    with pytest.raises(ValueError, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+    with pytest.raises(DistributedError, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
         distributed.setup("cpu")
 
 

@@ -59,10 +59,12 @@ def test_compile_asked():
 
 
 def test_kernels_follow_the_platform():
-    """The activation kernels take the same hardware limits (activations/selfcheck.py)."""
+    """The activation kernels take the same hardware limits (activations/selfcheck.py), read from the platform
+    described, whether or not this machine has Triton."""
     from activations import impl, selfcheck
     assert "compute capability 7.0" in selfcheck.blocker(P100)
     assert selfcheck.blocker(MAC) == "not a CUDA device (mps)"
+    assert selfcheck.blocker(NO_TRITON) == "Triton is not installed"
     if impl.kernels is not None:
         assert selfcheck.blocker(H100) is None and selfcheck.blocker(V100) is None
 

@@ -5,16 +5,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# room -> the rooms it may import, lowest first; a room not listed here (scripts, bench/) may import anything
+# room -> the rooms it may import, lowest first; a room not listed here (scripts, bench/) may import anything.
+# errors.py, the project's error types, is below every room.
 BELOW = {
-    "activations": set(),
-    "data": set(),
-    "training": {"activations", "data"},
-    "model": {"activations"},
-    "translation": {"activations", "data"},
-    "eval": {"activations", "data", "training", "model", "translation"},
-    "export": {"activations", "data", "training", "model", "eval"},
-    "analysis": {"activations", "eval"},
+    "errors": set(),
+    "activations": {"errors"},
+    "data": {"errors"},
+    "training": {"errors", "activations", "data"},
+    "model": {"errors", "activations"},
+    "translation": {"errors", "activations", "data"},
+    "eval": {"errors", "activations", "data", "training", "model", "translation"},
+    "export": {"errors", "activations", "data", "training", "model", "eval"},
+    "analysis": {"errors", "activations", "eval"},
 }
 # what evaluations and exports may take from training/: reading checkpoints (and, to run under torchrun on
 # the device the trainers use, the process group and precision helpers), never the loop

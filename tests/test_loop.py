@@ -5,11 +5,14 @@ import json
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
+from errors import DataError
 from training.checkpoint import load_checkpoint
-from training.config import EvalConfig, RunConfig
+from training.config import EvalConfig, RunConfig, run_cli
 from training.loop import Evaluation, Parts, Trainer
 
 TRUE_WEIGHTS = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
@@ -122,3 +125,28 @@ def test_the_file_the_closing_line_names_holds_the_numbers_it_prints(tmp_path, c
              if json.loads(line)["kind"] == "eval"]
     assert ckpt["step"] == evals[-1]["step"] == 60 and ckpt["val_loss"] == evals[-1]["val_loss"]
     assert f"{ckpt['val_loss']:.4f}" == f"{printed_val:.4f}" and ckpt["val_loss"] != evals[-2]["val_loss"]
+
+
+class FailingTrainer(LinearTrainer):
+    """Fails in its first forward_backward: a bug of its own (numpy's ValueError for shapes that do not
+    broadcast), or bad input it reports as the project does."""
+
+    def forward_backward(self, model):
+        if self.cfg.run.seed == 1:
+            raise DataError("batches.bin: truncated at batch 0; prepare it again")
+        return np.ones(3) + np.ones(4)
+
+
+def test_only_the_projects_own_errors_end_in_one_line(tmp_path):
+    """run_cli, the command line of both trainers: a project error is `error: ...` and nothing else; any other
+    exception raised inside training, even a ValueError, keeps its traceback down to where it was raised."""
+    def main(seed):
+        argv = ["--out-dir", str(tmp_path / str(seed)), "--device", "cpu", "--seed", str(seed)]
+        return run_cli("a trainer", LinearConfig, argv, lambda cfg: FailingTrainer(cfg).fit())
+
+    with pytest.raises(SystemExit) as ours:
+        main(seed=1)
+    assert ours.value.code == "error: batches.bin: truncated at batch 0; prepare it again"
+    with pytest.raises(ValueError, match="could not be broadcast together") as foreign:
+        main(seed=2)
+    assert not isinstance(foreign.value, SystemExit) and foreign.traceback[-1].name == "forward_backward"

@@ -60,3 +60,17 @@ def test_bad_input_is_one_line(make_checkpoint, gpt2_enc, tmp_path):
                      "--device", "cpu"])
     with pytest.raises(SystemExit, match="no such checkpoint file"):
         sample.main([str(tmp_path / "model_00100.pt")])
+    with pytest.raises(SystemExit, match="the prompt has 21 tokens, the model's context is 16; shorten it"):
+        sample.main([str(make_checkpoint(vocab_size=50257, block_size=16)), "--prompt", "Hello " * 20,
+                     "--device", "cpu"])
+
+
+def test_a_failure_in_generation_keeps_its_traceback(make_checkpoint, gpt2_enc, monkeypatch):
+    """A RuntimeError of torch's (here a stand-in for a CUDA error) is no bad input: it is not cut to one line."""
+    def device_side_assert(*args, **kwargs):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    monkeypatch.setattr(sample.GPT, "generate", device_side_assert)
+    with pytest.raises(RuntimeError, match="device-side assert") as e:
+        sample.main([str(make_checkpoint(vocab_size=50257)), "--device", "cpu"])
+    assert e.traceback[-1].name == "device_side_assert"

@@ -192,6 +192,17 @@ def test_resume_needs_a_checkpoint_and_auto_resume_does_not(tmp_path, capsys):
     assert [p.name for p in list_checkpoints(tmp_path / "out")] == ["model_00004.pt", "model_00006.pt"]
 
 
+def test_samples_come_every_sample_interval_steps_between_evaluations(tmp_path, monkeypatch):
+    """--sample-interval 3 with --eval-interval 4: samples after steps 3 and 6, and the closing ones at 8."""
+    import train_gpt2
+
+    steps = []
+    monkeypatch.setattr(train_gpt2.GPTTrainer, "print_samples", lambda self, step: steps.append(step))
+    data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
+    train_in_process(args(data, tmp_path / "out", max_steps=8, eval_interval=4, sample_interval=3))
+    assert steps == [3, 6, 8]
+
+
 def test_corrupt_shard_and_missing_shards_are_clear_errors(tmp_path):
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=200)
     np.save(data / "synth_train_000001.npy", np.full(200, 60000, dtype=np.uint16))  # ids beyond the vocab

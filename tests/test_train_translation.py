@@ -212,7 +212,9 @@ def test_two_ranks_train_the_same_steps_as_one_process_accumulating_two(runs, tm
     assert "step: 2 batches (grad accum 1) of <= 800 tokens" in done.stdout
     one, two = load_checkpoint(tmp_path / "one", kind="translation"), load_checkpoint(tmp_path / "two", kind="translation")
     assert (one["step"], one["world_size"], two["world_size"]) == (3, 1, 2)
-    for key in one["model"]:
+    # A key bias adds q.b_k to every score of a query, which softmax ignores: its gradient is zero up to rounding,
+    # and Adam divides that rounding noise by its own size, so the two summation orders move it apart.
+    for key in (k for k in one["model"] if not k.endswith("k_proj.bias")):
         torch.testing.assert_close(two["model"][key], one["model"][key], msg=key)
     train_one, train_two = ([r for r in records(tmp_path / run) if r["kind"] == "train"] for run in ("one", "two"))
     assert [r["tokens"] for r in train_two] == [r["tokens"] for r in train_one]

@@ -27,6 +27,7 @@ import torch
 
 from activations.impl import model_identity
 from data.files import atomic_file, fsync_dir, remove_temporaries
+from errors import CheckpointError, CheckpointNotFound
 from training import distributed
 from training.foreign_checkpoints import nanogpt_checkpoint_in, read_foreign_checkpoint
 
@@ -36,10 +37,6 @@ NAME = re.compile(r"^model_(\d+)\.pt$")
 _reconstruct = getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct
 LEGACY_NUMPY_RNG = [np.ndarray, np.dtype, np.dtypes.UInt32DType, _reconstruct,
                     (_reconstruct, "numpy.core.multiarray._reconstruct")]
-
-
-class CheckpointError(ValueError):
-    pass
 
 
 class CorruptCheckpoint(CheckpointError):
@@ -137,11 +134,11 @@ def latest_checkpoint(out_dir):
 
 def read_checkpoint_file(path, map_location="cpu"):
     """What a checkpoint file holds, read as data only (weights_only=True), after checking its sidecar
-    checksum when it has one. Errors are one line naming the file: CheckpointError (missing),
+    checksum when it has one. Errors are one line naming the file: CheckpointNotFound (missing),
     CorruptCheckpoint (damaged bytes) or UnsafeCheckpoint (the file would run code)."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint file (checkpoints are written as <out_dir>/model_NNNNN.pt)")
+        raise CheckpointNotFound(f"{path}: no such checkpoint file (checkpoints are written as <out_dir>/model_NNNNN.pt)")
     verify_checksum(path)
     try:
         with torch.serialization.safe_globals(LEGACY_NUMPY_RNG):
@@ -169,7 +166,7 @@ def load_checkpoint(path, kind=None, map_location="cpu"):
     if path.is_dir():
         newest = latest_checkpoint(path) or nanogpt_checkpoint_in(path)
         if newest is None:
-            raise CheckpointError(f"{path}: no model_*.pt checkpoint in this directory; train first or give a file")
+            raise CheckpointNotFound(f"{path}: no model_*.pt checkpoint in this directory; train first or give a file")
         path = newest
     foreign = read_foreign_checkpoint(path, kind, map_location) if path.is_file() else None
     if foreign is not None:  # build-nanogpt / nanoGPT: converted to our layout, read as data only

@@ -6,17 +6,18 @@ name: `--max-steps 50`, `--max_steps=50`, `--act aglu` or the dotted path `--mod
 Leaf names are unique across a config's sections, so the short form is never ambiguous.
 Unknown keys and values that do not parse are one-line errors that name the valid choices.
 """
+import ast
 import dataclasses
 import difflib
+import inspect
 import json
+import textwrap
 import tomllib
 import types
 import typing
 from pathlib import Path
 
-
-class ConfigError(ValueError):
-    pass
+from errors import ConfigError, NanoactError
 
 
 def _leaves(cls, prefix=""):
@@ -182,15 +183,43 @@ def from_dict(cls, data):
     return cls(**kwargs)
 
 
+def _field_comments(klass):
+    """{field: what its comment says} of one dataclass body: the comment after the field, else the comment lines
+    just above it. The comments are the options' documentation, written once, beside the defaults."""
+    try:
+        source = textwrap.dedent(inspect.getsource(klass))
+    except (OSError, TypeError):  # a class made at run time has no source
+        return {}
+    lines, out = source.splitlines(), {}
+    for node in ast.parse(source).body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            after = lines[node.end_lineno - 1][node.end_col_offset:].strip()
+            above = []
+            for line in reversed(lines[:node.lineno - 1]):
+                if not line.strip().startswith("#"):
+                    break
+                above.insert(0, line.strip()[1:].strip())
+            text = after[1:].strip() if after.startswith("#") else " ".join(above)
+            if text:
+                out[node.target.id] = text
+    return out
+
+
 def help_text(cls, defaults=None):
-    """One line per option with its default, for --help."""
+    """One line per option: its default and its comment in the dataclass (a subclass's comment wins), for --help."""
     defaults = defaults or cls()
     lines = []
     for path in _leaves(cls):
-        value = defaults
-        for part in path.split("."):
-            value = getattr(value, part)
-        lines.append(f"  --{path.rsplit('.', 1)[-1].replace('_', '-'):28s} {value!r}")
+        value, owner = defaults, cls
+        for part in path.split(".")[:-1]:
+            value, owner = getattr(value, part), typing.get_type_hints(owner)[part]
+        name = path.rsplit(".", 1)[-1]
+        comments = {}
+        for klass in reversed(owner.__mro__):
+            if dataclasses.is_dataclass(klass):
+                comments.update(_field_comments(klass))
+        comment = f"  {comments[name]}" if name in comments else ""
+        lines.append(f"  --{name.replace('_', '-'):28s} {getattr(value, name)!r:10s}{comment}".rstrip())
     return "\n".join(lines)
 
 
@@ -230,11 +259,12 @@ class EvalConfig:
 
 def run_cli(doc, cls, argv, run):
     """A trainer's command line: --help lists every option; otherwise build `cls` (defaults, --config TOML,
-    --key value) and call run(cfg). Bad input (ValueError: config, checkpoint, data) ends in one line."""
+    --key value) and call run(cfg). The project's own errors (errors.py: config, checkpoint, data, tokenizer,
+    distributed) end in one line; any other exception keeps its traceback."""
     if "-h" in argv or "--help" in argv:
         print(doc + "\noptions (default):\n" + help_text(cls))
         return None
     try:
         return run(load_config(cls, argv))
-    except (ValueError, FileNotFoundError) as e:
+    except NanoactError as e:
         raise SystemExit(f"error: {e}") from None

@@ -21,6 +21,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from errors import DistributedError
+
 
 @dataclass
 class Dist:
@@ -48,7 +50,7 @@ class Dist:
 def pick_device(requested="auto"):
     if requested != "auto":
         if requested.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError(f"--device {requested} asked for, but torch sees no CUDA device; use --device cpu")
+            raise DistributedError(f"--device {requested} asked for, but torch sees no CUDA device; use --device cpu")
         return requested
     if torch.cuda.is_available():
         return "cuda"
@@ -68,9 +70,9 @@ def setup(requested_device="auto", timeout=600.0):
             int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0:
         # Each node's agent counts restarts itself (one that restarts for another node's failure does not count
         # it), so the attempt prefix would differ between nodes; torch's own per-round store avoids stale keys.
-        raise ValueError("torchrun --max-restarts on several nodes: start torchrun with "
-                           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment on every node, so that each "
-                           "restart gets a fresh store (docs/fault_tolerance.md)")
+        raise DistributedError("torchrun --max-restarts on several nodes: start torchrun with "
+                                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment on every node, so that each "
+                                 "restart gets a fresh store (docs/fault_tolerance.md)")
     device = pick_device(requested_device)
     wait = timedelta(seconds=timeout)
     # torch's env:// rendezvous (MASTER_ADDR/PORT: torchrun's agent store, or rank 0's), as init_process_group

@@ -22,13 +22,15 @@ from pathlib import Path
 
 import torch
 
+from errors import CheckpointError
+
 # the GPT-2 architecture fields both formats share with our GPTConfig
 ARCHITECTURE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")
 PREFIXES = ("_orig_mod.", "module.")
 STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING"}
 
 
-class ForeignCheckpointError(ValueError):
+class ForeignCheckpointError(CheckpointError):
     pass
 
 

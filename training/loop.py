@@ -6,7 +6,8 @@ A trainer subclasses Trainer and writes only what is its own:
     learning_rate(step) -> float
     forward_backward(model) -> (mean loss tensor, tokens)   one optimizer step's passes on this rank
     evaluate(step, last, model) -> Evaluation               its evaluations, on the model evaluations run
-    optional: step_fields(tok_per_s), checkpoint_state(evaluation), finish(step) -> closing record or None
+    optional: step_fields(tok_per_s), after_step(step), checkpoint_state(evaluation),
+              finish(step) -> closing record or None
 
 The base class keeps no attribute a trainer reads: a hook gets what it needs as arguments, or from what the
 trainer itself kept in build (its Context, its loaders). tests/test_loop.py trains a trainer of 40 lines.
@@ -14,9 +15,9 @@ trainer itself kept in build (its Context, its loaders). tests/test_loop.py trai
 fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
 build; resume; the activation kernels' decision (activations/policy.py); the run log; compile and DDP; the loop; the trainer's
 closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and at the end),
-train step, log, checkpoint (every checkpoint_interval steps and on a signal), stop; at the end the checkpoint
-follows the final evaluation, so the file the closing line names holds the numbers it prints. The stdout
-lines' format is training/runlog.py's.
+train step, log, the trainer's after_step, checkpoint (every checkpoint_interval steps and on a signal), stop;
+at the end the checkpoint follows the final evaluation, so the file the closing line names holds the numbers it
+prints. The stdout lines' format is training/runlog.py's.
 
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
 a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
@@ -135,6 +136,10 @@ class Trainer:
     def step_fields(self, tok_per_s):
         """Extra numbers for the step's record and stdout line (e.g. MFU, epoch)."""
         return {}
+
+    def after_step(self, step):
+        """After each optimizer step (`step` steps done), on every rank: work between evaluations, such as the
+        GPT trainer's samples every --sample-interval steps. It must not use a collective."""
 
     def checkpoint_state(self, evaluation):
         """Extra entries of this trainer's checkpoints; `evaluation` is the newest Evaluation's fields or None."""
@@ -262,6 +267,7 @@ class Trainer:
                 return
             loss, lr, norm, seconds, step_tokens = self.train_step(run)
             self.log_step(run, loss, lr, norm, seconds, step_tokens)
+            self.after_step(run.step)
             self.waiting = (run.step, "the stop-signal all-reduce")
             stopping = distributed.any_rank(stop.requested, run.ctx.dist)
             if (run.step % interval == 0 and run.step < run.parts.max_steps) or stopping:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from activations import layer_activation, mlp_activation
 from activations.impl import model_identity
 from activations.gated import GatedProduct, hidden_width
+from errors import ConfigError
 
 NORMS = ("deepnorm", "postln", "preln")
 
@@ -176,7 +177,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.check_config(cfg)
         if cfg.vocab_size <= 0:
-            raise ValueError("vocab_size must be set (the trainer takes it from the sentencepiece model)")
+            raise ConfigError("vocab_size must be set (the trainer takes it from the sentencepiece model)")
         self.cfg = cfg
         if cfg.norm == "deepnorm":
             enc_alpha, self.enc_beta, dec_alpha, self.dec_beta = deepnorm_constants(cfg.enc_layers, cfg.dec_layers)
@@ -211,11 +212,11 @@ class Transformer(nn.Module):
     def check_config(cfg):
         """Everything but the vocabulary (which comes from the tokenizer): usable before any data is read."""
         if cfg.norm not in NORMS:
-            raise ValueError(f"unknown norm {cfg.norm!r}; choose one of {', '.join(NORMS)}")
+            raise ConfigError(f"unknown norm {cfg.norm!r}; choose one of {', '.join(NORMS)}")
         if cfg.positions not in ("sinusoidal", "learned"):
-            raise ValueError(f"unknown positions {cfg.positions!r}; choose sinusoidal or learned")
+            raise ConfigError(f"unknown positions {cfg.positions!r}; choose sinusoidal or learned")
         if cfg.d_model % cfg.n_head:
-            raise ValueError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
+            raise ConfigError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
         with torch.random.fork_rng(devices=[]):  # a trial build: the init RNG stream stays as it was
             name, gated = mlp_activation(cfg.act)
             hidden_width(cfg.ffn_dim, gated, cfg.glu_hidden)
