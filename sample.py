@@ -2,7 +2,7 @@
 transformers GPT-2 weights (a directory, or a hub name such as gpt2).
 
     python sample.py log/aglu                                        # the run's newest checkpoint
-    python sample.py log/aglu/model_19072.pt --prompt "Hello, I'm a language model," --num-samples 5
+    python sample.py log/aglu/model_19073.pt --prompt "Hello, I'm a language model," --num-samples 5
     python sample.py out/ckpt.pt --prompt-file prompt.txt --max-new-tokens 200 --temperature 0.8 --top-k 200
     python sample.py gpt2 --device cuda --dtype bfloat16 --compile  # OpenAI's GPT-2 124M from the hub
 

@@ -5,7 +5,7 @@
         --act-kwargs '{"per_instance": true}' --plain-top-k 1                               # NSwish + 1 Swish
     python train_translation.py --config configs/translation_cpu_small.toml --data-dir DIR  # train.de, valid.en ...
     torchrun --standalone --nproc_per_node 4 train_translation.py --config configs/translation_6l.toml
-    python train_translation.py --eval-only log/translation_6l/model_20000.pt --split test --beam 5
+    python train_translation.py --eval-only log/translation_6l --split test --beam 5   # its newest checkpoint
 
 Every option is a field of TrainConfig below: set it in a TOML file (--config) or as --name value.
 --resume continues the newest checkpoint in --out-dir exactly (optimizer, data order, RNG streams).

@@ -1,6 +1,7 @@
 """HellaSwag zero-shot accuracy of a nanoact checkpoint (or a transformers GPT-2), scored two ways.
 
-    python eval/hellaswag.py log/aglu/model_19072.pt      # both scorings, all 10,042 validation items
+    python eval/hellaswag.py log/aglu/model_19073.pt      # the README recipe's last checkpoint: both scorings,
+                                                          # all 10,042 validation items
     python eval/hellaswag.py log/aglu --limit 1000        # a run directory means its newest checkpoint
     python eval/hellaswag.py --hf path/to/gpt2_dir        # transformers GPT2LMHeadModel weights
     torchrun --nproc_per_node 8 eval/hellaswag.py log/aglu # rows split over ranks, log-likelihoods all-reduced

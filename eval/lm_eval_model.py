@@ -1,6 +1,7 @@
 """nanoact GPT-2 checkpoints inside lm-evaluation-harness: any lm-eval task, on our own model code.
+(log/aglu/model_19073.pt: the last checkpoint of the README's recipe; a run directory means its newest.)
 
-    python -m eval.lm_eval_model --model nanoact --model_args checkpoint=log/aglu/model_19072.pt \
+    python -m eval.lm_eval_model --model nanoact --model_args checkpoint=log/aglu/model_19073.pt \
         --tasks hellaswag,piqa --device cuda --batch_size 32
     python eval/lm_eval_model.py --model nanoact --model_args hf=path/to/gpt2 --tasks lambada_openai
 

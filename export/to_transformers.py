@@ -1,6 +1,6 @@
 """Export a nanoact GPT-2 checkpoint as a transformers model directory.
 
-    python export/to_transformers.py log/gelu/model_19072.pt out/gelu_hf
+    python export/to_transformers.py log/gelu/model_19073.pt out/gelu_hf  # the README recipe's last, with --act gelu
     python export/to_transformers.py log/aglu out/aglu_hf
 
     AutoModelForCausalLM.from_pretrained("out/gelu_hf")                          # plain GPT2LMHeadModel

@@ -1,7 +1,8 @@
 """Docs that cannot rot: every repository path, module, script and command-line flag that the docs and the
 docstrings name exists, and no text (docs, code, tests, configs) points at an external issue tracker.
 
-Docs: README.md, BENCHMARKS.md, activations/README.md, experiments/*.md. Docstrings: of the modules, classes
+Docs: every .md file of the repository (README.md, docs/*.md, BENCHMARKS.md, activations/README.md,
+experiments/*.md); their relative links lead to a file and, with a #fragment, to one of its headings. Docstrings: of the modules, classes
 and functions of the project's .py files (tests excluded). Commands are read from code blocks, indented
 docstring lines and `backticked` spans; each --flag is checked against the script it follows."""
 import argparse
@@ -21,8 +22,8 @@ from training import config
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("activations", "analysis", "bench", "data", "eval", "export", "training", "translation")
-DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "activations" / "README.md",
-        *sorted((ROOT / "experiments").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "BENCHMARKS.md",
+        ROOT / "activations" / "README.md", *sorted((ROOT / "experiments").glob("*.md"))]
 SOURCES = [*sorted(ROOT.glob("*.py")), *(p for pkg in PACKAGES for p in sorted((ROOT / pkg).glob("*.py")))]
 EVERY_TEXT = [*DOCS, *SOURCES, *sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "configs").glob("*.toml")),
               ROOT / "requirements.txt", ROOT / "pyproject.toml", ROOT / ".ci" / "run"]
@@ -30,22 +31,26 @@ EVERY_TEXT = [*DOCS, *SOURCES, *sorted((ROOT / "tests").glob("*.py")), *sorted((
 # A repository path starts with one of our folders or top-level files, and names a file by its extension or
 # a folder by its trailing slash: extension-less words such as data/tiny_shards (written by a run) or
 # eval/val_loss (a wandb key) are not taken for paths.
-PATH_PREFIXES = tuple(f"{d}/" for d in (*PACKAGES, "configs", "tests", "experiments", ".ci")) + (
+PATH_PREFIXES = tuple(f"{d}/" for d in (*PACKAGES, "configs", "docs", "tests", "experiments", ".ci")) + (
     "model.py", "sample.py", "train_gpt2.py", "train_translation.py", "requirements.txt", "pyproject.toml",
     "BENCHMARKS.md", "README.md")
-OTHER_REPOSITORIES = ("data/*/prepare.py",)  # nanoGPT's, in the README's "Coming from nanoGPT" table
+OTHER_REPOSITORIES = ("data/*/prepare.py",)  # nanoGPT's, in docs/coming_from.md's table
 ISSUE = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)
+
+
+def where(path):
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
 
 
 def docs_and_docstrings():
     """(where, text) of every doc and of every docstring in SOURCES."""
     for path in DOCS:
-        yield path.relative_to(ROOT).as_posix(), path.read_text()
+        yield where(path), path.read_text()
     for path in SOURCES:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 if doc := ast.get_docstring(node):
-                    yield path.relative_to(ROOT).as_posix() + (f" ({node.name})" if hasattr(node, "name") else ""), doc
+                    yield where(path) + (f" ({node.name})" if hasattr(node, "name") else ""), doc
 
 
 def commands(text):
@@ -118,6 +123,46 @@ def test_repository_paths_exist():
             if not found:
                 missing.append(f"{where}: {token}")
     assert not missing, "\n".join(missing)
+
+
+def test_every_markdown_file_is_checked():
+    found = {p for p in ROOT.rglob("*.md") if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)}
+    assert found <= set(DOCS), sorted(map(str, found - set(DOCS)))
+
+
+def anchor(heading):
+    """GitHub's fragment for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_markdown_links_lead_somewhere():
+    """[text](path#fragment) relative to the doc: the file exists and has a heading with that fragment."""
+    broken = []
+    for path in DOCS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            file, _, fragment = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            if not linked.exists() or fragment and fragment not in {
+                    anchor(h) for h in re.findall(r"^#+ (.*)", linked.read_text(), re.M)}:
+                broken.append(f"{where(path)}: {target}")
+    assert not broken, "\n".join(broken)
+
+
+def test_named_checkpoints_are_the_ones_the_recipe_writes():
+    """`log/aglu/model_19073.pt`: a run directory's checkpoint named in the docs is the last one the README's
+    recipe (configs/gpt2_124m.toml) writes: checkpoint_path at its max_steps (a run of N steps ends on
+    model_N: tests/test_train_gpt2.py::test_resume_needs_a_checkpoint_and_auto_resume_does_not)."""
+    import train_gpt2
+    from training.checkpoint import checkpoint_path
+
+    steps = config.load_config(train_gpt2.TrainConfig, ["--config", str(ROOT / "configs" / "gpt2_124m.toml")]).optim.max_steps
+    last = checkpoint_path("log/aglu", steps).name
+    named = [(where, m) for where, text in docs_and_docstrings()
+             for m in re.findall(r"\blog/\w+/(model_\d+\.pt)", text)]
+    assert named and "model_19073.pt" in (ROOT / "README.md").read_text()
+    assert [f"{w}: {m}" for w, m in named if m != last] == [], f"the recipe's last checkpoint is {last}"
 
 
 def test_benchmarks_sections_exist():
@@ -251,3 +296,19 @@ def test_no_issue_tracker_references():
     found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in EVERY_TEXT if path != Path(__file__)
              for n, line in enumerate(path.read_text().splitlines(), 1) if ISSUE.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_a_planted_mistake_in_a_doc_is_caught(tmp_path, monkeypatch):
+    """The checks above read docs/ as they read the README: a doc naming a missing file, a flag its script does
+    not take or a link to no heading fails them."""
+    planted = tmp_path / "planted.md"
+    planted.write_text("See `docs/no_such_page.md` and [training](%s#no-such-heading).\n\n```bash\n"
+                       "python train_gpt2.py --config configs/gpt2_cpu_tiny.toml --no-such-flag 3\n```\n"
+                       % (ROOT / "docs" / "training.md"))
+    monkeypatch.setattr(sys.modules[__name__], "DOCS", [planted])
+    monkeypatch.setattr(sys.modules[__name__], "SOURCES", [])
+    checks = [(test_repository_paths_exist, "docs/no_such_page.md"), (test_flags_are_accepted, "--no-such-flag"),
+              (test_markdown_links_lead_somewhere, "no-such-heading")]
+    for check, mistake in checks:
+        with pytest.raises(AssertionError, match=re.escape(mistake)):
+            check()

@@ -83,8 +83,8 @@ def test_elastic_restart_after_a_lost_worker_equals_an_uninterrupted_run(tmp_pat
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc (Linux)")
 def test_two_torchrun_nodes_on_loopback_equal_one_process_through_a_restart(tmp_path):
-    """README's multi-node recipe (c10d rendezvous, --max-restarts, a fresh store per round), as two 1-process
-    nodes on 127.0.0.1, one worker killed mid-run: the result equals one process that never stopped."""
+    """docs/fault_tolerance.md's multi-node recipe (c10d rendezvous, --max-restarts, a fresh store per round),
+    as two 1-process nodes on 127.0.0.1, one worker killed mid-run: the result equals one process that never stopped."""
     data = write_corpus(tmp_path / "data")
     extra = dict(max_steps=40, eval_interval=20, checkpoint_interval=2, auto_resume="true")
     train_in_process(args(data, tmp_path / "single", **extra))  # 1 process: B=4 x 2 micro-steps

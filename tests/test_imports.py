@@ -1,4 +1,4 @@
-"""Imports point down (README, "Layout"): a folder imports only the folders below it, so a reader can follow
+"""Imports point down (README, "The code"): a folder imports only the folders below it, so a reader can follow
 any module to the bottom without meeting the trainer that uses it, and the loop never depends on a model."""
 import ast
 from pathlib import Path

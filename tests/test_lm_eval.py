@@ -97,17 +97,17 @@ def test_generate_until_equals_greedy_generate(lm, gpt2_enc):
         lm.generate_until(instances("generate_until", [("x", {"do_sample": True})]))
 
 
-def readme_task_yaml(hellaswag_path):
-    """The README's offline hellaswag task yaml, pointed at `hellaswag_path`."""
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("# my_tasks/hellaswag_local.yaml")
-    text = readme[start:readme.index("```", start)]
+def docs_task_yaml(hellaswag_path):
+    """The offline hellaswag task yaml of docs/evaluation.md, pointed at `hellaswag_path`."""
+    doc = (ROOT / "docs" / "evaluation.md").read_text()
+    start = doc.index("# my_tasks/hellaswag_local.yaml")
+    text = doc[start:doc.index("```", start)]
     assert "validation: /data/hellaswag_val.jsonl" in text
     return text.replace("/data/hellaswag_val.jsonl", str(hellaswag_path))
 
 
 def write_tasks(directory, hellaswag_path):
-    """Three offline task yamls: the README's (lm-eval's hellaswag recipe on a local jsonl), a
+    """Three offline task yamls: the docs' (lm-eval's hellaswag recipe on a local jsonl), a
     rolling-perplexity task and a generation task (dataset_path: json + data_files, the way to run
     lm-eval offline)."""
     docs = directory / "docs.jsonl"
@@ -117,7 +117,7 @@ def write_tasks(directory, hellaswag_path):
     ]))
     (directory / "utils.py").write_text("from lm_eval.tasks.hellaswag.utils import process_docs  # noqa: F401\n")
     common = "dataset_path: json\ndataset_name: null\n"
-    (directory / "hellaswag_local.yaml").write_text(readme_task_yaml(hellaswag_path))
+    (directory / "hellaswag_local.yaml").write_text(docs_task_yaml(hellaswag_path))
     (directory / "text_local.yaml").write_text(
         f"task: text_local\n{common}dataset_kwargs:\n  data_files:\n    test: {docs}\n"
         'output_type: loglikelihood_rolling\ntest_split: test\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
@@ -146,7 +146,7 @@ def test_local_tasks_through_lm_eval_evaluator(lm, gpt2_enc, hellaswag_file, tmp
     with caplog.at_level(logging.WARNING, logger="lm_eval"):
         out = simple_evaluate(model=lm, tasks=["hellaswag_local", "text_local", "gen_local"], task_manager=tasks,
                               log_samples=True, bootstrap_iters=0)
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # the README's yaml too
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # the docs' yaml too
     res = out["results"]
     ours = evaluate_model(lm.model, "cpu", hs, scoring="lm_eval", progress=False, batch_items=4)["lm_eval"]
     assert res["hellaswag_local"]["acc,none"] == pytest.approx(ours["acc"])

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from training.checkpoint import list_checkpoints
+
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 64
 
@@ -185,6 +187,8 @@ def test_resume_needs_a_checkpoint_and_auto_resume_does_not(tmp_path, capsys):
     train_in_process(args(data, tmp_path / "out", auto_resume="true", max_steps=6))
     again = capsys.readouterr().out
     assert "resuming" in again and "model_00004.pt" in again and "done: steps 4-6" in again
+    # a run of N steps ends on model_N, N a multiple of --checkpoint-interval (4) or not
+    assert [p.name for p in list_checkpoints(tmp_path / "out")] == ["model_00004.pt", "model_00006.pt"]
 
 
 def test_corrupt_shard_and_missing_shards_are_clear_errors(tmp_path):

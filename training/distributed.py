@@ -70,7 +70,7 @@ def setup(requested_device="auto", timeout=600.0):
         # it), so the attempt prefix would differ between nodes; torch's own per-round store avoids stale keys.
         raise ValueError("torchrun --max-restarts on several nodes: start torchrun with "
                            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment on every node, so that each "
-                           "restart gets a fresh store (README, fault tolerance)")
+                           "restart gets a fresh store (docs/fault_tolerance.md)")
     device = pick_device(requested_device)
     wait = timedelta(seconds=timeout)
     # torch's env:// rendezvous (MASTER_ADDR/PORT: torchrun's agent store, or rank 0's), as init_process_group
