@@ -234,8 +234,9 @@ class Transformer(nn.Module):
     def fairseq_init(self):
         """fairseq 0.12's `transformer` (MultiheadAttention.reset_parameters; the FFN's nn.Linear is left alone).
         Gain 1/sqrt(2) on q, k and v gives each the xavier bound of the packed [3d, d] in-projection
-        (sqrt(6 / 4d)) that tensor2tensor and nn.MultiheadAttention use; with gain 1 a post-LN model starts
-        measurably worse (BENCHMARKS.md, "Translation baselines beside fairseq")."""
+        (sqrt(6 / 4d)) that tensor2tensor and nn.MultiheadAttention use. With xavier_normal on every matrix
+        instead, post-LN trailed fairseq's by 0.33 nats at 500 updates
+        (BENCHMARKS.md, "Translation baselines beside fairseq")."""
         for layers in (self.encoder, self.decoder):
             for module in layers.modules():
                 if isinstance(module, nn.Linear):
