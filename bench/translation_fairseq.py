@@ -93,23 +93,21 @@ def fairseq_hyps(path):
 
 
 def report(run_dir, test_sentences):
-    """(norm or 'fairseq', {step: dev NLL in nats}, {beam: (BLEU, length ratio)}, seconds per update)."""
+    """(norm or 'fairseq', {step: dev NLL in nats}, {beam: (BLEU, length ratio)})."""
     run = Path(run_dir)
     refs = read_lines(f"{TEST}.en")[:test_sentences]
     if (run / "train.log").is_file():  # fairseq: valid nll_loss is in bits per token
         log = (run / "train.log").read_text()
         nll = {int(m[2]): float(m[1]) * math.log(2)
                for m in re.finditer(r"\| valid on 'valid' subset .*?\| nll_loss ([\d.]+) .*?\| num_updates (\d+)", log)}
-        wall = re.findall(r"\| train_wall (\d+)", log)
         scores = {b: bleu_and_ratio(fairseq_hyps(run / f"generate_beam{b}.txt"), refs) for b in (5, 1)}
-        return "fairseq", nll, scores, None if not wall else float(wall[-1]) / max(nll)
+        return "fairseq", nll, scores
     records = [json.loads(line) for line in read_lines(run / "metrics.jsonl")]
     nll = {r["step"]: r["val_loss"] for r in records if "val_loss" in r and r["step"] > 0}
-    steps = [r for r in records if "dt_ms" in r]
     names = {5: "beam5", 1: "greedy"}
     scores = {b: bleu_and_ratio(read_lines(run / f"translations_test_{names[b]}.txt"), refs) for b in (5, 1)}
     norm = json.loads((run / "run.json").read_text())["config"]["model"]["norm"]
-    return norm, nll, scores, sum(r["dt_ms"] for r in steps) / 1000 / max(1, len(steps)) if steps else None
+    return norm, nll, scores
 
 
 def main(argv=None):
@@ -126,13 +124,12 @@ def main(argv=None):
     if args.prepare:
         return prepare(args.prepare, args.test_sentences, args.spm_dir)
     if args.report:
-        print("| system | norm | s/update | dev NLL (nats) @ updates | "
-              f"tst2014[:{args.test_sentences}] BLEU beam5 / greedy | length ratio beam5 / greedy |\n|---|---|---|---|---|---|")
+        print("| system | norm | dev NLL (nats) @ updates | "
+              f"tst2014[:{args.test_sentences}] BLEU beam5 / greedy | length ratio beam5 / greedy |\n|---|---|---|---|---|")
         for run_dir in args.report:
-            norm, nll, scores, seconds = report(run_dir, args.test_sentences)
+            norm, nll, scores = report(run_dir, args.test_sentences)
             system = "fairseq" if norm == "fairseq" else "nanoact"
             print(f"| {system} | {'post-LN' if norm == 'fairseq' else norm} | "
-                  f"{'-' if seconds is None else f'{seconds:.3f}'} | "
                   + " / ".join(f"{nll[s]:.3f} @{s}" for s in sorted(nll))
                   + f" | {scores[5][0]:.2f} / {scores[1][0]:.2f} | {scores[5][1]:.2f} / {scores[1][1]:.2f} |")
         return None
