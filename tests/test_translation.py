@@ -9,6 +9,7 @@ import torch
 from data.parallel_corpus import TokenBatchLoader, collate
 from eval.bleu import corpus_bleu
 from translation import Transformer, TranslationConfig, beam_search, deepnorm_constants, greedy
+from translation.model import FFN, Attention
 
 torch.set_num_threads(1)
 V = 20  # 4 specials (pad, unk, bos, eos) + 16 symbols
@@ -41,12 +42,11 @@ def test_deepnorm_constants_6_6_and_formula():
         assert got == pytest.approx(want, rel=1e-12)
 
 
-@pytest.mark.parametrize("norm", ["deepnorm", "postln"])
-def test_init_gains_are_xavier_normal_times_beta(norm):
+def test_deepnorm_init_gains_are_xavier_normal_times_beta():
     torch.manual_seed(0)
     model = Transformer(TranslationConfig(vocab_size=100, enc_layers=6, dec_layers=6, d_model=256, ffn_dim=512,
-                                          norm=norm))
-    ea, eb, da, db = deepnorm_constants(6, 6) if norm == "deepnorm" else (1, 1, 1, 1)
+                                          norm="deepnorm"))
+    ea, eb, da, db = deepnorm_constants(6, 6)
     assert model.encoder[0].res_ffn.alpha == pytest.approx(ea) and model.decoder[5].res_cross.alpha == pytest.approx(da)
 
     def std(w, gain):
@@ -66,12 +66,60 @@ def test_init_gains_are_xavier_normal_times_beta(norm):
         assert abs(p.mean().item()) < 0.05 * want, name
 
 
+def uniform_with_bound(p, bound, name):
+    """p looks like a U(-bound, bound) sample: inside the bound, reaching near it, std bound/sqrt(3)."""
+    a = p.detach().double().flatten()
+    assert a.abs().max() <= bound * (1 + 1e-6), name
+    assert a.abs().max() > 0.95 * bound, name  # 256+ samples: P(all inside 0.95 b) < 1e-5
+    assert a.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.15 if a.numel() < 4096 else 0.03), name
+    assert abs(a.mean().item()) < 0.2 * bound, name
+
+
+@pytest.mark.parametrize("norm", ["postln", "preln"])
+def test_postln_and_preln_initialise_as_fairseq_transformer(norm):
+    """fairseq 0.12's `transformer` (MultiheadAttention.reset_parameters, Embedding, the untied output): q, k, v
+    xavier_uniform with gain 1/sqrt(2) and PyTorch's default bias, out_proj xavier_uniform with zero bias, the
+    FFN's linears PyTorch's default U(+-1/sqrt(fan_in)) for weight and bias, LayerNorms 1 and 0, embeddings
+    N(0, d^-1/2) with a zero padding row, the untied output N(0, d^-1/2)."""
+    d, ffn, vocab = 256, 512, 1000
+    torch.manual_seed(0)
+    model = Transformer(TranslationConfig(vocab_size=vocab, enc_layers=2, dec_layers=2, d_model=d, ffn_dim=ffn,
+                                          norm=norm, share_embeddings=False, tie_output=False))
+    seen = set()
+    for name, module in model.named_modules():
+        if isinstance(module, Attention):
+            for proj in ("q_proj", "k_proj", "v_proj"):
+                linear = getattr(module, proj)
+                uniform_with_bound(linear.weight, 2 ** -0.5 * math.sqrt(6 / (2 * d)), f"{name}.{proj}.weight")
+                uniform_with_bound(linear.bias, d ** -0.5, f"{name}.{proj}.bias")
+            uniform_with_bound(module.out_proj.weight, math.sqrt(6 / (2 * d)), f"{name}.out_proj.weight")
+            assert torch.equal(module.out_proj.bias, torch.zeros(d)), name
+            seen.update(p for p in module.parameters())
+        elif isinstance(module, FFN):
+            for child, linear in module.named_children():
+                if isinstance(linear, torch.nn.Linear):
+                    for p in (linear.weight, linear.bias):
+                        uniform_with_bound(p, linear.in_features ** -0.5, f"{name}.{child}")
+                        seen.add(p)
+        elif isinstance(module, torch.nn.LayerNorm):
+            assert torch.equal(module.weight, torch.ones(d)) and torch.equal(module.bias, torch.zeros(d)), name
+            seen.update((module.weight, module.bias))
+    for table in (model.embed_src.weight, model.embed_tgt.weight):
+        assert torch.equal(table[0], torch.zeros(d))
+        assert table[1:].std().item() == pytest.approx(d ** -0.5, rel=0.03)
+    assert model.output.weight.std().item() == pytest.approx(d ** -0.5, rel=0.03)
+    seen.update((model.embed_src.weight, model.embed_tgt.weight, model.output.weight))
+    assert len(seen) == len(list(model.parameters()))  # every parameter group was checked
+
+
 @pytest.mark.parametrize("norm", ["deepnorm", "postln", "preln"])
 def test_step0_loss_is_ln_vocab_untied_and_deepnorm_tied_copies_its_input(norm):
     """Random tokens at init: with an untied output projection (N(0, d^-1/2), torchscale's init) the logits are
     ~N(0, 1), so the loss is ln V + ~0.5 for every norm. Tied to the sqrt(d)-scaled input embedding, DeepNorm's
     up-weighted residual keeps the decoder input token's embedding dominant, so the model predicts its input:
-    the loss is the logit of the input token (DeepNet's published init does the same, see docs/translation.md)."""
+    the loss is the logit of the input token (DeepNet's published init does the same, see docs/translation.md).
+    Post-LN and pre-LN under fairseq's init lean toward their input too (their sublayers start smaller than the
+    embedding), but less: the tied loss stays within ~1.5 nats of ln V."""
     vocab = 1000
     src = torch.randint(4, vocab, (8, 12), generator=torch.Generator().manual_seed(1))
     tgt = torch.randint(4, vocab, (8, 13), generator=torch.Generator().manual_seed(2))
@@ -89,7 +137,7 @@ def test_step0_loss_is_ln_vocab_untied_and_deepnorm_tied_copies_its_input(norm):
     if norm == "deepnorm":
         assert losses[True] > math.log(vocab) + 2 and losses[True] == pytest.approx(copy, abs=0.5)
     else:
-        assert math.log(vocab) < losses[True] < math.log(vocab) + 1
+        assert math.log(vocab) < losses[True] < math.log(vocab) + 1.5 and 2 < copy < losses[True] - 0.5
 
 
 def test_no_information_from_future_targets():

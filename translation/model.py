@@ -5,7 +5,8 @@ beta is the xavier_normal gain of the FFN weights and of the attention value/out
 (queries and keys keep gain 1). For N encoder and M decoder layers (DeepNet, Table 1):
     encoder alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16)
     decoder alpha = (3M)^(1/4),          beta = (12M)^(-1/4)
-`norm="postln"` (alpha 1, gain 1) and `norm="preln"` (x + f(LN(x)), final LNs) are the baselines.
+`norm="postln"` (alpha 1) and `norm="preln"` (x + f(LN(x)), final LNs) are the baselines, initialised as
+fairseq's `transformer` is (Transformer.fairseq_init).
 The FFN activation comes from the `activations` registry; ANAct's "NSwish + k Swish" keeps the plain
 activation in the top `plain_top_k` FFNs of both the encoder and the decoder. A gated name (swiglu, aglu_glu ...)
 makes the FFN fc2(act(fc1(x)) * fc_up(x)) at 2/3 of ffn_dim (activations/gated.py).
@@ -225,13 +226,10 @@ class Transformer(nn.Module):
                 layer_activation(name, cfg.act_kwargs, n - 1, n, cfg.plain_top_k)
 
     def reset_parameters(self):
-        for layers, beta in ((self.encoder, self.enc_beta), (self.decoder, self.dec_beta)):
-            for name, p in layers.named_parameters():
-                if name.endswith("bias"):
-                    nn.init.zeros_(p)
-                elif p.dim() == 2:  # DeepNet: only q and k keep gain 1
-                    gain = 1.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else beta
-                    nn.init.xavier_normal_(p, gain=gain)
+        if self.cfg.norm == "deepnorm":
+            self.deepnet_init()
+        else:
+            self.fairseq_init()
         for emb in {self.embed_src, self.embed_tgt}:  # fairseq: N(0, d^-1/2), scaled by sqrt(d) on input
             nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5)
             nn.init.zeros_(emb.weight[self.cfg.pad_id])
@@ -239,6 +237,31 @@ class Transformer(nn.Module):
             nn.init.normal_(self.output.weight, std=self.cfg.d_model ** -0.5)
         if self.cfg.positions == "learned":
             nn.init.normal_(self.pos.weight, std=self.cfg.d_model ** -0.5)
+
+    def deepnet_init(self):
+        for layers, beta in ((self.encoder, self.enc_beta), (self.decoder, self.dec_beta)):
+            for name, p in layers.named_parameters():
+                if name.endswith("bias"):
+                    nn.init.zeros_(p)
+                elif p.dim() == 2:  # DeepNet: only q and k keep gain 1
+                    gain = 1.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else beta
+                    nn.init.xavier_normal_(p, gain=gain)
+
+    def fairseq_init(self):
+        """fairseq 0.12's `transformer` (MultiheadAttention.reset_parameters; the FFN's nn.Linear is left alone).
+        Gain 1/sqrt(2) on q, k and v gives each the xavier bound of the packed [3d, d] in-projection
+        (sqrt(6 / 4d)) that tensor2tensor and nn.MultiheadAttention use. With xavier_normal on every matrix
+        instead, post-LN trailed fairseq's by 0.33 nats at 500 updates
+        (BENCHMARKS.md, "Translation baselines beside fairseq")."""
+        for layers in (self.encoder, self.decoder):
+            for module in layers.modules():
+                if isinstance(module, nn.Linear):
+                    module.reset_parameters()  # PyTorch's default: U(+-1/sqrt(fan_in)) weight and bias
+            for attn in (m for m in layers.modules() if isinstance(m, Attention)):
+                for proj in (attn.q_proj, attn.k_proj, attn.v_proj):  # their biases keep PyTorch's default
+                    nn.init.xavier_uniform_(proj.weight, gain=2 ** -0.5)
+                nn.init.xavier_uniform_(attn.out_proj.weight)
+                nn.init.zeros_(attn.out_proj.bias)
 
     def embed(self, table, tokens, offset=0):
         T = tokens.size(1)
