@@ -11,6 +11,8 @@ from translation.model import Transformer
 from test_parallel_data import write_corpus
 
 torch.set_num_threads(1)
+# one pytest-xdist worker runs this file (--dist loadgroup): the `runs` fixture trains once, not once per worker
+pytestmark = pytest.mark.xdist_group("train_translation_runs")
 
 
 def args(corpus, out, spm, *extra):
