@@ -2,7 +2,8 @@
 
 Architecture and init follow OpenAI's GPT-2 (and karpathy/build-nanogpt): learned positions,
 tied input/output embeddings, init std 0.02 with residual projections scaled by (2*n_layer)^-0.5.
-Only the MLP activation changes between runs; it comes from the `activations` registry.
+Only the MLP changes between runs: its activation comes from the `activations` registry, and a gated name
+(swiglu, aglu_glu ...) makes it the gated MLP down(act(x W_gate) * (x W_up)) of activations/gated.py.
 Two speed options are constructor arguments, not config fields: they change how fast the same model
 runs, so checkpoints do not record them and a resumed run may change them (tests/test_speed.py).
 """
@@ -14,7 +15,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from activations import layer_activation
+from activations import layer_activation, mlp_activation
+from activations.impl import model_identity
+from activations.gated import GatedProduct, hidden_width
 from errors import CheckpointError, CheckpointNotFound, ConfigError
 
 # Peak dense bf16 tensor throughput (FLOP/s, no sparsity) by device-name substring; first match wins.
@@ -44,9 +47,10 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True
-    act: str = "gelu"
+    act: str = "gelu"  # a registry name (plain MLP) or a gated one: swiglu, geglu, reglu, NAME_glu
     act_kwargs: dict = field(default_factory=dict)
     plain_top_k: int = 0  # ANAct's "NSwish + k Swish": the top k MLPs use the unnormalized activation
+    glu_hidden: int = 0  # gated MLP's hidden width; 0: 2/3 of 4 n_embd rounded to 64 (as many weights as plain)
 
 
 # SDPA kernels by name for `attention_backend`; "auto" leaves the choice to PyTorch.
@@ -96,17 +100,31 @@ class CausalSelfAttention(nn.Module):
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
+def mlp_width(config):
+    """The MLP's hidden width: 4 n_embd, or the gated MLP's (activations/gated.py)."""
+    return hidden_width(4 * config.n_embd, mlp_activation(config.act)[1], config.glu_hidden)
+
+
 class MLP(nn.Module):
+    """c_proj(act(c_fc(x))), or gated: c_proj(act(c_fc(x)) * c_up(x)), c_fc being the gate."""
+
     def __init__(self, config, layer):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.act = layer_activation(config.act, config.act_kwargs, layer, config.n_layer, config.plain_top_k)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        name, gated = mlp_activation(config.act)
+        hidden = mlp_width(config)
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.act = layer_activation(name, config.act_kwargs, layer, config.n_layer, config.plain_top_k)
+        self.c_up = nn.Linear(config.n_embd, hidden, bias=config.bias) if gated else None
+        self.glu = GatedProduct() if gated else None
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.c_proj.residual_scale = True
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+        h = self.act(self.c_fc(x))
+        if self.c_up is not None:
+            h = self.glu(h, self.c_up(x))
+        return self.dropout(self.c_proj(h))
 
 
 class Block(nn.Module):
@@ -157,6 +175,14 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
+    def param_counts(self):
+        """What a comparison of MLPs states: all parameters, those outside the token and position embeddings
+        (the ones an MLP's form changes), and one MLP's (its activation's own included)."""
+        total = self.num_params(non_embedding=False)
+        embeddings = self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+        mlp = sum(p.numel() for p in self.transformer.h[0].mlp.parameters())
+        return {"total": total, "non_embedding": total - embeddings, "mlp_per_layer": mlp}
+
     def forward(self, idx, targets=None, cache=None):
         """cache: None, or one list per layer (empty at first) in which attention keeps the keys and values
         of the tokens seen so far, so that generation feeds each new token alone (see generate)."""
@@ -179,7 +205,8 @@ class GPT(nn.Module):
         return logits, loss
 
     def flops_per_token(self, seq_len):
-        """Training FLOPs per token: 6N for the matmuls plus the attention scores (PaLM appendix B)."""
+        """Training FLOPs per token: 6N for the matmuls plus the attention scores (PaLM appendix B). N counts the
+        real matrices, so a gated MLP's three (at its own width) are counted as they are."""
         c = self.config
         return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * seq_len
 
@@ -214,7 +241,7 @@ class GPT(nn.Module):
         """The model (in eval mode) of a GPT-2 checkpoint as training/checkpoint.py's load_checkpoint(path,
         kind="gpt2") reads it (ours, build-nanogpt's or nanoGPT's; as data, never code). This file reads no
         file itself: it stays the single GPT-2 file that export/ copies as transformers remote code."""
-        model = cls(GPTConfig(**ckpt["model_config"]))
+        model = cls(GPTConfig(**model_identity(ckpt["model_config"])))
         model.load_state_dict(ckpt["model"])
         return model.to(device).eval()
 
@@ -226,6 +253,9 @@ class GPT(nn.Module):
         The vocabulary stays 50257 so logits match transformers' exactly. A non-GELU `act` keeps the
         pretrained weights and adds the activation's own parameters at their init values.
         """
+        if mlp_activation(act)[1]:
+            raise ValueError(f"act {act!r} is a gated MLP: GPT-2's weights are a plain two-matrix MLP, so no weights "
+                             "map onto its three matrices; pick a plain activation or train from scratch")
         architecture, state = pretrained_gpt2(name_or_dir)
         model = cls(GPTConfig(**architecture, act=act, act_kwargs=act_kwargs or {}))
         missing, unexpected = model.load_state_dict(state, strict=False)

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import torch
 
-from activations import telemetry
+from activations import mlp_activation, telemetry
 from data.loader import ShardLoader
 from data.tokenizer import TokenizerError, gpt2_tokenizer
 from eval.hellaswag import evaluate_model
-from model import GPT, GPTConfig, pretrained_gpt2
+from model import GPT, GPTConfig, mlp_width, pretrained_gpt2
 from training import distributed
 from training.checkpoint import load_checkpoint
 from training.config import ConfigError, EvalConfig, RunConfig, run_cli, to_dict
-from training.loop import Evaluation, Parts, Trainer, no_sync_unless
+from training.loop import Evaluation, Parts, Trainer, no_sync_unless, param_line
 from training.optimizer import adamw
 from training.schedule import warmup_cosine
 
@@ -80,12 +80,18 @@ class TrainConfig:
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     # "": random init. Else the weights to start from: a checkpoint (file or run directory; ours, build-nanogpt's
     # or nanoGPT's) or transformers GPT-2 (a directory, or a hub name: gpt2, gpt2-medium, openai-community/gpt2).
-    # Its architecture replaces the model section's; act, act_kwargs, plain_top_k and dropout stay this run's.
+    # Its architecture replaces the model section's; act, act_kwargs, plain_top_k and dropout stay this run's (a
+    # gated act needs a gated source: the MLP's form is architecture too).
     init_from: str = ""
 
 
-# what --init-from takes from the source model; the rest of the model section is the run's own
-ARCHITECTURE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias")
+# what --init-from takes from the source model (glu_hidden: absent from older sources, which are plain: 0); the
+# rest of the model section is the run's own
+ARCHITECTURE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias", "glu_hidden")
+
+
+def architecture(model_config):
+    return {k: model_config.get(k, getattr(GPTConfig(), k)) for k in ARCHITECTURE}
 
 
 def steps_per_rank(total, batch_size, seq_len, world_size, name="total_batch_size"):
@@ -112,9 +118,9 @@ class GPTTrainer(Trainer):
         source = None
         if cfg.init_from and ckpt is None:
             source = read_init_source(cfg.init_from)
-            cfg.model = replace(cfg.model, **{k: source[1][k] for k in ARCHITECTURE})
+            cfg.model = replace(cfg.model, **architecture(source[1]))
         elif cfg.init_from:  # a resumed run continues its checkpoint, whose architecture came from the source
-            cfg.model = replace(cfg.model, **{k: ckpt["model_config"][k] for k in ARCHITECTURE})
+            cfg.model = replace(cfg.model, **architecture(ckpt["model_config"]))
             if d.master:
                 print(f"--init-from {cfg.init_from} not read: the run resumes its own checkpoint", flush=True)
         # the model before the data: a bad activation, option or speed setting fails first
@@ -127,8 +133,9 @@ class GPTTrainer(Trainer):
         self.device_name = torch.cuda.get_device_name() if d.device_type == "cuda" else None
         return Parts(model=self.model, loader=self.loader, max_steps=o.max_steps, model_config=to_dict(cfg.model),
                      optimizer=adamw(self.model, o.max_lr, o.weight_decay, o.betas, o.eps, d.device_type),
-                     mlp_shape=(o.batch_size * o.seq_len, 4 * cfg.model.n_embd), origin=origin,
-                     description=f"{self.model.num_params() / 1e6:.2f}M parameters | act {cfg.model.act} | "
+                     mlp_shape=(o.batch_size * o.seq_len, mlp_width(cfg.model)), origin=origin,
+                     params=self.model.param_counts(),
+                     description=f"{param_line(self.model.param_counts())} | act {cfg.model.act} | "
                                  f"grad accum {self.accum}")
 
     def learning_rate(self, step):
@@ -164,9 +171,15 @@ class GPTTrainer(Trainer):
                                                            self.ctx.autocast)
         if e.hellaswag_interval and (step % e.hellaswag_interval == 0 or last):
             t0 = time.time()  # the whole call: the first one also tokenizes (then cached) and compiles
+            # the final evaluation scores both ways and keeps every item's predictions for paired comparisons
+            # (eval/compare_items.py, the sweep report); the ones before only the completion scoring they log
+            limit = f"_limit{e.hellaswag_limit}" if e.hellaswag_limit else ""
+            items = Path(self.cfg.run.out_dir) / f"hellaswag_items_{step:05d}{limit}.jsonl.gz" if last else None
             hella = evaluate_model(model, device=d.device, data_path=e.hellaswag_data or None,
-                                   limit=e.hellaswag_limit or None, scoring="completion", dist_info=d,
-                                   autocast=self.ctx.autocast, progress=False, cache=True)["completion"]
+                                   limit=e.hellaswag_limit or None, scoring="both" if last else "completion",
+                                   dist_info=d, autocast=self.ctx.autocast, progress=False, cache=True,
+                                   items_file=items, about={"run": self.cfg.run.out_dir, "step": step,
+                                                            "act": self.cfg.model.act})["completion"]
             seconds = time.time() - t0
             result.scalars["hella"] = hella["acc_norm"]
             result.fields.update(hellaswag_acc=hella["acc"], hellaswag_acc_norm=hella["acc_norm"],
@@ -230,6 +243,13 @@ def init_weights(model, state, source_config, what):
     """Load the source's weights into the new model. Another activation keeps every other weight (MLP
     matrices included) and starts its own parameters at their init; returns the line saying so."""
     config = to_dict(model.config)
+    theirs, ours = source_config.get("act", "gelu"), config["act"]
+    if mlp_activation(theirs)[1] != mlp_activation(ours)[1]:
+        forms = {True: "gated", False: "plain"}
+        raise ConfigError(f"--init-from {what}: its MLP is {forms[mlp_activation(theirs)[1]]} (act {theirs}) and this "
+                          f"run's is {forms[mlp_activation(ours)[1]]} (act {ours}): a gated MLP has a third matrix "
+                          "(c_up) at another width, so no MLP weight carries over; start from a source with the same "
+                          "MLP form, or from scratch")
     same_act = all(source_config.get(k, 0) == config[k] for k in ("act", "plain_top_k"))
     kept = {k: v for k, v in state.items() if same_act or ".mlp.act." not in k}
     ours = model.state_dict()

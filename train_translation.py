@@ -4,11 +4,14 @@
     python train_translation.py --config configs/translation_12l.toml --act nswish \\
         --act-kwargs '{"per_instance": true}' --plain-top-k 1                               # NSwish + 1 Swish
     python train_translation.py --config configs/translation_cpu_small.toml --data-dir DIR  # train.de, valid.en ...
-    torchrun --standalone --nproc_per_node 4 train_translation.py --config configs/translation_6l.toml
+    torchrun --standalone --nproc_per_node 4 train_translation.py --config configs/translation_6l.toml    # same steps
     python train_translation.py --eval-only log/translation_6l --split test --beam 5   # its newest checkpoint
 
 Every option is a field of TrainConfig below: set it in a TOML file (--config) or as --name value.
 --resume continues the newest checkpoint in --out-dir exactly (optimizer, data order, RNG streams).
+An optimizer step is --total-max-tokens of batch budget on any number of processes: each process accumulates
+total / (max_tokens * processes) batches, and the step's loss is the sum of its target tokens' losses over
+all of them divided by their count (fairseq's normalisation), so 4 GPUs train the same steps as 1.
 The loop itself (resume, logs, compile/DDP, checkpoints, signals) is training/loop.py, shared with
 train_gpt2.py; this file holds what is the translation model's own: the model, the corpus, BLEU.
 """
@@ -27,7 +30,7 @@ from eval.bleu import decode_cost, split_bleu, translate_and_score
 from training import distributed
 from training.checkpoint import load_checkpoint
 from training.config import ConfigError, EvalConfig, RunConfig, from_dict, run_cli, to_dict
-from training.loop import Evaluation, Parts, Trainer
+from training.loop import Evaluation, Parts, Trainer, no_sync_unless, param_line
 from training.precision import autocast_for
 from training.optimizer import adamw
 from training.schedule import inverse_sqrt
@@ -48,8 +51,10 @@ class DataConfig:
     spm_type: str = "bpe"  # or unigram
     spm_dir: str = ""  # sentencepiece cache ("": out_dir)
     max_len: int = 50  # training pairs with a longer side (in pieces) are dropped (ANAct, Table 9)
-    max_tokens: int = 4096  # per batch and process: sentences * longest side
-    max_sentences: int = 0  # per batch and process (0: no limit; the paper's batches are 128-256 sentences)
+    max_tokens: int = 4096  # per batch (what one process runs at once): sentences * longest side
+    max_sentences: int = 0  # per batch (0: no limit)
+    total_max_tokens: int = 0  # budget of one optimizer step, all processes and accumulated batches: a multiple
+    #                            of max_tokens * processes (0: max_tokens, one batch on one process)
     pad_multiple: int = 0  # pad training batches to lengths in multiples of N: few shapes for torch.compile
     #                        (0: 8 when compiling, else 1 = exact lengths)
 
@@ -97,6 +102,16 @@ def split_lines(data, split):
     return load_split(split, data.src_lang, data.tgt_lang, data.data_dir, prefix, data.hf_dataset, data.hf_config)
 
 
+def accumulation(data, world_size):
+    """Batches each process accumulates per optimizer step so that the step is total_max_tokens of budget."""
+    total, per_pass = data.total_max_tokens or data.max_tokens, data.max_tokens * world_size
+    if total % per_pass:
+        raise ConfigError(f"total_max_tokens {total} is not a multiple of max_tokens * processes = {data.max_tokens} * "
+                          f"{world_size} = {per_pass}; change --max-tokens (the batch one process runs at once) or "
+                          "--total-max-tokens (the optimizer step)")
+    return total // per_pass
+
+
 def tokenizer(cfg, d, src, tgt):
     """The run's sentencepiece model (bytes): rank 0 trains or finds it in the cache, the others then read it."""
     cache = cfg.data.spm_dir or cfg.run.out_dir
@@ -118,6 +133,7 @@ class TranslationTrainer(Trainer):
         cfg, d, o = self.cfg, ctx.dist, self.cfg.optim
         self.ctx = ctx
         Transformer.check_config(cfg.model)  # a bad activation or option fails before the data is read
+        self.accum = accumulation(cfg.data, d.world_size)
         train_src, train_tgt = split_lines(cfg.data, "train")
         self.spm_bytes = ckpt["spm"] if ckpt else tokenizer(cfg, d, train_src, train_tgt)
         self.sp = sp = load_sentencepiece(self.spm_bytes)
@@ -135,28 +151,47 @@ class TranslationTrainer(Trainer):
         valid_ids = encode(sp, *self.valid_text, mcfg.max_positions - 1)
         pad_multiple = cfg.data.pad_multiple or (8 if ctx.compile else 1)
         self.loader = TokenBatchLoader(*train_ids, cfg.data.max_tokens, cfg.data.max_sentences, d.rank,
-                                       d.world_size, seed=cfg.run.seed, pad_multiple=pad_multiple)
+                                       d.world_size, seed=cfg.run.seed, pad_multiple=pad_multiple, accum=self.accum)
         self.val_loader = TokenBatchLoader(*valid_ids, cfg.data.max_tokens, 0, d.rank, d.world_size, shuffle=False)
-        shapes = self.loader.shapes()
+        shapes, step_batches = self.loader.shapes(), self.accum * d.world_size
+        step = (f"{step_batches} batch{'es' * (step_batches > 1)} (grad accum {self.accum}) of <= "
+                f"{cfg.data.max_tokens} tokens" + (f", <= {step_batches * cfg.data.max_sentences} sentences"
+                                                   if cfg.data.max_sentences else ""))
         return Parts(model=self.model, loader=self.loader, model_config=to_dict(mcfg),
                      optimizer=adamw(self.model, o.lr, o.weight_decay, o.betas, o.eps, d.device_type),
-                     max_steps=o.max_steps or o.epochs * len(self.loader),
-                     mlp_shape=(cfg.data.max_tokens, mcfg.ffn_dim), batch_shapes=shapes,
-                     description=f"{self.model.num_params() / 1e6:.2f}M parameters | act {mcfg.act} (plain top "
+                     max_steps=o.max_steps or o.epochs * self.loader.steps_per_epoch(),
+                     mlp_shape=(cfg.data.max_tokens, self.model.encoder[0].ffn.fc1.out_features),
+                     batch_shapes=shapes, params=self.model.param_counts(),
+                     description=f"{param_line(self.model.param_counts())} | act {mcfg.act} (plain top "
                                  f"{mcfg.plain_top_k}) | {mcfg.norm} {mcfg.enc_layers}-{mcfg.dec_layers} | vocab "
                                  f"{mcfg.vocab_size} | {len(train_ids[0])} train pairs (of {len(train_src)}, max len "
-                                 f"{cfg.data.max_len}) | {len(self.loader)} steps/epoch | "
+                                 f"{cfg.data.max_len}) | step: {step} | {self.loader.steps_per_epoch()} steps/epoch | "
                                  f"{f'{shapes} batch shapes' if shapes else 'exact-length batches'}")
 
     def learning_rate(self, step):
         return inverse_sqrt(step, self.cfg.optim.warmup_steps, self.cfg.optim.lr)
 
     def forward_backward(self, model):
-        x, y_in, y_out = self.loader.next_batch(self.ctx.dist.device)
-        with self.ctx.autocast:
-            loss = self.model.loss(model(x, y_in), y_out, self.cfg.optim.label_smoothing)
-        self.ctx.scaler.scale(loss).backward()
-        return loss, (y_out != self.model.cfg.pad_id).sum()
+        """The step's loss is sum(token losses) / (target tokens of every batch of the step, all ranks): each
+        target token weighs the same whichever batch or rank it is in (fairseq), so the gradient is that of
+        one batch holding them all. DDP averages the ranks' gradients, hence the factor world_size."""
+        d, pad = self.ctx.dist, self.model.cfg.pad_id
+        batches = [self.loader.next_batch() for _ in range(self.accum)]  # counted on the CPU: no device sync
+        counts = [int((y_out != pad).sum()) for _, _, y_out in batches]
+        tokens = sum(counts)
+        # every batch's loss is divided by the step's count: one small all-reduce (and sync) before any backward
+        total = distributed.all_reduce_sum(torch.tensor(tokens, device=d.device), d).item() if d.ddp else tokens
+        scale = d.world_size / total
+        loss_sum = torch.zeros((), device=d.device)
+        for micro, (batch, count) in enumerate(zip(batches, counts)):
+            x, y_in, y_out = (t.to(d.device, non_blocking=True) for t in batch)
+            with no_sync_unless(micro == self.accum - 1, model):
+                with self.ctx.autocast:
+                    # the mean over the batch's non-pad targets (label smoothing included) times their count
+                    loss = self.model.loss(model(x, y_in), y_out, self.cfg.optim.label_smoothing) * (count * scale)
+                loss_sum += loss.detach()
+                self.ctx.scaler.scale(loss).backward()
+        return loss_sum, tokens
 
     def step_fields(self, tok_per_s):
         return {"epoch": self.loader.epoch}

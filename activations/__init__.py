@@ -6,12 +6,16 @@
 See activations/README.md for each formula and its options. Parametric modules (AGLU, APA,
 NSwish, NReLU) also have `telemetry() -> dict[str, float]` (learned values, running statistics)
 for logging at evaluation time.
+
+An MLP/FFN `act` setting also names the MLP's form: a registry name is the plain MLP, down(act(x W)); a gated
+(GLU) name, `NAME_glu` for any registered NAME or Shazeer's swiglu / geglu / reglu, is down(act(x W_gate) * (x W_up))
+with NAME on the gate (activations/gated.py). `mlp_activation(setting)` splits a setting into the two.
 """
 import inspect
 
 from activations.aglu import AGLU, APA
 from activations.anact import NReLU, NSwish
-from activations.basic import GELU, GELUExact, ReLU, ReLU2, SiLU
+from activations.basic import GELU, GELUExact, LeakyReLU2, ReLU, ReLU2, SiLU
 from errors import ConfigError
 
 _REGISTRY = {
@@ -19,6 +23,7 @@ _REGISTRY = {
     "gelu_exact": GELUExact,
     "relu": ReLU,
     "relu2": ReLU2,
+    "leaky_relu2": LeakyReLU2,
     "silu": SiLU,
     "swish": SiLU,
     "aglu": AGLU,
@@ -29,6 +34,11 @@ _REGISTRY = {
 
 # ANAct's "NSwish + k Swish": the unnormalized activation kept in the top k layers.
 _PLAIN = {"nswish": "silu", "nrelu": "relu"}
+
+# Gated MLP names: NAME_glu for every registered NAME, and the three of Shazeer 2020, "GLU Variants Improve
+# Transformer" (GeGLU there is the gate's GELU; ours is GPT-2's tanh one, gelu_exact_glu the erf one).
+GLU_SUFFIX = "_glu"
+GLU_NAMES = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
 
 
 def register(name, cls):
@@ -56,10 +66,29 @@ def layer_activation(name, options, layer, n_layers, plain_top_k=0):
     return build(name, **options)
 
 
+def gate_activation(setting):
+    """The gate's activation of a gated MLP setting (swiglu -> silu, aglu_glu -> aglu); None for any other."""
+    if setting in GLU_NAMES:
+        return GLU_NAMES[setting]
+    base = setting[:-len(GLU_SUFFIX)] if setting.endswith(GLU_SUFFIX) else None
+    return base if base in _REGISTRY else None
+
+
+def mlp_activation(setting):
+    """An MLP/FFN `act` setting -> (the registry name of its activation, gated?): "aglu" -> ("aglu", False),
+    "swiglu" -> ("silu", True), "aglu_glu" -> ("aglu", True). An unknown setting raises ValueError."""
+    gate = gate_activation(setting)
+    if gate is not None:
+        return gate, True
+    activation_class(setting)
+    return setting, False
+
+
 def activation_class(name):
     """The class registered as `name`; an unknown name raises ValueError with the choices."""
     if name not in _REGISTRY:
-        raise ConfigError(f"unknown activation {name!r}; choose one of: {', '.join(available())}")
+        raise ConfigError(f"unknown activation {name!r}; choose one of: {', '.join(available())} (a gated MLP: "
+                          f"{', '.join(GLU_NAMES)} or NAME{GLU_SUFFIX} for any of these)")
     return _REGISTRY[name]
 
 

@@ -1,4 +1,4 @@
-"""Fixed (parameter-free) activations: GPT-2's tanh GELU, exact GELU, ReLU, squared ReLU, SiLU."""
+"""Fixed (parameter-free) activations: GPT-2's tanh GELU, exact GELU, ReLU, squared ReLU and LeakyReLU, SiLU."""
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -25,6 +25,14 @@ class ReLU2(nn.Module):
 
     def forward(self, x):
         return F.relu(x).square()
+
+
+class LeakyReLU2(nn.Module):
+    """Squared LeakyReLU(0.5), ReLU^2's sibling in speedrun-style GPT-2 training: max(x, x/2)^2. Unlike
+    ReLU^2 its negative side keeps a gradient (x/2), so no unit dies."""
+
+    def forward(self, x):
+        return F.leaky_relu(x, 0.5).square()
 
 
 class SiLU(nn.Module):

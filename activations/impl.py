@@ -1,11 +1,15 @@
 """Which code runs AGLU/APA and NSwish/NReLU: the fused Triton kernels (activations/kernels.py) or PyTorch.
 
 Every parametric activation takes impl="auto" | "triton" | "torch":
-    auto    the kernels for CUDA tensors once they pass their self-check on that GPU (activations/selfcheck.py;
-            the trainers also time them there and keep the faster path), the PyTorch path anywhere else
+    auto    what the run decided (activations/policy.py: the kernels checked and timed in a child process on
+            that GPU, the faster correct path kept; the trainers fix each module's impl to it), and for a
+            module no decision reached, the kernels only where TRUSTED says so, the PyTorch path anywhere else
     triton  the kernels, unchecked, failing loudly (a CPU tensor only under Triton's interpreter, TRITON_INTERPRET=1)
     torch   the PyTorch path (autograd.Function, torch.compile fuses it)
 Both give the same results to fp32 rounding (tests/test_kernels.py).
+
+impl is a speed option, not part of a model's identity (model_identity): a checkpoint trained on either path
+loads, evaluates, exports and resumes on any device, on the path that device decides.
 """
 import importlib
 
@@ -20,7 +24,7 @@ except ImportError:  # no Triton: the PyTorch path everywhere
 
 IMPLS = ("auto", "triton", "torch")
 KERNEL_DEVICES = ("cuda",)  # device types where "auto" considers the kernels; tests add "cpu" (the interpreter)
-TRUSTED = {}  # (family, device, dtype) -> the kernel passed its self-check there; activations/selfcheck.py fills it
+TRUSTED = {}  # (family, device, dtype) -> use the kernel there; activations/policy.py's decisions fill it
 
 
 def family(module):
@@ -34,6 +38,13 @@ def check_impl(impl):
     return impl
 
 
+def model_identity(model_config):
+    """A model's config without the speed option impl (act_kwargs["impl"]): what a checkpoint's model is, and
+    what a resume compares. Checkpoints written before impl left it (e.g. {"impl": "triton"}) read the same."""
+    kwargs = {k: v for k, v in (model_config.get("act_kwargs") or {}).items() if k != "impl"}
+    return {**model_config, "act_kwargs": kwargs} if "act_kwargs" in model_config else dict(model_config)
+
+
 def use_kernels(module, x):
     """True when x goes through the Triton kernels in `module` (its .impl); a clear error when impl="triton"
     cannot run."""
@@ -43,12 +54,9 @@ def use_kernels(module, x):
     if impl == "auto":
         if kernels is None or x.device.type not in KERNEL_DEVICES or x.dtype not in kernels.DTYPES:
             return False
-        key = (family(module), str(x.device), x.dtype)
-        if key in TRUSTED or torch.compiler.is_compiling():  # no check inside a graph: PyTorch unless checked before
-            return TRUSTED.get(key, False)
-        # by name, not `from activations import selfcheck` (it builds activations, which import this module), and
-        # so that an export's remote code, which has no selfcheck.py and no kernels, does not need it
-        return importlib.import_module("activations.selfcheck").trusted(module, key)
+        # only a decision table: a kernel never proven on this GPU must not run in this process (a bad one leaves
+        # a sticky CUDA error that no fallback survives), so proving it is policy.py's, in a child process
+        return TRUSTED.get((family(module), str(x.device), x.dtype), False)
     if kernels is None:
         raise RuntimeError("impl='triton' needs Triton (pip install triton); use impl='auto' or 'torch'")
     if not (x.is_cuda or kernels.INTERPRETED):

@@ -1,21 +1,17 @@
-"""The Triton kernels prove themselves on the GPU they run on before impl="auto" trusts them.
+"""The Triton kernels prove themselves on the GPU they run on before impl="auto" uses them.
 
 Nobody who wrote activations/kernels.py had a GPU: the first one they meet is a user's, at the start of a
-long run. So under impl="auto":
+long run. What a proof runs (activations/policy.py runs it in a child process and decides):
 
     check(family, device, dtype)   runs the kernel beside the PyTorch path on a probe (random values, |z| up
                                    to 30, lam at its clamp, NSwish's tracked statistics) and compares outputs,
                                    input and parameter gradients and running buffers with the float64 PyTorch
                                    path. An exception (Triton/ptxas error, driver mismatch, unsupported GPU) or
                                    a value outside the dtype's tolerance is the reason not to use the kernel.
-    select(model, ...)             what the trainers call once, after building the model and before compile
-                                   and DDP: check each kernel family of the model, time kernel and PyTorch
-                                   path forward + backward at the model's MLP shape the way the run executes
-                                   them (compiled when it compiles), agree across ranks with one all_reduce,
-                                   and fix each activation's impl to the faster correct path. One line per
-                                   family says what was chosen and why.
-    trusted(family, x)             the same check, cached per (family, device, dtype), for "auto" modules used
-                                   outside a trainer (evaluation scripts, notebooks) on their first call.
+    time_paths(module, shape, ...) the kernel and PyTorch paths at the run's full MLP shape, compiled as the
+                                   run compiles: outputs and input gradients compared, then forward + backward
+                                   timed.
+    probe(family, state, ...)      both, as the child process's work (its module rebuilt from its state).
 
 impl="triton" is never checked: it asks for the kernels and fails loudly when they do not run.
 """
@@ -24,7 +20,6 @@ import statistics
 import time
 
 import torch
-import torch.distributed as dist
 
 import activations
 from activations.aglu import APA, LAM_MIN
@@ -152,18 +147,6 @@ def failure(name, device, dtype):
     return None
 
 
-def trusted(module, key):
-    """For impl="auto" outside a trainer (activations/impl.py): the first call per key = (family, device, dtype)
-    checks the kernel, with one line when it fails; the result is kept in impl.TRUSTED."""
-    name, device, dtype = key
-    reason = failure(name, device, dtype)
-    if reason:
-        print(f"{name}: PyTorch path: the Triton kernel failed its self-check on {device_name(device)} "
-              f"({str(dtype).replace('torch.', '')}): {reason}", flush=True)
-    impl.TRUSTED[key] = reason is None
-    return impl.TRUSTED[key]
-
-
 def device_name(device):
     device = torch.device(device)
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
@@ -177,18 +160,30 @@ def _sync(device):
 def time_paths(module, shape, device, dtype, compiled, reps=10, warmup=3):
     """Median ms of forward + backward (input and parameter gradients) of `module` through the kernel and the
     PyTorch path at `shape`, interleaved so that drift hits both, compiled as the run will be (mode default:
-    the activation has no matmul for max-autotune to tune). Returns {"triton": ms, "torch": ms}."""
+    the activation has no matmul for max-autotune to tune). The first call's output and input gradient of the
+    two paths are compared first: a kernel that passed check() small may still index out of bounds at the
+    run's size. Returns {"triton": ms, "torch": ms}."""
     device = torch.device(device)
+    rtol, atol = TOLERANCE[dtype]
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
         x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
         grad = torch.randn(shape, device=device, dtype=dtype)
         steps = {}
         for path in ("triton", "torch"):
-            m = copy.deepcopy(module)
+            m = copy.deepcopy(module).to(device)
             m.impl = path
             fn = torch.compile(m, dynamic=False) if compiled else m
-            params = list(m.parameters())
-            steps[path] = (lambda fn=fn, params=params: torch.autograd.grad(fn(x), [x, *params], grad))
+
+            def step(fn=fn, params=list(m.parameters())):
+                out = fn(x)
+                return out, torch.autograd.grad(out, [x, *params], grad)[0]
+            steps[path] = step
+        first = {path: step() for path, step in steps.items()}
+        # both paths carry their own rounding here (check() compares with float64): twice the tolerance
+        for what, i in (("output", 0), ("input gradient", 1)):
+            _compare(f"{shape[0]}x{shape[1]} {what}", first["triton"][i], first["torch"][i], 2 * rtol, 2 * atol)
+        del first
         for step in steps.values():
             for _ in range(warmup):
                 step()
@@ -203,6 +198,16 @@ def time_paths(module, shape, device, dtype, compiled, reps=10, warmup=3):
     return {path: statistics.median(t) for path, t in times.items()}
 
 
+def probe(name, state, shape, device, dtype, compiled):
+    """What activations/policy.py's child process runs for kernel family `name`: check() on the probe, then
+    the full-size comparison and timing of time_paths on the run's module (its state_dict as lists). Raises
+    on any failure."""
+    check(name, device, dtype)
+    module = build(name, "auto")
+    module.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
+    return time_paths(module, shape, device, dtype, compiled)
+
+
 def blocker(platform):
     """Why "auto" cannot use the kernels on this platform at all (training/hardware.py), or None."""
     if platform.device_type not in impl.KERNEL_DEVICES:
@@ -213,69 +218,3 @@ def blocker(platform):
     if platform.triton is None or impl.kernels is None:
         return "Triton is not installed"
     return None
-
-
-def select(model, shape, platform, device, dtype, compiled, dist_info=None):
-    """Fix impl on every impl="auto" parametric activation of `model`: the Triton kernels where they pass the
-    check on every rank and are faster at `shape` = (rows, width) of the MLP, else the PyTorch path.
-    Prints one line per kernel family (nothing where the kernels cannot run, e.g. on a CPU); returns
-    {family: {"impl", "reason", "triton_ms", "torch_ms"}} for run.json. Every rank must call it (one
-    all_reduce under DDP, whatever the platform, so ranks on different hardware still agree)."""
-    groups = {}
-    for m in model.modules():
-        if getattr(m, "impl", None) == "auto" and isinstance(m, (APA, _NormalizedActivation)):
-            groups.setdefault(family(m), []).append(m)
-    if not groups:
-        return {}
-    master = dist_info is None or dist_info.master
-    blocked = blocker(platform)
-    dtype_name = str(dtype).replace("torch.", "")
-    where = f"{platform.name}, {dtype_name}"
-    local = {}  # family -> (reason it cannot use the kernels here, or None; timings or None)
-    for name, modules in groups.items():
-        reason, ms = blocked, None
-        if name is None:
-            reason = "channelwise parameters always take the PyTorch path"
-        elif name.endswith("/per_instance") and impl.kernels is not None and shape[1] > impl.kernels.MAX_ROW:
-            reason = f"rows of {shape[1]} exceed the per-instance kernel's {impl.kernels.MAX_ROW}"
-        if reason is None:
-            reason = failure(name, device, dtype)
-            if reason is not None:
-                reason = f"the Triton kernel failed its self-check on {where}: {reason}"
-            else:
-                try:
-                    ms = time_paths(modules[0], shape, device, dtype, compiled)
-                except Exception as e:  # noqa: BLE001 - a kernel that checks out small but fails at full size
-                    reason = (f"the Triton kernel failed at {shape[0]}x{shape[1]} on {where}: "
-                              f"{type(e).__name__}: {e}")[:400]
-            if reason is not None and not master:  # rank 0 prints the decision; this rank says why it voted no
-                print(f"rank {dist_info.rank}: {name}: {reason}", flush=True)
-        local[name] = (reason, ms)
-
-    names = list(groups)
-    # one collective: per family, the ranks that cannot use the kernel, and the summed timings
-    votes = torch.tensor([[float(local[n][0] is not None), *(local[n][1] or {"triton": 0.0, "torch": 0.0}).values()]
-                          for n in names], dtype=torch.float64)
-    if dist_info is not None and dist_info.ddp:
-        on = votes.to(dist_info.device) if dist_info.device_type == "cuda" else votes
-        dist.all_reduce(on, op=dist.ReduceOp.SUM)
-        votes = on.cpu()
-    decisions = {}
-    world = dist_info.world_size if dist_info is not None else 1
-    for name, (failed, triton_ms, torch_ms) in zip(names, votes.tolist()):
-        reason = local[name][0]
-        record = {"impl": "torch", "reason": reason, "triton_ms": None, "torch_ms": None}
-        if failed == 0:
-            t, p = triton_ms / world, torch_ms / world
-            record.update(impl="triton" if t <= p else "torch", triton_ms=t, torch_ms=p,
-                          reason=f"Triton {t:.3f} ms vs PyTorch {p:.3f} ms, {'compiled' if compiled else 'eager'} "
-                                 f"fwd+bwd at {shape[0]}x{shape[1]} on {where}")
-        elif reason is None:
-            record["reason"] = f"the Triton kernel failed on {int(failed)} other rank(s) (their lines say why)"
-        for m in groups[name]:
-            m.impl = record["impl"]
-        decisions[name or "channelwise"] = record
-        if master and platform.device_type in impl.KERNEL_DEVICES:
-            label = "Triton kernel" if record["impl"] == "triton" else "PyTorch path"
-            print(f"{name or 'channelwise'}: {label} ({record['reason']})", flush=True)
-    return decisions

@@ -10,7 +10,9 @@ FFN), one forward pass of the model in eval mode measures, on that module's real
   rho        Var[y] / Var[x]          (ANAct Eq. 7: forward variance gain)
   rho_prime  E[act'(x)^2]             (ANAct Eq. 8: backward gain; act' by autograd, see below)
 and adds the module's own state from its `telemetry()` (AGLU kappa, lam; NSwish/NReLU alpha, the running
-rho, rho', mu and the resulting scale) under "params". anact_score = sum over layers of
+rho, rho', mu and the resulting scale) under "params". In a gated MLP the `act` is the gate's activation, so
+these describe the gate (x its pre-activation), and a sibling `glu` module (activations/gated.py) adds
+  product_sparsity   fraction of |act(x W_gate) * (x W_up)| < SPARSE_THRESHOLD (what the down projection sees) anact_score = sum over layers of
 (|ln rho| + |ln rho'|) / 2, ANAct's Eq. 22 score (0 when every layer preserves both variances).
 
 act' comes from the gradient of sum(act(x)) with respect to x, which is the elementwise derivative for
@@ -29,6 +31,15 @@ MAX_ROWS = 8  # sequences of the batch used: 8 x 1024 tokens x 3072 channels is 
 def activation_modules(model):
     """(name, module) of each activation built by the registry: the submodules named `act`."""
     return [(name, m) for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == "act"]
+
+
+def gated_product(model, act_name):
+    """The `glu` module beside the activation named act_name (a gated MLP's product), or None."""
+    parent = act_name.rpartition(".")[0]
+    try:
+        return model.get_submodule(f"{parent}.glu" if parent else "glu")
+    except AttributeError:  # no such submodule, or a plain MLP's glu = None
+        return None
 
 
 def layer_stats(act, x, y, threshold=SPARSE_THRESHOLD):
@@ -74,7 +85,17 @@ def collect(model, x, autocast=None, acts=None, max_rows=MAX_ROWS, threshold=SPA
             layers[i] = {"name": name, "kind": type(module).__name__, **layer_stats(module, inputs[0], output, threshold)}
         return hook
 
+    def product_hook(i):
+        def hook(module, inputs, output):
+            products[i] = (output.detach().double().abs() < threshold).double().mean().item()
+        return hook
+
+    products = {}
     handles = [m.register_forward_hook(hook_for(i, name)) for i, (name, m) in enumerate(acts)]
+    for i, (name, _) in enumerate(acts):
+        glu = gated_product(model, name)
+        if glu is not None:
+            handles.append(glu.register_forward_hook(product_hook(i)))
     was_training = model.training
     model.eval()
     try:
@@ -87,4 +108,6 @@ def collect(model, x, autocast=None, acts=None, max_rows=MAX_ROWS, threshold=SPA
     missing = [name for (name, _), layer in zip(acts, layers) if layer is None]
     if missing:
         raise ValueError(f"activation(s) {', '.join(missing)} did not run in the forward pass")
+    for i, sparsity in products.items():
+        layers[i]["product_sparsity"] = sparsity
     return {"layers": layers, "anact_score": anact_score(layers)}

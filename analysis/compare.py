@@ -24,7 +24,8 @@ PANELS = [("train", "train loss"), ("val", "val loss"), ("hella", "HellaSwag acc
 # measured for every activation (activations/telemetry.py), after each activation's own state in the telemetry figure
 MEASURED = ["sparsity", "rho", "rho_prime"]
 MEASURED_TITLES = {"sparsity": "sparsity (|y| < 1e-2)", "rho": "measured Var[y]/Var[x]",
-                   "rho_prime": "measured E[act'(x)^2]"}
+                   "rho_prime": "measured E[act'(x)^2]", "product_sparsity": "gated product sparsity"}
+GATED = ["product_sparsity"]  # a gated MLP's too: the sparsity of act(x W_gate) * (x W_up)
 
 
 def ema(values, beta):
@@ -132,7 +133,8 @@ def plot_telemetry(runs, out, x="step"):
         state = []
         for layer in run.telemetry[-1][2]["layers"]:
             state += [key for key in layer.get("params", {}) if key not in state]
-        rows.append([("params", key) for key in state] + [(None, key) for key in MEASURED])
+        gated = [key for key in GATED if any(key in layer for layer in run.telemetry[-1][2]["layers"])]
+        rows.append([("params", key) for key in state] + [(None, key) for key in MEASURED + gated])
     width = max(len(row) for row in rows)
     fig, axes = plt.subplots(len(runs), width, figsize=(3 * width, 2.4 * len(runs)), squeeze=False)
     cmap = plt.get_cmap("viridis")

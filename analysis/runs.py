@@ -46,6 +46,7 @@ class Run:
     tok_per_s: list = field(default_factory=list)
     hellaswag_eval: dict | None = None  # the chosen hellaswag_*.json record, plus its "file"
     test: dict | None = None  # translation: the test-set BLEU record written after the last step
+    kernels: dict | None = None  # run.json's activation kernel decisions {family: {impl, reason, ...}}
 
     def setting(self, name):
         """A config leaf by name (config option names are unique across sections), or None."""
@@ -158,13 +159,15 @@ def load_run(path):
     if not (log_txt.is_file() or metrics.is_file() or main_log.is_file()):
         raise RunError(f"{path}: no log.txt, metrics.jsonl or main.log here; pass the --out-dir of a training run "
                        "(build-nanogpt's log directory, llm.c's -o directory)")
-    config = None
+    config = kernels = None
     if run_json.is_file():
         try:
-            config = json.loads(run_json.read_text())["config"]
+            info = json.loads(run_json.read_text())
+            config = info["config"]
         except (ValueError, KeyError, TypeError, OSError):
             raise RunError(f"{run_json}: not a run.json with a \"config\" object") from None
-    run = Run(path=path, label=path.name, config=config, hellaswag_eval=read_hellaswag_results(path))
+        kernels = ((info.get("environment") or {}).get("decisions") or {}).get("activations")
+    run = Run(path=path, label=path.name, config=config, hellaswag_eval=read_hellaswag_results(path), kernels=kernels)
 
     per_step = {}  # series -> {step: (value, tokens)}
     if metrics.is_file():

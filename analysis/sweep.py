@@ -4,6 +4,8 @@
         --out-dir runs/sweep --max-steps 300            # any further --key value goes to the trainer
     python -m analysis.sweep ... --nproc-per-node 8          # each run under torchrun
     python -m analysis.sweep --plan configs/sweep_translation_acts.toml --out-dir runs/translation_acts
+    python -m analysis.sweep --config configs/gpt2_cpu_tiny.toml --acts gelu,swiglu,aglu,aglu_glu --seeds 1,2,3 \
+        --out-dir runs/glu                                # gated MLPs (swiglu, NAME_glu) beside plain ones
     python -m analysis.sweep --report-only runs/sweep        # re-read the runs, rewrite the report(s)
     python -m analysis.sweep --report-only runs/sweep --target-diff 0.01   # seeds to detect 0.01 nats
     python -m analysis.sweep ... --control                   # with an A/A control, reported first
@@ -13,7 +15,9 @@ the trainer, config and seeds, the variants (a label each, with its trainer opti
 act_kwargs, plain_top_k, and the label it is compared against as `baseline`) and optionally corpora
 (a name each, with trainer options such as train_prefix): each corpus is a sweep of its own in
 OUT_DIR/{corpus}. Runs go one after another, seed by seed (every variant's seed 1, then seed 2 ...), each a
-subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed} (its output in train.out). A run whose final
+subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed} (its output in train.out). A variant's later seeds
+run the activation kernels' path its first seed decided (the trainer's --kernels-from), or the one its options
+pin (act_kwargs {"impl": ...}); the report names each variant's path. A run whose final
 evaluation (translation: its test-set BLEU) is logged is skipped; an unfinished one continues from its newest
 checkpoint (--auto-resume), so rerunning the same command after a crash finishes the sweep.
 
@@ -26,7 +30,10 @@ sweep directory) has mean ± sample std per variant of the final val loss (and H
 test BLEU where logged), and for each variant the paired difference to its baseline (--acts: the first, or
 --baseline) over the seeds both finished: mean, std, t = mean / (std/sqrt n), the 95% interval
 mean ± t_{0.975, n-1} std/sqrt(n), the difference those seeds detect with 80% power and the seeds
---target-diff (default: the observed difference) needs. Negative val-loss differences favour the variant.
+--target-diff (default: the observed difference) needs; and each variant's parameter count, flagged where it
+differs from its baseline's by more than 0.5%. Negative val-loss differences favour the variant.
+HellaSwag pairs also get the item-level interval of their difference, from the runs' final items files
+(train with --hellaswag-interval): another sample of items, beside the seeds' another seed of training.
 """
 import argparse
 import json
@@ -46,7 +53,7 @@ from errors import ConfigError
 
 TRAINERS = {"gpt2": ROOT / "train_gpt2.py", "translation": ROOT / "train_translation.py"}
 RESERVED = {"--act", "--seed", "--out-dir", "--out_dir", "--resume", "--auto-resume", "--auto_resume", "--config",
-            "--init-seed-offset", "--init_seed_offset"}
+            "--init-seed-offset", "--init_seed_offset", "--kernels-from", "--kernels_from"}
 # The A/A control's torch seed is seed + this: far from any seed list, so no control run shares an init stream
 # with a baseline run, while the data order (the seed alone) stays the baseline's.
 CONTROL_INIT_SEED_OFFSET = 1_000_000
@@ -66,11 +73,12 @@ def options(table):
     return out
 
 
-def train_command(trainer, config, variant_options, seed, path, overrides, nproc):
+def train_command(trainer, config, variant_options, seed, path, overrides, nproc, kernels_from=None):
     launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                      f"--nproc_per_node={nproc}"]
+    reuse = ["--kernels-from", str(kernels_from)] if kernels_from else []
     return [*launcher, str(TRAINERS[trainer]), "--config", config, *variant_options, "--seed", str(seed),
-            "--out-dir", str(path), "--auto-resume", *overrides]
+            "--out-dir", str(path), *reuse, "--auto-resume", *overrides]
 
 
 def run_sweep(args, overrides, out, corpus_options=()):
@@ -99,7 +107,10 @@ def run_sweep(args, overrides, out, corpus_options=()):
             tqdm.write(f"{path}: finished, skipped")
             continue
         path.mkdir(parents=True, exist_ok=True)
-        cmd = train_command(args.trainer, args.config, opts, seed, path, overrides, args.nproc_per_node)
+        # every seed of an arm on the numerical path its first seed's run decided (activations/policy.py)
+        first = run_dir(out, label, args.seeds[0])
+        cmd = train_command(args.trainer, args.config, opts, seed, path, overrides, args.nproc_per_node,
+                            first if seed != args.seeds[0] and (first / "run.json").is_file() else None)
         tqdm.write(f"{path}: {' '.join(cmd[1:])}")
         with open(path / "train.out", "a") as log:
             code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -200,9 +211,10 @@ def parse_args(argv):
     if bad:
         p.error(f"variant/corpus names {', '.join(bad)} must be letters, digits, . _ + - (they name directories)")
     acts = [opts[opts.index("--act") + 1] for _, opts, _ in args.variants if "--act" in opts]
-    unknown = [a for a in acts if a not in activations.available()]
+    unknown = [a for a in acts if a not in activations.available() and activations.gate_activation(a) is None]
     if unknown:
-        p.error(f"unknown activation(s) {', '.join(unknown)}; choose from {', '.join(activations.available())}")
+        p.error(f"unknown activation(s) {', '.join(unknown)}; choose from {', '.join(activations.available())}, or a "
+                f"gated MLP: {', '.join(activations.GLU_NAMES)} or NAME{activations.GLU_SUFFIX}")
     labels = [label for label, _, _ in args.variants]
     if args.baseline and args.baseline not in labels:
         p.error(f"--baseline {args.baseline} is not one of --acts {','.join(labels)}")

@@ -4,7 +4,7 @@ Top, one mean curve per variant with a band spanning its seeds (min to max), for
 the val loss, zoomed to the second half of training where differences of 0.01 nats are visible. Below, per
 metric, a dot plot of each variant's paired difference to its baseline with its 95% interval, and a grey bar
 of ± the difference those seeds detect at 80% power: an interval inside the grey bar says "not resolved",
-not "no difference".
+not "no difference". HellaSwag pairs with items files also show, in grey below, the item-level interval.
 """
 import math
 
@@ -50,12 +50,7 @@ def _zoom(ax, curves):
 
 def _dots(ax, result, key, colors):
     pairs = [(a, p[key]) for a, p in result["paired"].items() if p.get(key) and p[key]["mean"] is not None]
-    labels = []
-    floor = max((p.get("binomial_floor") or 0 for _, p in pairs), default=0)
-    if floor:  # the same items for every pair: one floor for the panel
-        for sign in (-1, 1):
-            ax.axvline(sign * floor, color="0.4", linestyle="--", linewidth=0.9,
-                       label=f"± benchmark floor (binomial, {pairs[0][1]['items']:,} items)" if sign > 0 else None)
+    labels, item_label = [], "item-level 95% CI (another sample of items)"
     for row, (a, p) in enumerate(pairs):
         y = len(pairs) - 1 - row
         if p["detectable"] is not None:
@@ -63,7 +58,13 @@ def _dots(ax, result, key, colors):
                     label="± detectable with these seeds (80% power)" if row == 0 else None)
         err = None if p["ci95"] is None else [[p["mean"] - p["ci95"][0]], [p["ci95"][1] - p["mean"]]]
         ax.errorbar(p["mean"], y, xerr=err, fmt="o", color=colors[a], capsize=4, zorder=3,
-                    label="mean, 95% CI" if row == 0 else None)
+                    label="mean, 95% CI over seeds" if row == 0 else None)
+        items = p.get("item_level")
+        if items and items["ci95"] is not None:  # drawn just below the seeds' interval, same difference
+            lo, hi = items["ci95"]
+            ax.errorbar(items["mean"], y - 0.22, xerr=[[items["mean"] - lo], [hi - items["mean"]]], fmt="s",
+                        markersize=3, color="0.35", capsize=3, zorder=3, label=item_label)
+            item_label = None
         control = " (A/A)" if a == result.get("control") else ""
         labels.append(f"{a} - {result['baselines'][a]}{control}\nn={p['n']}")
     ax.axvline(0, color="k", linewidth=0.8)

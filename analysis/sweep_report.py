@@ -4,8 +4,13 @@ For every variant, mean ± sample std over seeds; for every variant against its 
 difference over the seeds both finished (mean, std, t, 95% interval) and its power: the smallest difference
 these seeds detect at 80% power and alpha 0.05, and the seeds a target difference needs (--target-diff for
 the final val loss, else the observed difference). A variant whose seed std is more than twice its
-baseline's is flagged. An A/A control (the baseline again with another init stream) is reported first: if
+baseline's is flagged. Each variant's parameter count (run.json's, from the model) is stated, and a variant
+whose count outside the embeddings differs from its baseline's by more than 0.5% is flagged: its comparison is
+then also one of model size (a gated MLP at the wrong width, say). An A/A control (the baseline again with another init stream) is reported first: if
 its interval excludes 0, identical settings differ "significantly" and no interval of the sweep can be trusted.
+For HellaSwag, where every run is scored on the same items, each pair also gets the item-level interval of its
+difference (from the final evaluation's items files, eval/hellaswag_items.py): the per-seed interval answers
+"another seed of training", the item-level one "another sample of items"; a claim needs both to exclude 0.
 Written to sweep.md, sweep.json and compare.png (analysis/sweep_plot.py) in the sweep directory.
 """
 import json
@@ -15,13 +20,17 @@ from pathlib import Path
 from analysis.compare import plot_telemetry, table
 from analysis.runs import RunError, load_run, load_runs, markdown_table, summary
 from analysis.sweep_plot import plot_sweep
-from eval.stats import binomial_floor, detectable_difference, mean_std, paired, seeds_needed
+from eval import hellaswag_items
+from eval.compare_items import shared_items
+from eval.hellaswag_items import ItemsError
+from eval.stats import detectable_difference, item_level, mean_std, mcnemar_exact, paired, seeds_needed
 
 METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_norm"),
            ("bleu", "valid BLEU (greedy)"), ("test_bleu_greedy", "test BLEU greedy"), ("test_bleu_beam", "test BLEU beam")]
 UNITS = {"final_val": "nats", "hella_acc_norm": "acc_norm", "bleu": "BLEU", "test_bleu_greedy": "BLEU",
          "test_bleu_beam": "BLEU"}
 SPREAD_FLAG = 2.0  # a variant's seed std above this multiple of its baseline's gets flagged
+PARAM_FLAG = 0.005  # a variant whose non-embedding parameter count differs from its baseline's by more gets flagged
 
 
 def variant_of(run):
@@ -46,15 +55,56 @@ def _num(x):
     return f"{abs(x):.2g}"
 
 
-def add_power(pair, key, target_diff=None, baseline_mean=None, hella_items=None):
-    """Adds detectable (80% power, alpha 0.05), target and seeds_needed (and for HellaSwag the binomial
-    floor of its item count at the baseline's accuracy) to a paired() result."""
+def add_power(pair, key, target_diff=None):
+    """Adds detectable (80% power, alpha 0.05), target and seeds_needed to a paired() result."""
     pair["detectable"] = detectable_difference(pair["std"], pair["n"])
     pair["target"] = target_diff if key == "final_val" and target_diff is not None else pair["mean"]
     pair["seeds_needed"] = seeds_needed(pair["std"], pair["target"])
-    if key == "hella_acc_norm" and baseline_mean is not None and hella_items:
-        pair["binomial_floor"], pair["items"] = binomial_floor(baseline_mean, hella_items), hella_items
     return pair
+
+
+# the in-loop HellaSwag number the sweep reads (hella_acc_norm): completion scoring, acc_norm
+ITEM_KEY = ("completion", "acc_norm")
+
+
+def items_of(runs):
+    """{(variant, seed): Items} of the finished runs' latest items files (the final evaluation writes one)."""
+    found = {}
+    for run in runs:
+        path = hellaswag_items.newest(run.path)
+        if path is not None and variant_of(run) is not None:
+            try:
+                found[(variant_of(run), run.setting("seed"))] = hellaswag_items.read(path)
+            except ItemsError as e:
+                raise SystemExit(f"error: {e}") from None
+    return found
+
+
+def item_interval(items, variant, base):
+    """Item-level interval of variant - base on HellaSwag acc_norm over the seeds both have items for: per item,
+    the mean over seeds of (variant right) - (base right); the items are the sampling unit (stats.item_level).
+    Per seed: the discordant items and the exact McNemar p. None without a seed of both."""
+    seeds = sorted(s for v, s in items if v == variant and (base, s) in items)
+    seeds = [s for s in seeds if ITEM_KEY in items[(variant, s)].preds and ITEM_KEY in items[(base, s)].preds]
+    if not seeds:
+        return None
+    indices, per_seed = None, []
+    for s in seeds:
+        a, b = items[(variant, s)], items[(base, s)]
+        try:
+            shared = shared_items(a, b)
+            if indices is not None and shared != indices:
+                raise ItemsError(f"{a.path}: other items than seed {seeds[0]}'s; score every run on the same items")
+        except ItemsError as e:
+            raise SystemExit(f"error: {e}") from None
+        indices = shared
+        right_a, right_b = a.correct(*ITEM_KEY, indices), b.correct(*ITEM_KEY, indices)
+        only_a = sum(x and not y for x, y in zip(right_a, right_b))
+        only_b = sum(y and not x for x, y in zip(right_a, right_b))
+        per_seed.append((right_a, right_b, only_a, only_b))
+    diffs = [sum(ra[i] - rb[i] for ra, rb, _, _ in per_seed) / len(seeds) for i in range(len(indices))]
+    return {**item_level(diffs), "seeds": seeds, "discordant": [a + b for _, _, a, b in per_seed],
+            "p_mcnemar": [mcnemar_exact(a, b) for _, _, a, b in per_seed]}
 
 
 def power_sentence(name, metric, key, pair, named):
@@ -73,10 +123,35 @@ def power_sentence(name, metric, key, pair, named):
             text += f"; {which} {_num(pair['target'])} would need more than 10,000 seeds"
         else:
             text += f"; {which} {_num(pair['target'])} would need {pair['seeds_needed']} seeds"
-    if "binomial_floor" in pair:
-        text += (f"; the benchmark alone is ±{pair['binomial_floor']:.4f} ({pair['items']:,} items), "
-                 "a floor no number of seeds lowers")
     return text + "."
+
+
+def hellaswag_intervals(pairs, baselines):
+    """The per-seed and the item-level interval of each pair's HellaSwag difference side by side, and what
+    each answers; [] when no pair has items files."""
+    rows = []
+    for a, per in pairs.items():
+        p = per.get("hella_acc_norm") or {}
+        items = p.get("item_level")
+        if items is None:
+            continue
+        ci = lambda c: "-" if c is None else f"[{c[0]:+.4f}, {c[1]:+.4f}]"
+        rows.append([f"{a} - {baselines[a]}", len(items["seeds"]), f"{items['items']:,}", f"{items['mean']:+.4f}",
+                     ci(p["ci95"]), ci(items["ci95"]), ", ".join(f"{d:,}" for d in items["discordant"]),
+                     ", ".join(f"{q:.3g}" for q in items["p_mcnemar"])])
+    if not rows:
+        return []
+    return ["HellaSwag acc_norm (completion scoring, final evaluation): two intervals for one difference. The per-seed "
+            "interval (t over seeds, above) answers *would another seed of training give this difference on these "
+            "items?*; it cannot see which items the benchmark happens to hold. The item-level interval answers *would "
+            "another sample of items like these give it, for these trained models?*: per item the difference of "
+            "right answers averaged over the seeds, mean ± 1.96 sd/√items; it cannot see seed-to-seed variation. "
+            "Only the items the two models answer differently (discordant) carry information, so it is usually much "
+            "narrower than two accuracies' Wilson intervals suggest. \"X beats the baseline\" needs both to exclude "
+            "0. Per seed: the discordant items and the exact McNemar p (`python -m eval.compare_items` on two runs "
+            "gives the full comparison):", "",
+            markdown_table(["pair", "seeds", "items", "diff", "per-seed 95% CI", "item-level 95% CI",
+                            "discordant items per seed", "McNemar p per seed"], rows), ""]
 
 
 def spread_flags(per_act, baselines, metrics):
@@ -87,6 +162,40 @@ def spread_flags(per_act, baselines, metrics):
             s, b = per_act[a].get(k, {}).get("std"), per_act.get(base, {}).get(k, {}).get("std")
             if a != base and s is not None and b and s > SPREAD_FLAG * b:
                 flags.append((a, k, s, b, s / b))
+    return flags
+
+
+def kernel_paths(runs):
+    """{variant: the path its activation ran, from each run's recorded kernel decisions}; a variant whose seeds ran
+    different paths is named MIXED with each seed's (its seeds then differ by more than the seed)."""
+    per = {}
+    for run in runs:
+        if run.kernels is None:
+            text = "not recorded"
+        else:
+            text = ", ".join(f"{family} {'Triton kernel' if r.get('impl') == 'triton' else 'PyTorch'}"
+                             for family, r in sorted(run.kernels.items())) or "PyTorch (no kernel family)"
+        per.setdefault(variant_of(run), {})[run.setting("seed")] = text
+    return {a: next(iter(set(seeds.values()))) if len(set(seeds.values())) == 1 else
+            "MIXED: " + "; ".join(f"seed {seed}: {text}" for seed, text in sorted(seeds.items(), key=str))
+            for a, seeds in per.items()}
+
+
+def run_params(run):
+    """The parameter counts the trainer wrote into run.json ({"total", "non_embedding", "mlp_per_layer"}), or None."""
+    try:
+        return json.loads((run.path / "run.json").read_text())["environment"]["params"] or None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def param_flags(params, baselines):
+    """[(variant, its non-embedding count, its baseline's, relative difference)] beyond PARAM_FLAG."""
+    flags = []
+    for a, base in baselines.items():
+        mine, theirs = (params.get(v, {}).get("non_embedding") for v in (a, base))
+        if a != base and mine and theirs and abs(mine - theirs) > PARAM_FLAG * theirs:
+            flags.append((a, mine, theirs, mine / theirs - 1))
     return flags
 
 
@@ -141,27 +250,36 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
     baselines = {a: (plan.get("baselines") or {}).get(a) or baseline for a in order}
 
     rows = {a: {} for a in order}  # variant -> metric -> {seed: value}
-    hella_items = 0
     for run in done:
         if variant_of(run) in rows:
             s = summary(run)
-            hella_items = max(hella_items, s["hella_n"] or 0)
             for key, _ in METRICS:
                 if s[key] is not None:
                     rows[variant_of(run)].setdefault(key, {})[run.setting("seed")] = s[key]
     metrics = [(k, name) for k, name in METRICS if any(k in r for r in rows.values())]
     per_act = {a: {k: mean_std(list(rows[a].get(k, {}).values())) for k, _ in metrics} for a in order}
-    pairs = {a: {k: add_power(paired(rows[baselines[a]].get(k, {}), rows[a].get(k, {})), k, target_diff,
-                              per_act[baselines[a]][k]["mean"], hella_items) for k, _ in metrics}
-             for a in order if a != baselines[a] and baselines[a] in rows}
+    pairs = {a: {k: add_power(paired(rows[baselines[a]].get(k, {}), rows[a].get(k, {})), k, target_diff)
+                 for k, _ in metrics} for a in order if a != baselines[a] and baselines[a] in rows}
+    if "hella_acc_norm" in dict(metrics):
+        items = items_of(r for r in done if variant_of(r) in rows)
+        for a, per in pairs.items():
+            per["hella_acc_norm"]["item_level"] = item_interval(items, a, baselines[a])
     flags = spread_flags(per_act, baselines, metrics)
+    paths = kernel_paths([r for r in done if variant_of(r) in rows])
+    params = {}
+    for run in done:
+        if variant_of(run) in rows and run_params(run):
+            params.setdefault(variant_of(run), run_params(run))
+    size_flags = param_flags(params, baselines)
     reliable, verdict = control_verdict(control, baselines[control], pairs[control], metrics) if control in pairs \
         else (None, None)
     result = {"baseline": baseline, "baselines": baselines, "acts": order, "unfinished": unfinished,
               "control": control, "control_reliable": reliable, "target_diff": target_diff,
-              "runs": [summary(r) for r in runs], "per_act": per_act, "paired": pairs,
+              "runs": [summary(r) for r in runs], "per_act": per_act, "paired": pairs, "kernel_paths": paths,
               "spread_flags": [{"variant": a, "metric": k, "std": s, "baseline_std": b, "ratio": r}
-                               for a, k, s, b, r in flags]}
+                               for a, k, s, b, r in flags],
+              "params": params, "param_flags": [{"variant": a, "non_embedding": m, "baseline_non_embedding": b,
+                                                 "relative": r} for a, m, b, r in size_flags]}
 
     def pm(stat):
         if stat["mean"] is None:
@@ -178,12 +296,28 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
            markdown_table(["variant", "n", *[name for _, name in metrics]],
                           [[a, max((s["n"] for s in per_act[a].values()), default=0),
                             *[pm(per_act[a][k]) for k, _ in metrics]] for a in order]), ""]
+    if params:
+        md += ["Parameters per variant (run.json; outside embeddings: what an MLP's form changes):", "",
+               markdown_table(["variant", "parameters", "outside embeddings", "per MLP", "vs baseline"],
+                              [[a, f"{params[a]['total']:,}", f"{params[a]['non_embedding']:,}",
+                                f"{params[a]['mlp_per_layer']:,}",
+                                "-" if a == baselines[a] or baselines[a] not in params else
+                                f"{params[a]['non_embedding'] / params[baselines[a]]['non_embedding'] - 1:+.2%}"]
+                               for a in order if a in params]), ""]
+    for a, m, b, r in size_flags:
+        md += [f"- **{a} is not parameter-matched**: {m:,} parameters outside embeddings against {baselines[a]}'s "
+               f"{b:,} ({r:+.2%}, more than {PARAM_FLAG:.1%}); its difference also measures model size (for a "
+               "gated MLP, set glu_hidden to the width that matches)."]
+    if size_flags:
+        md.append("")
     for a, k, s, b, ratio in flags:
         md += [f"- **{a} needs more seeds**: its seed std of {dict(metrics)[k]} ({s:.4f}) is {ratio:.1f}x "
                f"{baselines[a]}'s ({b:.4f}); for the precision of the baseline's mean it needs about "
                f"{ratio ** 2:.0f}x the seeds."]
     if flags:
         md.append("")
+    md += ["Activation path of each variant (run.json's kernel decisions; every seed of a variant should run the "
+           "same one):", "", *[f"- {a}: {paths[a]}" for a in order if a in paths], ""]
     sources, pair_rows, sentences = set(), [], []
     for a, per in pairs.items():
         for k, name in metrics:
@@ -206,6 +340,7 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
                markdown_table(["pair", "metric", "n", "diff", "t", "95% CI", "detectable (80%)", "seeds needed"],
                               pair_rows), "",
                "What these seeds can detect:", "", *sentences, ""]
+    md += hellaswag_intervals(pairs, baselines)
     text = "\n".join(md)
     (out / "sweep.md").write_text(text)
     (out / "sweep.json").write_text(json.dumps(result, indent=2))

@@ -1,17 +1,21 @@
 """One command for any GPU owner: everything nanoact could not run without a GPU, run on yours, PASS/FAIL with numbers.
 
-    python bench/gpu_check.py                      # one GPU: <= ~10 minutes; on a CPU: the kernels in Triton's interpreter
-    python bench/gpu_check.py --out gpu_check/     # where gpu_check.json and gpu_check.md go (default: gpu_check/)
+    python bench/gpu_check.py                      # one GPU: at most ~12 minutes; a CPU: kernels in Triton's interpreter
+    python bench/gpu_check.py --quick              # what decides whether a run is safe: at most ~3 minutes
+    python bench/gpu_check.py --out runs/gpu_check # where gpu_check.json and gpu_check.md go (the default)
     python bench/gpu_check.py --only kernels,resume
     python bench/gpu_check.py --smoke              # every section at toy sizes on this device (tests the script itself)
 
-Checks, each PASS / FAIL (or SKIP with the reason) with its figures:
+Checks, each PASS / FAIL (or SKIP with the reason) with its figures; --quick runs kernels (checks only), resume
+and hellaswag (300 items):
     kernels       every Triton kernel (AGLU, APA, NSwish, NReLU, per-instance) against the float64 PyTorch path: outputs,
-                  input and parameter gradients, running statistics, in bf16 and fp32 (activations/selfcheck.py); on a
-                  GPU also fwd+bwd time of each activation and path, eager and compiled, against compiled GELU at
-                  65536 x 3072 bf16
+                  input and parameter gradients, running statistics, in every dtype a run on this GPU can use
+                  (bf16, fp16, fp32; fp16 and fp32 on a GPU without bf16) (activations/selfcheck.py); on a GPU also
+                  fwd+bwd time of each activation and path, eager and compiled, against compiled GELU at 65536 x 3072
     train_step    bench/train_step.py: the plain reference GPT-2 against nanoact gelu, aglu, nswish, 124M, compiled,
-                  B=64 T=1024 when memory allows: ms/step, tok/s, MFU, peak memory, ratios, from one run
+                  B=64 T=1024 when memory allows: ms/step, tok/s, MFU, peak memory, ratios, from one run. aglu and
+                  nswish on the path a run takes (the trainers' policy.select() decision, with its reason) and
+                  on the kernel and the PyTorch path forced, each labelled
     loss_chunks   --loss-chunks 8 against the plain loss (loss and gradients) and the peak memory of each
     attention     each SDPA backend (--attention-backend), eager, and each --compile-mode: which run, how fast
     resume        train_gpt2.py 20 steps on synthetic shards (defaults: bf16, compile, impl auto) against 10 steps
@@ -20,8 +24,9 @@ Checks, each PASS / FAIL (or SKIP with the reason) with its figures:
     translation   train_translation.py: the first compiled step and compiled tok/s against eager, padded batches
     ddp           with 2+ GPUs: torchrun on every GPU against grad accumulation on one, same total batch
 
-Writes OUT/gpu_check.json and OUT/gpu_check.md (a block to paste into BENCHMARKS.md or a bug report: device,
-torch/Triton/CUDA versions, every figure). Exits 1 when a check FAILs.
+It first says how long it may take: every section has a wall-clock bound (BOUNDS), past which its child process
+is stopped and it FAILs. Writes OUT/gpu_check.json and OUT/gpu_check.md (a block to paste into BENCHMARKS.md or
+a bug report: device, torch/Triton/CUDA versions, every figure). Exits 1 when a check FAILs.
 """
 import argparse
 import datetime
@@ -47,15 +52,24 @@ if not torch.cuda.is_available():  # before triton's first import: the kernels t
 ROOT = Path(__file__).resolve().parents[1]
 
 import activations  # noqa: E402
-from activations import selfcheck  # noqa: E402
+from activations import policy, selfcheck  # noqa: E402
 from activations.impl import kernels  # noqa: E402
-from training.hardware import detect  # noqa: E402
+from training.config import ConfigError  # noqa: E402
+from training.hardware import choose_compile, choose_precision, detect  # noqa: E402
 from training.loop import COMPILE_MODES  # noqa: E402
+from training.precision import PRECISIONS  # noqa: E402
 from training.runlog import git_revision  # noqa: E402
 
 SECTIONS = ("kernels", "train_step", "loss_chunks", "attention", "resume", "hellaswag", "translation", "ddp")
 BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 PARAMETRIC = ("aglu", "apa", "nswish", "nrelu", "nswish/per_instance", "nrelu/per_instance")
+QUICK = ("kernels", "resume", "hellaswag")  # what decides whether a run is safe: ~3 minutes on one GPU
+# Wall-clock bound of each section, seconds (full, --quick). Each section's work is sized to fit one recent GPU
+# (not measured: no GPU where this was written); past its bound a child process is stopped and the section
+# FAILs, and in-process timings start no new case (one already started, e.g. a max-autotune compile, finishes).
+# train_step compiles GPT-2 124M for each of its 6 contenders. One GPU, full: 11 min 45 s; --quick: 3 min 15 s.
+BOUNDS = {"kernels": (120, 60), "train_step": (240, None), "loss_chunks": (45, None), "attention": (90, None),
+          "resume": (90, 90), "hellaswag": (60, 45), "translation": (60, None), "ddp": (90, None)}
 
 
 class Skip(Exception):
@@ -80,10 +94,28 @@ def median_ms(step, reps, warmup=3):
     return statistics.median(times)
 
 
-def run(cmd, timeout, env=None):
-    """A child process of this repository (its own torch, as a user runs it); its output kept for the report."""
+class OverBound(Exception):
+    pass
+
+
+def left(ctx):
+    """Seconds left of the running section's bound; OverBound once it is spent."""
+    seconds = ctx.deadline - time.time()
+    if seconds <= 0:
+        raise OverBound(f"the section's {ctx.bound} s bound was spent before it finished")
+    return seconds
+
+
+def run(ctx, cmd, env=None):
+    """A child process of this repository (its own torch, as a user runs it), killed when the section's bound is
+    spent; its output kept for the report."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    result = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        result = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=left(ctx))
+    except subprocess.TimeoutExpired:
+        raise OverBound(f"{' '.join(map(str, cmd[1:3]))} did not finish within the section's {ctx.bound} s bound; "
+                        "stopped") from None
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd[1:3]))} exited {result.returncode}: "
                            f"{(result.stderr or result.stdout).strip()[-1500:]}")
@@ -102,17 +134,33 @@ def gpu_batch():
 
 
 # ---------------------------------------------------------------- sections
+def run_dtypes(platform):
+    """The activation dtypes a run on this platform can use (training/hardware.py's choices for --dtype auto,
+    bfloat16, float16, float32): all three on a GPU with bf16, float16 and float32 on one without (V100, T4)."""
+    dtypes = []
+    for requested in ("bfloat16", "float16", "float32"):
+        try:
+            dtypes.append(PRECISIONS[choose_precision(requested, platform)[0]])
+        except ConfigError:
+            continue
+    return dtypes
+
+
 def check_kernels(ctx):
     if kernels is None:
         raise Skip("Triton is not installed: impl='auto' uses the PyTorch path")
     failures, fig = {}, {}
+    dtypes = run_dtypes(ctx.platform)
+    if len(dtypes) < 3:
+        fig["dtypes"] = (f"{', '.join(str(d)[6:] for d in dtypes)}: {ctx.platform.name} has no bf16, so no run "
+                         "there uses it")
     for name in PARAMETRIC:
-        for dtype in (torch.bfloat16, torch.float32):
+        for dtype in dtypes:
             reason = selfcheck.failure(name, ctx.device, dtype)
             fig[f"{name} {str(dtype)[6:]}"] = "ok" if reason is None else reason
             if reason:
                 failures[f"{name} {str(dtype)[6:]}"] = reason
-    if ctx.device == "cuda" or ctx.smoke:
+    if (ctx.device == "cuda" or ctx.smoke) and not ctx.quick:
         fig["timing"] = time_activations(ctx)
     return not failures, fig
 
@@ -128,6 +176,9 @@ def time_activations(ctx):
     cases = [("gelu", None)] + [(n, p) for n in ("aglu", "apa", "nswish", "nrelu") for p in ("torch", "triton")]
     for name, path in cases:
         row = {}
+        if time.time() > ctx.deadline:
+            out[f"{name} [{path}]" if path else name] = {"eager_ms": "not timed: the section's bound was spent"}
+            continue
         for mode in ("eager", "compiled"):
             module = activations.build(name, **({"impl": path} if path else {})).to(ctx.device)
             fn = torch.compile(module) if mode == "compiled" and ctx.compile else module
@@ -146,34 +197,69 @@ def time_activations(ctx):
     return out
 
 
+def trainer_choice(model, mlp_shape, ctx):
+    """The kernel-or-PyTorch decision a run takes on this GPU: training/loop.py's call, made before compile with
+    the run's platform, precision and compile choice (the one place this script asks; follow the trainers): the
+    verdict cached for this GPU, or a probe in a child process, exactly as the run's first start would take it."""
+    return policy.select(model, mlp_shape, ctx.platform, ctx.device, PRECISIONS[ctx.precision], ctx.compile)
+
+
+def step_contenders(ctx, preset, batch, seq):
+    """bench/train_step.py contenders (reference, gelu, each parametric activation on the kernel and on the PyTorch
+    path) and, per parametric activation, the path a run would take and why ({act: (impl, reason)}). The run's
+    row is the forced row of that path: select() only fixes impl, as forcing it does."""
+    from bench.train_step import PRESETS
+    specs, chosen = ["reference", "gelu"], {}
+    blocked = selfcheck.blocker(ctx.platform)
+    for act in ("aglu", "nswish"):
+        model = gpt(ctx, preset, act=act)
+        decision, = trainer_choice(model, (batch * seq, 4 * PRESETS[preset]["n_embd"]), ctx).values()
+        del model
+        chosen[act] = decision["impl"], decision["reason"]
+        if blocked is None and decision["triton_ms"] is not None:  # a kernel that failed its check would crash
+            specs.append(f'{act}{{"impl": "triton"}}')
+        specs.append(f'{act}{{"impl": "torch"}}')
+    return specs, chosen
+
+
 def check_train_step(ctx):
     batch, gib = (gpu_batch() if ctx.device == "cuda" else (2, None))
     preset, seq = ("gpt2_124m", 1024) if not ctx.smoke else ("tiny", 64)
+    specs, chosen = step_contenders(ctx, preset, batch, seq)
     path = ctx.out / "train_step.json"
     cmd = [sys.executable, "bench/train_step.py", "--preset", preset, "--batch-size", batch, "--seq-len", seq,
-           "--acts", "reference,gelu,aglu,nswish", "--json", path, "--device", ctx.device]
+           "--acts", ",".join(specs), "--json", path, "--device", ctx.device]
     if ctx.compile:
         cmd.append("--compile")
     if ctx.smoke:
         cmd += ["--steps", "1", "--rounds", "1", "--warmup", "1", "--no-peak"]
-    run(cmd, timeout=900)
+    run(ctx, cmd)
     results = json.loads(path.read_text())["results"]
-    base = results["reference"]["tok_per_s"]
-    fig = {"preset": preset, "B": batch, "T": seq, "gpu_memory_gib": gib, "compile": ctx.compile}
-    for label, r in results.items():
-        fig[label] = {"ms_per_step": round(r["ms_per_step"], 1), "tok_per_s": round(r["tok_per_s"]),
-                      "mfu": None if r["mfu"] is None else round(r["mfu"], 4),
-                      "peak_mib": None if r["peak_bytes"] is None else round(r["peak_bytes"] / 2**20),
-                      "tok_s_x_reference": round(r["tok_per_s"] / base, 3)}
+    base, gelu = results["reference"]["tok_per_s"], results["gelu"]["tok_per_s"]
+
+    def row(r):
+        return {"ms_per_step": round(r["ms_per_step"], 1), "tok_per_s": round(r["tok_per_s"]),
+                "mfu": None if r["mfu"] is None else round(r["mfu"], 4),
+                "peak_mib": None if r["peak_bytes"] is None else round(r["peak_bytes"] / 2**20),
+                "tok_s_x_reference": round(r["tok_per_s"] / base, 3), "tok_s_x_gelu": round(r["tok_per_s"] / gelu, 3)}
+
+    fig = {"preset": preset, "B": batch, "T": seq, "gpu_memory_gib": gib, "compile": ctx.compile,
+           "precision": ctx.precision, "reference": row(results["reference"]), "gelu": row(results["gelu"])}
+    for act, (impl, reason) in chosen.items():
+        fig[f"{act} [run: {impl}]"] = {**row(results[f'{act}{{"impl": "{impl}"}}']), "why": reason}
+        for forced in ("triton", "torch"):
+            spec = f'{act}{{"impl": "{forced}"}}'
+            fig[f"{act} [forced {forced}]"] = row(results[spec]) if spec in results else \
+                {"not run": f"the kernel cannot run here: {reason}"}
     ok = all(np.isfinite(r["tok_per_s"]) and r["tok_per_s"] > 0 for r in results.values())
     return ok, fig
 
 
-def gpt(ctx, preset, **speed):
+def gpt(ctx, preset, act="gelu", **speed):
     from bench.train_step import PRESETS
     from model import GPT, GPTConfig
     torch.manual_seed(0)
-    return GPT(GPTConfig(**PRESETS[preset]), **speed).to(ctx.device)
+    return GPT(GPTConfig(**PRESETS[preset], act=act), **speed).to(ctx.device)
 
 
 def check_loss_chunks(ctx):
@@ -229,6 +315,9 @@ def check_attention(ctx):
     fig, failed = {"backends": {"preset": big[0], "B": big[1], "T": big[2]},
                    "compile_modes": {"preset": small[0], "B": small[1], "T": small[2]}}, []
     for backend in BACKENDS:
+        if time.time() > ctx.deadline:  # "auto" and "default" come first: the ones a run uses always run
+            fig["backends"][backend] = {"runs": None, "not run": "the section's bound was spent"}
+            continue
         try:
             ms, tok = step_ms(ctx, *big, f'gelu{{"attention_backend": "{backend}"}}', False, ctx.reps)
             fig["backends"][backend] = {"runs": True, "ms_per_step": ms, "tok_per_s": tok}
@@ -236,6 +325,9 @@ def check_attention(ctx):
             fig["backends"][backend] = {"runs": False, "error": f"{type(e).__name__}: {e}"[:300]}
             failed.append(backend)
     for mode in COMPILE_MODES if ctx.compile else ():
+        if time.time() > ctx.deadline:
+            fig["compile_modes"][mode] = {"runs": None, "not run": "the section's bound was spent"}
+            continue
         try:
             ms, tok = step_ms(ctx, *small, f'gelu{{"compile_mode": "{mode}"}}', True, ctx.reps)
             fig["compile_modes"][mode] = {"runs": True, "ms_per_step": ms, "tok_per_s": tok}
@@ -271,10 +363,10 @@ def check_resume(ctx):
     data = write_shards(ctx.tmp / "shards")
     full, resumed = ctx.tmp / "full", ctx.tmp / "resumed"
     t0 = time.time()
-    stdout = run([sys.executable, "train_gpt2.py", *gpt2_args(ctx, data, full)], timeout=900)
+    stdout = run(ctx, [sys.executable, "train_gpt2.py", *gpt2_args(ctx, data, full)])
     seconds = time.time() - t0
     shutil.copytree(full, resumed, ignore=shutil.ignore_patterns("*00020*"))
-    run([sys.executable, "train_gpt2.py", *gpt2_args(ctx, data, resumed), "--resume"], timeout=900)
+    run(ctx, [sys.executable, "train_gpt2.py", *gpt2_args(ctx, data, resumed), "--resume"])
     a, b = records(full, "train"), records(resumed, "train")
     va, vb = records(full, "eval")[-1]["val_loss"], records(resumed, "eval")[-1]["val_loss"]
     diff = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a[10:], b[10:]))
@@ -290,11 +382,12 @@ def check_resume(ctx):
 
 def check_hellaswag(ctx):
     path = ctx.out / "hellaswag.json"
-    cmd = [sys.executable, "bench/hellaswag.py", "--limit", 500 if not ctx.smoke else 8, "--json", path,
+    items = 8 if ctx.smoke else 300 if ctx.quick else 500
+    cmd = [sys.executable, "bench/hellaswag.py", "--limit", items, "--json", path,
            "--modes", "compiled" if ctx.compile else "eager", "--device", ctx.device]
     if ctx.smoke:
         cmd += ["--n-layer", "2", "--n-embd", "64"]
-    run(cmd, timeout=900)
+    run(ctx, cmd)
     report = json.loads(path.read_text())
     mode = next(iter(report["modes"].values()))
     fig = {"items": report["items"], "params_M": report["params_M"], **{k: mode[k] for k in
@@ -327,10 +420,10 @@ def check_translation(ctx):
         if on and not ctx.compile:
             continue
         out = ctx.tmp / f"translation_{mode}"
-        run([sys.executable, "train_translation.py", "--data-dir", data, "--out-dir", out, "--spm-vocab-size", "200",
-             "--max-steps", steps, "--eval-interval", 10**6, "--test-at-end", "false", "--bleu-sentences", "8",
-             "--pad-multiple", "8", "--compile", str(on).lower(), "--device", ctx.device, "--act", "nswish",
-             "--log-interval", 10, *size], timeout=900)
+        run(ctx, [sys.executable, "train_translation.py", "--data-dir", data, "--out-dir", out,
+                  "--spm-vocab-size", "200", "--max-steps", steps, "--eval-interval", 10**6, "--test-at-end", "false",
+                  "--bleu-sentences", "8", "--pad-multiple", "8", "--compile", str(on).lower(), "--device", ctx.device,
+                  "--act", "nswish", "--log-interval", 10, *size])
         rows = records(out, "train")
         later = [r["tok_per_s"] for r in rows[len(rows) // 2:]]
         fig[mode] = {"first_step_s": round(rows[0]["dt_ms"] / 1e3, 2), "tgt_tok_per_s": round(statistics.median(later)),
@@ -347,9 +440,9 @@ def check_ddp(ctx):
     n = max(n, 2)
     data = write_shards(ctx.tmp / "ddp_shards")
     one, many = ctx.tmp / "ddp_one", ctx.tmp / f"ddp_{n}"
-    run([sys.executable, "train_gpt2.py", *gpt2_args(ctx, data, one, world=n, max_steps=10)], timeout=900)
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "train_gpt2.py",
-         *gpt2_args(ctx, data, many, world=n, max_steps=10)], timeout=900)
+    run(ctx, [sys.executable, "train_gpt2.py", *gpt2_args(ctx, data, one, world=n, max_steps=10)])
+    run(ctx, [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "train_gpt2.py",
+         *gpt2_args(ctx, data, many, world=n, max_steps=10)])
     a, b = records(one, "train"), records(many, "train")
     diff = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
     tol = 1e-5 if ctx.device == "cpu" else 5e-3  # another reduction order (and a GPU's atomics): rounding only
@@ -404,10 +497,22 @@ def markdown(env, results):
     return "\n".join(lines) + "\n"
 
 
+def plan(only, quick, runs_here):
+    """The sections to run and one line that says how long they may take: the sum of the bounds of those that
+    run here (`runs_here(name)`)."""
+    names = [n for n in (QUICK if quick else SECTIONS) if n in only]
+    running = [n for n in names if runs_here(n)]
+    bound = sum(BOUNDS[n][1 if quick else 0] for n in running)
+    return names, (f"{len(running)} section(s) to run: {', '.join(running)}; each stops at its time bound, so at "
+                   f"most {bound // 60} min {bound % 60} s in all")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="gpu_check", help="directory for gpu_check.json and gpu_check.md")
+    p.add_argument("--out", default="runs/gpu_check", help="directory for gpu_check.json and gpu_check.md")
     p.add_argument("--only", help=f"comma-separated checks (default all): {', '.join(SECTIONS)}")
+    p.add_argument("--quick", action="store_true",
+                   help=f"only what decides whether a run is safe: {', '.join(QUICK)} (kernels without timings)")
     p.add_argument("--smoke", action="store_true", help="every check at toy sizes on this device, eager on a CPU")
     p.add_argument("--reps", type=int, default=10, help="timed repetitions per figure")
     args = p.parse_args(argv)
@@ -416,29 +521,30 @@ def main(argv=None):
     if unknown:
         raise SystemExit(f"error: unknown check(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    p_info = detect(device)
-    precision = "bfloat16" if device == "cuda" and p_info.bf16 else ("float16" if device == "cuda" else "float32")
+    platform_ = detect(device)
+    precision, use_compile = choose_precision("auto", platform_)[0], choose_compile(None, platform_)[0]  # a run's
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = SimpleNamespace(device=device, smoke=args.smoke, reps=args.reps if not args.smoke else 2, out=out,
-                          precision=precision, dtype={"bfloat16": torch.bfloat16, "float16": torch.float16,
-                                                      "float32": torch.float32}[precision],
-                          compile=device == "cuda" and p_info.capability >= (7, 0) and p_info.triton is not None)
+    ctx = SimpleNamespace(device=device, platform=platform_, smoke=args.smoke, quick=args.quick, out=out,
+                          reps=args.reps if not args.smoke else 2, precision=precision, dtype=PRECISIONS[precision],
+                          compile=use_compile)
     env = environment(device)
+    names, duration = plan(only, args.quick, lambda n: args.smoke or device == "cuda" and (
+        n != "ddp" or env["gpus"] >= 2) or n == "kernels")
     print(f"gpu_check on {env['device']} ({env['capability']}) | torch {env['torch']} | Triton {env['triton']} | "
-          f"CUDA {env['cuda']}" + (" | smoke sizes" if args.smoke else ""), flush=True)
+          f"CUDA {env['cuda']}" + (" | smoke sizes" if args.smoke else "") + f"\n{duration}", flush=True)
     results = {}
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         ctx.tmp = Path(tmp)
-        for name in SECTIONS:
-            if name not in only:
-                continue
+        for name in names:
             if device != "cuda" and not args.smoke and name != "kernels":
                 results[name] = {"status": "SKIP", "reason": "needs a CUDA GPU (--smoke runs it at toy sizes here)"}
                 print(f"{name:12s} SKIP  needs a CUDA GPU", flush=True)
                 continue
             t0 = time.time()
+            ctx.bound = BOUNDS[name][1 if args.quick else 0]
+            ctx.deadline = t0 + ctx.bound
             try:
                 ok, figures = CHECKS[name](ctx)
                 results[name] = {"status": "PASS" if ok else "FAIL", "figures": figures}
@@ -448,6 +554,7 @@ def main(argv=None):
                 results[name] = {"status": "FAIL", "reason": f"{type(e).__name__}: {e}"[:2000],
                                  "traceback": traceback.format_exc()[-4000:]}
             results[name]["seconds"] = round(time.time() - t0, 1)
+            results[name]["bound_seconds"] = ctx.bound
             r = results[name]
             print(f"{name:12s} {r['status']:5s} {r['seconds']:7.1f}s  "
                   f"{r.get('reason') or '; '.join(flat(r['figures']))[:600]}", flush=True)

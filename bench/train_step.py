@@ -17,7 +17,9 @@ contender) on random tokens (data loading excluded). Contenders are timed in int
 aglu, ..., reference, ...) and each reports its median, so drift of a noisy machine hits all of them alike.
 Memory: the bytes autograd saves for backward in one eager forward
 (exact, any device), and the peak: CUDA max_memory_allocated, or on CPU the peak RSS of a fresh process per
-contender. MFU: model FLOPs (6N + attention, model.py) over the device's dense bf16 peak; n/a where unknown.
+contender. MFU: model FLOPs (6N + attention, model.py; N of each contender's own shape, so a gated MLP counts its three
+matrices) over the device's dense bf16 peak; n/a where unknown. params: each contender's parameters outside the
+embeddings (a gated name, e.g. swiglu or aglu_glu, is parameter-matched to the plain MLP: activations/gated.py).
 """
 import argparse
 import json
@@ -195,8 +197,8 @@ def main():
                 times[label].append(time.perf_counter() - t0)
 
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
-    with torch.device("meta"):  # model FLOPs are the architecture's, the same for every contender
-        flops = GPT(GPTConfig(**PRESETS[args.preset]))
+    with torch.device("meta"):  # the reference's model FLOPs: nanoact's GPT with GPT-2's own MLP
+        plain = GPT(GPTConfig(**PRESETS[args.preset]))
     tokens = args.batch_size * args.seq_len
     results = {}
     for c in contenders:
@@ -212,9 +214,11 @@ def main():
             peak = torch.cuda.max_memory_allocated()
         else:
             peak = peak_memory_child(args, c["label"])
+        counted = model if isinstance(model, GPT) else plain  # a gated MLP's FLOPs are its own shape's
         results[c["label"]] = dict(contender=c, ms_per_step=1000 * dt, tok_per_s=tokens / dt,
-                                   mfu=flops.estimate_mfu(tokens / dt, args.seq_len, device_name), peak_bytes=peak,
-                                   saved_bytes=saved_for_backward_bytes(model, args))
+                                   mfu=counted.estimate_mfu(tokens / dt, args.seq_len, device_name), peak_bytes=peak,
+                                   saved_bytes=saved_for_backward_bytes(model, args),
+                                   params=counted.param_counts()["non_embedding"])
 
     base_label = labels[0]
     base = results[base_label]
@@ -224,11 +228,12 @@ def main():
     width = max(len(label) for label in labels)
     mib = lambda b: "n/a" if b is None else f"{b / 2**20:.0f}"
     ratio = lambda a, b: "n/a" if a is None or b is None else f"{a / b:.3f}"
-    print(f"{'contender':{width}s} {'ms/step':>9s} {'tok/s':>10s} {'MFU':>6s} {'peak MiB':>9s} {'saved MiB':>9s} "
-          f"{'tok/s ratio':>11s} {'peak ratio':>10s}   (ratios to {base_label})")
+    print(f"{'contender':{width}s} {'params*':>9s} {'ms/step':>9s} {'tok/s':>10s} {'MFU':>6s} {'peak MiB':>9s} "
+          f"{'saved MiB':>9s} {'tok/s ratio':>11s} {'peak ratio':>10s}   (ratios to {base_label}; *outside embeddings)")
     for label, r in results.items():
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        print(f"{label:{width}s} {r['ms_per_step']:9.1f} {r['tok_per_s']:10.0f} {mfu:>6s} {mib(r['peak_bytes']):>9s} "
+        print(f"{label:{width}s} {r['params']:9,d} {r['ms_per_step']:9.1f} {r['tok_per_s']:10.0f} {mfu:>6s} "
+              f"{mib(r['peak_bytes']):>9s} "
               f"{r['saved_bytes'] / 2**20:9.1f} {r['tok_per_s'] / base['tok_per_s']:11.3f} "
               f"{ratio(r['peak_bytes'], base['peak_bytes']):>10s}")
     if args.json:

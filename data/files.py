@@ -44,3 +44,11 @@ def remove_temporaries(directory):
         for path in Path(directory).iterdir():
             if TEMPORARY.match(path.name):
                 path.unlink(missing_ok=True)
+
+
+def cache_root():
+    """nanoact's cache folder (HellaSwag's data and tokens, shard statistics, kernel verdicts): $NANOACT_CACHE,
+    else $XDG_CACHE_HOME/nanoact, else ~/.cache/nanoact. activations/policy.py restates this rule: activations/
+    imports nothing from data/."""
+    return Path(os.environ.get("NANOACT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                / "nanoact")

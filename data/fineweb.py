@@ -19,9 +19,10 @@ build-nanogpt's layout). With the default and a corpus of fewer than 2 * shard-s
 would leave (almost) nothing to train on, so val takes the first 10% of the tokens instead. The val
 shard is written once a full train shard's worth of tokens follows it, or at the end.
 
-manifest.json records the options that define the output, every shard (file, split, tokens), the
-totals, where to resume, and `finished`; it and every shard are written to a temporary name and
-renamed, so a crash never leaves a half-written file under a final name. Rerunning the same command:
+manifest.json records the options that define the output, every shard (file, split, tokens, its largest
+token id and a fingerprint: data/loader.py then starts without reading shards whole), the totals, where to
+resume, and `finished`; it and every shard are written to a temporary name and renamed, so a crash never
+leaves a half-written file under a final name. Rerunning the same command:
   - finished with the same options: nothing to do;
   - interrupted: finished shards are kept untouched; tokenisation restarts at the document the last
     finished shard ended in (earlier documents are read past without tokenising) and continues
@@ -40,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from data import hub_unreachable
+from data import hub_unreachable, shard_stats
 from data.files import atomic_file, remove_temporaries
 from data.tokenizer import EOT, gpt2_tokenizer
 from errors import DataError, DataNotFound, NanoactError
@@ -187,7 +188,8 @@ class ShardWriter:
         k = bisect_right(self.doc_starts, (self.written, float("inf"))) - 1
         resume_pos, resume_doc = self.doc_starts[k]
         del self.doc_starts[:k]
-        self.m["shards"].append({"file": path.name, "split": split, "tokens": n})
+        entry = shard_stats.record(path, n, tokens[:n].max())  # the max of tokens in memory: no read of the file
+        self.m["shards"].append({"file": path.name, "split": split, **entry})
         self.m.update(total_tokens=self.written, resume={"doc": resume_doc, "pos": resume_pos})
         write_manifest(self.out, self.m)
         tqdm.write(f"wrote {path} ({n:,} tokens)")

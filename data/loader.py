@@ -16,6 +16,12 @@ next_batch() call after reset() on rank r returns row i = s_(n*B*W + r*B + i) fo
 W = world_size. One step's batches of all ranks are thus B*W consecutive sequences, disjoint
 between ranks, and a whole epoch is covered with each sequence used once.
 
+Start-up checks every shard (token count, largest token id) without reading it once its statistics are
+recorded: data/fineweb.py writes them into manifest.json, and shards from elsewhere are read whole once
+and recorded beside them (data/shard_stats.py). A record counts for a file of the byte size it names (a
+stat); the rest of its fingerprint is compared when the shard is first opened, and a shard that no longer
+matches is read whole then, before any of its tokens are used, failing as a start-up check would.
+
 state_dict() is that position in the stream (epoch, index into the epoch's shard order, index
 into the shard's window order) plus what gives the stream its meaning (seed, shuffle, T, the shard
 names and sizes), all plain ints/lists/strings. Restoring recomputes the permutations from the seed
@@ -28,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data import shard_stats
 from data.fineweb import EXPECTED, PREPARE_AGAIN
 from data.shard_formats import find_shards, read_tokens, shard_patterns
 from data.tokenizer import VOCAB_SIZE
@@ -49,9 +56,20 @@ class ShardLoader:
             raise DataNotFound(f"{problem}; prepare the shards with `python data/fineweb.py --out {data_dir}` "
                                "(add --input FILES for local text)")
         recorded = _check_manifest(data_dir, split)
-        self.names = [p.name for p in paths]
-        self.shards = [_open_shard(p, T, vocab_size, recorded.get(p.name)) for p in paths]
-        self.n_windows = [(len(s) - 1) // T for s in self.shards]
+        cache, new = shard_stats.cached(data_dir), {}
+        self.data_dir, self.vocab_size, self.names = data_dir, vocab_size, [p.name for p in paths]
+        self.shards, self.sizes, self._unverified = [], [], {}
+        for k, path in enumerate(paths):
+            listed, cached = recorded.get(path.name), cache.get(path.name)
+            known = shard_stats.recorded_size(path, listed) or shard_stats.recorded_size(path, cached)
+            tokens = None if known else _open_shard(path, T, vocab_size, listed, (), new)
+            if known:  # its entry answers start-up; the file is compared with it when first opened (_tokens)
+                _check_shard(path, known["tokens"], known["max_token"], T, vocab_size)
+                self._unverified[k] = (listed, (listed, cached))
+            self.shards.append(tokens)
+            self.sizes.append(known["tokens"] if known else tokens.size)
+        shard_stats.remember(data_dir, new)
+        self.n_windows = [(n - 1) // T for n in self.sizes]
         self._perm_key, self._perm = None, None
         self.reset()
 
@@ -65,14 +83,14 @@ class ShardLoader:
         pieces = self._advance(self.B)
         self._advance((self.world_size - 1 - self.rank) * self.B)
         span = np.arange(self.T + 1)
-        rows = np.concatenate([self.shards[k][starts[:, None] + span] for k, starts in pieces])
+        rows = np.concatenate([self._tokens(k)[starts[:, None] + span] for k, starts in pieces])
         rows = torch.from_numpy(rows.astype(np.int64))
         return rows[:, :-1], rows[:, 1:]
 
     def state_dict(self):
         return {"epoch": self.epoch, "shard_pos": self.shard_pos, "window_pos": self.window_pos,
                 "seed": self.seed, "shuffle": self.shuffle, "T": self.T,
-                "shards": [[name, len(s)] for name, s in zip(self.names, self.shards)]}
+                "shards": [[name, n] for name, n in zip(self.names, self.sizes)]}
 
     def load_state_dict(self, d):
         ours = self.state_dict()
@@ -81,6 +99,18 @@ class ShardLoader:
                 raise DataError(f"loader state was saved with {key}={d[key]!r} but this '{self.split}' loader has "
                                 f"{key}={ours[key]!r}: the saved position means nothing in this data stream")
         self.epoch, self.shard_pos, self.window_pos = d["epoch"], d["shard_pos"], d["window_pos"]
+
+    def _tokens(self, k):
+        """Shard k's tokens, opened on first use when start-up took its statistics from a record: the record is
+        trusted only if the file's fingerprint matches; otherwise the shard is read whole now, before any of its
+        tokens are used, and fails with the same error a start-up check would give."""
+        if k in self._unverified:
+            listed, entries = self._unverified[k]
+            new = {}
+            self.shards[k] = _open_shard(self.data_dir / self.names[k], self.T, self.vocab_size, listed, entries, new)
+            del self._unverified[k]
+            shard_stats.remember(self.data_dir, new)
+        return self.shards[k]
 
     def _shard_order(self, epoch):
         if not self.shuffle:
@@ -116,13 +146,14 @@ class ShardLoader:
 
 def _check_manifest(data_dir, split):
     """Refuse a directory whose preparation was interrupted or whose shards are missing: training would
-    silently see part of the data. Returns {shard file: tokens} of the split as data/fineweb.py recorded them."""
+    silently see part of the data. Returns {shard file: its entry} of the split as data/fineweb.py recorded them
+    (tokens; and max_token and fingerprint since data/shard_stats.py)."""
     path = data_dir / "manifest.json"
     if not path.exists():
         return {}
     try:
         manifest = json.loads(path.read_text())
-        recorded = {s["file"]: s["tokens"] for s in manifest["shards"] if s["split"] == split}
+        recorded = {s["file"]: s for s in manifest["shards"] if s["split"] == split}
     except (ValueError, TypeError, KeyError):
         raise DataError(f"{path}: not a manifest written by data/fineweb.py; {PREPARE_AGAIN}") from None
     if not manifest.get("finished", False):
@@ -134,19 +165,33 @@ def _check_manifest(data_dir, split):
     return recorded
 
 
-def _open_shard(path, T, vocab_size, recorded_tokens=None):
-    """Memory-map one shard after checking it can feed the model: uint16, 1-D, >= T+1 tokens, ids < vocab."""
+def _open_shard(path, T, vocab_size, listed, entries, new):
+    """Memory-map one shard after checking it can feed the model: uint16, 1-D, >= T+1 tokens, ids < vocab.
+    The largest id comes from one of `entries` (its manifest.json entry, an earlier start's record) whose
+    fingerprint matches the file (data/shard_stats.py); otherwise the shard is read whole and its entry added
+    to `new` for the next start."""
     tokens = read_tokens(path)
-    if recorded_tokens is not None and tokens.size != recorded_tokens:
-        raise DataError(f"{path}: {tokens.size:,} tokens but manifest.json records {recorded_tokens:,}; "
+    if listed is not None and tokens.size != listed["tokens"]:
+        raise DataError(f"{path}: {tokens.size:,} tokens but manifest.json records {listed['tokens']:,}; "
                         f"{PREPARE_AGAIN}")
-    if tokens.size == 0:
+    _check_shard(path, tokens.size, None, T, vocab_size)
+    known = next((e for e in entries if shard_stats.trusted(path, e) and e["tokens"] == tokens.size), None)
+    if known:
+        top = known["max_token"]
+    else:
+        top = int(tokens.max())  # reads the whole shard once, so a bad file fails before it is used
+        new[path.name] = shard_stats.record(path, tokens.size, top)
+    _check_shard(path, tokens.size, top, T, vocab_size)
+    return tokens
+
+
+def _check_shard(path, size, top, T, vocab_size):
+    """Can a shard of `size` tokens whose largest id is `top` (None: not known yet) feed the model?"""
+    if size == 0:
         raise DataError(f"{path}: empty shard (0 tokens); {PREPARE_AGAIN}")
-    if tokens.size < T + 1:
-        raise DataError(f"{path}: {tokens.size} tokens, fewer than seq_len + 1 = {T + 1}; lower seq_len, "
+    if size < T + 1:
+        raise DataError(f"{path}: {size} tokens, fewer than seq_len + 1 = {T + 1}; lower seq_len, "
                         "or prepare bigger shards (data/fineweb.py --shard-size)")
-    top = int(tokens.max())  # reads the whole shard once, so a bad file fails at start-up, not hours in
-    if top >= vocab_size:
+    if top is not None and top >= vocab_size:
         raise DataError(f"{path}: token id {top} >= the model's vocab_size {vocab_size}; {EXPECTED}; "
                         f"{PREPARE_AGAIN}")
-    return tokens

@@ -195,8 +195,11 @@ class TokenBatchLoader:
 
     Each epoch: shuffle the pairs, stable-sort them by (target, source) length (so equal lengths stay
     shuffled), cut into batches, shuffle the batch order. Every rank builds the same list and takes
-    batches rank, rank + W, ...; the list is cut to a multiple of W so all ranks step together. An epoch's
-    batches are a pure function of (seed, epoch), so (epoch, position) is an exact resume point.
+    batches rank, rank + W, ...; the list is cut to a multiple of W * accum (the batches of one optimizer
+    step), so all ranks step together and optimizer step k trains on batches k*W*accum ... (k+1)*W*accum - 1
+    of the list whatever W: 1 process with accum 4 trains the same steps on the same batches as 4 with
+    accum 1. An epoch's batches are a pure function of (seed, epoch), so (epoch, position) is an exact
+    resume point.
 
     pad_multiple > 1 bounds the batch shapes (for torch.compile, which compiles once per shape): pairs are
     sorted by L = max(source, target) + 1 rounded up to a multiple of it, source and target are padded
@@ -205,7 +208,7 @@ class TokenBatchLoader:
     """
 
     def __init__(self, src, tgt, max_tokens, max_sentences=0, rank=0, world_size=1, seed=0, shuffle=True,
-                 pad_multiple=1):
+                 pad_multiple=1, accum=1):
         self.src, self.tgt = src, tgt
         self.src_len = np.array([len(s) for s in src])
         self.tgt_len = np.array([len(t) for t in tgt])
@@ -213,11 +216,13 @@ class TokenBatchLoader:
         self.padded_len = padded_length(np.maximum(self.src_len, self.tgt_len) + 1, pad_multiple)
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
         self.rank, self.world_size, self.seed, self.shuffle = rank, world_size, seed, shuffle
+        self.accum = accum
         self.epoch, self.pos = 0, 0
         self._batches = self.epoch_batches(0)
         if not self._batches:
-            raise DataError(f"{len(src)} pairs give fewer batches than the {world_size} processes; "
-                            "use more data, a smaller --max-tokens or fewer processes")
+            raise DataError(f"{len(src)} pairs give fewer batches than one optimizer step takes ({world_size} "
+                            f"processes x {accum} accumulated); use more data, a smaller --max-tokens or "
+                            "--total-max-tokens")
 
     def epoch_batches(self, epoch):
         if self.shuffle:
@@ -233,12 +238,15 @@ class TokenBatchLoader:
                                self.pad_multiple)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-            batches = batches[:len(batches) - len(batches) % self.world_size]
+            batches = batches[:len(batches) - len(batches) % (self.world_size * self.accum)]
         return batches[self.rank::self.world_size]
 
     def __len__(self):
         """Batches per epoch on this rank (the same every epoch: only which pairs go together changes)."""
         return len(self._batches)
+
+    def steps_per_epoch(self):
+        return len(self._batches) // self.accum
 
     def shapes(self):
         """Number of distinct padded batch shapes (pad_multiple > 1), or None when they vary freely."""
@@ -271,12 +279,12 @@ class TokenBatchLoader:
     def state_dict(self):
         return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "num_pairs": len(self.src),
                 "max_tokens": self.max_tokens, "max_sentences": self.max_sentences, "world_size": self.world_size,
-                "pad_multiple": self.pad_multiple}
+                "pad_multiple": self.pad_multiple, "accum": self.accum}
 
     def load_state_dict(self, state):
         mine = self.state_dict()
-        state = {"pad_multiple": 1, **state}  # saved before batches could be padded
-        for key in ("seed", "num_pairs", "max_tokens", "max_sentences", "world_size", "pad_multiple"):
+        state = {"pad_multiple": 1, "accum": 1, **state}  # saved before batches could be padded or accumulated
+        for key in ("seed", "num_pairs", "max_tokens", "max_sentences", "world_size", "pad_multiple", "accum"):
             if state[key] != mine[key]:
                 raise DataError(f"loader state was saved with {key}={state[key]}, this run has {mine[key]}; "
                                 "resume with the same data and batching options")

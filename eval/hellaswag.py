@@ -13,7 +13,11 @@ lm_eval (lm-evaluation-harness 0.4 `hellaswag` task, lm_eval/tasks/hellaswag/uti
     " " + preprocess(ending), tokenized as lm-eval's TemplateLM._encode_pair does. acc: highest summed
     log-likelihood; acc_norm: highest log-likelihood / len(preprocess(ending)) in characters (lm-eval's
     ConfigurableTask.process_results divides by the length of the choice, without the leading space).
-Intervals are 95% Wilson score intervals (at n = 10,042 and 30% about +-0.9 points).
+Intervals are 95% Wilson score intervals (at n = 10,042 and 30% about +-0.9 points): the noise of one
+accuracy. Two models scored on the same items differ by much less noise than two such intervals suggest: each
+score comes with its items file (hellaswag_items_<step>.jsonl.gz, eval/hellaswag_items.py: every item's label,
+per-ending log-likelihoods and predictions, both scorings), and `python -m eval.compare_items A B` gives the
+paired difference, its exact McNemar p-value and 95% interval.
 
 Both scorings come from ONE pass: every (context, continuation) row either needs, de-duplicated (the two
 scorings' contexts differ from the first token, `ctx` vs `activity_label: ...`, so they share no row; a
@@ -25,7 +29,6 @@ import argparse
 import hashlib
 import itertools
 import json
-import os
 import re
 import sys
 import time
@@ -41,9 +44,10 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from data import DataError
-from data.files import atomic_file
+from data.files import atomic_file, cache_root
 from data.tokenizer import gpt2_tokenizer
 from errors import ConfigError, NanoactError
+from eval import hellaswag_items
 from eval.scoring import block_size_of, bucket, pack_rows, row_length, score_batch
 from eval.stats import wilson
 from model import GPT
@@ -57,13 +61,9 @@ SCORINGS = ("completion", "lm_eval")
 
 
 
-def cache_dir():
-    return Path(os.environ.get("NANOACT_CACHE") or Path.home() / ".cache" / "nanoact")
-
-
 def download(url=URL):
     """The validation jsonl, fetched once into the cache (atomically, so concurrent ranks are safe)."""
-    path = cache_dir() / "hellaswag_val.jsonl"
+    path = cache_root() / "hellaswag_val.jsonl"
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def token_cache_file(data_path, enc, limit, scorings):
     digest = hashlib.sha256(Path(data_path).read_bytes()).hexdigest()[:24]
     tokenizer = f"{enc.name}-tiktoken{tiktoken.__version__}"
     name = f"v{TOKEN_CACHE_VERSION}_{digest}_{tokenizer}_{limit or 'all'}_{'+'.join(scorings)}"
-    return cache_dir() / "hellaswag_tokens" / f"{name}.npz"
+    return cache_root() / "hellaswag_tokens" / f"{name}.npz"
 
 
 def save_requests(path, requests):
@@ -282,7 +282,7 @@ def length_step(model):
 
 
 def evaluate_model(model, device, data_path=None, limit=None, scoring="both", dist_info=None, autocast=None,
-                   progress=True, batch_items=32, cache=False):
+                   progress=True, batch_items=32, cache=False, items_file=None, about=None):
     """HellaSwag accuracies: {"completion": {acc, acc_norm, n, acc_ci95, acc_norm_ci95, ...}, "lm_eval": {...}}.
 
     Both scorings come from one pass over their distinct rows (`Plan`). The data is tokenized and packed
@@ -290,7 +290,8 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
     under $NANOACT_CACHE. Under torchrun pass dist_info (training.distributed.Dist): each rank scores a
     share of the rows and the log-likelihoods are all-reduced, so every rank returns the same numbers. The
     model may be torch.compile'd (one graph per batch length); it is put in eval mode (ANAct uses its running
-    statistics) and restored after.
+    statistics) and restored after. With `items_file`, rank 0 also writes every item's predictions there
+    (eval/hellaswag_items.py's format; `about`: what its header says the scores come from).
     """
     if scoring not in (*SCORINGS, "both"):
         raise ConfigError(f"unknown scoring {scoring!r}; choose completion, lm_eval or both")
@@ -317,7 +318,20 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
                          "acc_norm_ci95": wilson(k_norm, n), "correct": k_acc, "correct_norm": k_norm,
                          "interval": "wilson", "seconds": seconds, "scored_with": "+".join(scorings),
                          "rows": plan.n_rows, "forwards": len(plan.batches)}
+    if items_file is not None and rank == 0:
+        write_items(items_file, plan, ll, scorings, data_path or download(), limit, about)
     return results
+
+
+def write_items(path, plan, ll, scorings, data_path, limit, about=None):
+    """Every item's label, per-ending log-likelihoods, acc_norm divisors and predictions (eval/hellaswag_items.py)."""
+    per_scoring = {name: (ll[plan.index[name]].tolist(), plan.divisors[name].tolist()) for name in scorings}
+    records = ({"i": i, "label": label, **{name: hellaswag_items.scoring_record(scores[i], divisors[i])
+                                           for name, (scores, divisors) in per_scoring.items()}}
+               for i, label in enumerate(plan.gold.tolist()))
+    header = {"n": len(plan.gold), "scorings": list(scorings), **(about or {}), "data": str(data_path),
+              "data_sha256": hashlib.sha256(Path(data_path).read_bytes()).hexdigest(), "limit": limit}
+    return hellaswag_items.write(path, header, records)
 
 
 def result_path(args, ckpt):
@@ -351,7 +365,8 @@ def main(argv=None):
     p.add_argument("--dtype", default="auto", help="auto (bfloat16 autocast on CUDA), float32 or bfloat16")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model first (pays for itself only over many items: 3 graphs to compile)")
-    p.add_argument("--out", help="result JSON (default: hellaswag_<step>.json beside the checkpoint)")
+    p.add_argument("--out", help="result JSON (default: hellaswag_<step>.json beside the checkpoint); the items "
+                                 "file goes beside it (hellaswag_items_<step>.jsonl.gz)")
     args = p.parse_args(argv)
     if (args.checkpoint is None) == (args.hf is None):
         p.error("give either a checkpoint (file or run directory) or --hf DIR")
@@ -372,8 +387,12 @@ def main(argv=None):
             data = args.data or download()  # before the forward passes: a missing file fails fast
             if args.compile:
                 model = torch.compile(model, dynamic=False)  # one static graph per length bucket (3)
+            out = result_path(args, ckpt)
+            about = {"checkpoint": ckpt and ckpt["path"], "hf": args.hf, "step": ckpt and ckpt["step"],
+                     "act": ckpt["model_config"].get("act") if ckpt else "gelu"}
             results = evaluate_model(model, d.device, data, args.limit, args.scoring, d, autocast, True,
-                                     args.batch_items, cache=True)
+                                     args.batch_items, cache=True, items_file=hellaswag_items.items_file(out),
+                                     about=about)
         except NanoactError as e:
             sys.exit(f"error: {e}")
         if d.master:
@@ -384,13 +403,10 @@ def main(argv=None):
             r = next(iter(results.values()))
             print(f"{r['scored_with']} in one pass: {r['rows']} distinct rows, {r['forwards']} forwards, "
                   f"{r['seconds']:.1f}s; {time.time() - start:.1f}s since start (loading, tokenizing, compiling)")
-            out = result_path(args, ckpt)
-            record = {"checkpoint": ckpt and ckpt["path"], "hf": args.hf, "step": ckpt and ckpt["step"],
-                      "act": ckpt["model_config"].get("act") if ckpt else "gelu",
-                      "data": str(data), "limit": args.limit, "dtype": args.dtype, "world_size": d.world_size,
-                      "results": results}
+            record = {**about, "data": str(data), "limit": args.limit, "dtype": args.dtype,
+                      "world_size": d.world_size, "results": results, "items": str(hellaswag_items.items_file(out))}
             out.write_text(json.dumps(record, indent=2) + "\n")
-            print(f"wrote {out}")
+            print(f"wrote {out} and, item by item, {record['items']}")
     finally:
         distributed.cleanup(d)
 

@@ -1,5 +1,6 @@
-"""Statistics for reading results: binomial intervals for accuracies, paired differences over seeds, and what
-a number of seeds can detect. Plain Python (no torch, scipy optional), so run reading and reports stay light."""
+"""Statistics for reading results: binomial intervals for accuracies, paired differences over seeds, what a
+number of seeds can detect, and the paired item-level noise of two models scored on the same benchmark items.
+Plain Python (no torch, scipy optional), so run reading and reports stay light."""
 import math
 import statistics
 
@@ -99,8 +100,51 @@ def seeds_needed(std, diff, alpha=0.05, power=0.80, most=10_000):
     return None
 
 
-def binomial_floor(p, n_items):
-    """Half the width of the 95% Wilson interval of an accuracy p on n_items: the benchmark's own noise,
-    which no number of seeds removes (every seed is scored on the same items)."""
-    lo, hi = wilson(round(p * n_items), n_items)
-    return (hi - lo) / 2
+def mcnemar_exact(only_a, only_b):
+    """Two-sided exact McNemar p-value for two models scored on the same items: under "equal accuracy" each of
+    the only_a + only_b discordant items (right for one model only) goes either way with probability 1/2, so
+    p = min(1, 2 P(X <= min(only_a, only_b))), X ~ Binomial(only_a + only_b, 1/2). The tail is summed in
+    exact integers and divided once (Python rounds int / int correctly at any size): no scipy, no underflow
+    of the terms even at 10,042 discordant items."""
+    n, k = only_a + only_b, min(only_a, only_b)
+    term, tail = 1, 0  # term = C(n, j)
+    for j in range(k + 1):
+        tail += term
+        term = term * (n - j) // (j + 1)
+    return min(1.0, 2 * tail / 2 ** n)
+
+
+def paired_difference_ci(both, only_a, only_b, neither, z=Z95):
+    """95% interval of acc(A) - acc(B) on the same n items, from the paired 2x2 table (right for both, A only,
+    B only, neither): Newcombe's square-and-add interval for paired proportions (Newcombe 1998, Stat Med
+    17:2635, method 10; Fagerland, Lydersen & Laake, "Statistical Analysis of Contingency Tables", ch. 8). It
+    combines the two accuracies' Wilson intervals through their estimated correlation (phi, its positive part
+    shrunk by n/2), so it stays inside [-1, 1] and keeps its coverage with few discordant items, where the Wald
+    interval does not. It is unconditional (the number of discordant items is random too), so its edge and
+    the exact conditional McNemar test can disagree by a hair at p close to 0.05."""
+    n = both + only_a + only_b + neither
+    if n == 0:
+        return [-1.0, 1.0]
+    p1, p2 = (both + only_a) / n, (both + only_b) / n
+    (l1, u1), (l2, u2) = wilson(both + only_a, n, z), wilson(both + only_b, n, z)
+    margins = (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
+    cross = both * neither - only_a * only_b
+    if margins == 0 or 0 <= cross <= n / 2:
+        phi = 0.0
+    else:
+        phi = (cross - n / 2 if cross > 0 else cross) / math.sqrt(margins)
+    diff = p1 - p2
+    lower = diff - math.sqrt(max(0.0, (p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2)))
+    upper = diff + math.sqrt(max(0.0, (p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1)))
+    return [lower, upper]
+
+
+def item_level(diffs, z=Z95):
+    """Item-level interval of a mean difference: `diffs` holds one number per item (model A's correctness minus
+    model B's, averaged over the seeds both have), the items are the sampling unit: mean ± z·sd/√n. It answers
+    "these trained models, another sample of items like these", not "another seed of training". With one seed
+    it is the Wald interval of paired proportions; at thousands of items it agrees with paired_difference_ci."""
+    n = len(diffs)
+    mean = statistics.fmean(diffs) if diffs else None
+    se = statistics.stdev(diffs) / math.sqrt(n) if n > 1 else None
+    return {"items": n, "mean": mean, "se": se, "ci95": None if se is None else [mean - z * se, mean + z * se]}

@@ -99,7 +99,8 @@ def modeling_source(copied_imports, classes):
 
 def write_remote_code(config, out_dir):
     """Write the remote code of a GPT with GPTConfig `config` into out_dir; its config needs auto_map=AUTO_MAP."""
-    names = {config.act, activations.plain_name(config.act)}  # the top plain_top_k layers use the plain one
+    name = activations.mlp_activation(config.act)[0]  # a gated MLP's setting (swiglu) names its gate's (silu)
+    names = {name, activations.plain_name(name)}  # the top plain_top_k layers use the plain one
     classes = {name: activations.activation_class(name) for name in names}
     todo = [WRAPPER, "model"] + [cls.__module__ for cls in classes.values() if project_file(cls.__module__)]
     done, copied_imports = set(), []

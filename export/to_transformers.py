@@ -10,7 +10,7 @@
 
 Activations GPT-2 has (gelu -> "gelu_new", gelu_exact -> "gelu", relu, relu2, silu) export as a plain
 GPT2LMHeadModel: any GPT-2 tooling reads it. AGLU/APA/NSwish/NReLU (learned parameters, running
-statistics), and any other registered activation, export with remote code copied from the real model.py and
+statistics), any other registered activation, and every gated MLP (swiglu, aglu_glu ...) export with remote code copied from the real model.py and
 activations/ at export time (export/remote_code.py), with the small wrapper export/transformers_wrapper.py.
 The vocabulary is cut back from 50304 to GPT-2's 50257. Every export holds GPT-2's tokenizer
 (export/tokenizer.py), built from tiktoken's gpt2 ranks, or from OpenAI's encoder.json + vocab.bpe with
@@ -75,7 +75,8 @@ def export(checkpoint, out_dir, tokenizer_dir=None):
     # the tokenizer first: a missing tiktoken cache then fails before any file is written
     vocab, merges = bpe_from_openai_files(tokenizer_dir) if tokenizer_dir else bpe_from_tiktoken()
     gpt2_names = {GPT2_ACTIVATIONS.get(type(block.mlp.act)) for block in model.transformer.h}
-    plain = len(gpt2_names) == 1 and None not in gpt2_names  # one activation in every layer, and GPT-2 has it
+    gated = any(block.mlp.c_up is not None for block in model.transformer.h)  # GPT2LMHeadModel has no gated MLP
+    plain = len(gpt2_names) == 1 and None not in gpt2_names and not gated  # one activation GPT-2 has, everywhere
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     if plain:
         export_gpt2(model, out_dir, gpt2_names.pop())

@@ -83,3 +83,21 @@ def hellaswag_file(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture
+def write_items():
+    """write(path, labels, pred_norm, scorings) -> an items file (eval/hellaswag_items.py) whose acc_norm
+    predictions are pred_norm, for every scoring named (acc: always ending 0)."""
+    from eval import hellaswag_items
+
+    def write(path, labels, pred_norm, scorings=("completion",), step=5):
+        records = []
+        for i, (label, pred) in enumerate(zip(labels, pred_norm)):
+            div = [1.0, 1.0, 1.0, 1.0]
+            div[pred] = 100.0  # ll / div is highest for the predicted ending (-x/100 > -4)
+            records.append({"i": i, "label": label, **{s: hellaswag_items.scoring_record([-4.0, -5.0, -6.0, -7.0], div)
+                                                       for s in scorings}})
+        return hellaswag_items.write(path, {"n": len(labels), "scorings": list(scorings), "step": step}, records)
+
+    return write

@@ -83,6 +83,10 @@ def test_shipped_translation_configs_load_and_build():
     for name in ("translation_6l", "translation_12l", "translation_cpu_small", "translation_small_data"):
         cfg = load_config(train_translation.TrainConfig, ["--config", f"configs/{name}.toml"])
         Transformer.check_config(cfg.model)
+    for name, sentences in (("translation_6l", 256), ("translation_12l", 128)):  # ANAct Tables 10 and 9
+        data = load_config(train_translation.TrainConfig, ["--config", f"configs/{name}.toml"]).data
+        assert data.max_sentences * data.total_max_tokens // data.max_tokens == sentences  # per optimizer step
+        assert [train_translation.accumulation(data, n) for n in (1, 2, 4)] == [4, 2, 1]  # the same step on 1-4 GPUs
     small = load_config(train_translation.TrainConfig, ["--config", "configs/translation_small_data.toml"])
     assert (small.model.tie_output, small.model.dropout, small.optim.warmup_steps) == (False, 0.1, 1000)
 

@@ -393,3 +393,88 @@ def test_atomic_file_replaces_whole_or_not_at_all(tmp_path, durable):
     (tmp_path / ".hidden.tmpfile").write_text("not ours")
     remove_temporaries(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden.tmpfile", "f.json"]
+
+
+# ---- start-up reads no shard whole once its statistics are known (data/shard_stats.py)
+
+@pytest.fixture
+def max_calls(monkeypatch):
+    """Every whole-shard read of start-up (np.memmap.max: shards are memory-mapped), counted."""
+    calls = []
+    real = np.memmap.max
+    monkeypatch.setattr(np.memmap, "max", lambda self, *a, **k: calls.append(self.filename) or real(self, *a, **k))
+    return calls
+
+
+def test_a_manifest_start_reads_no_shard_whole(fineweb, tmp_path, max_calls, monkeypatch):
+    good = tmp_path / "good.txt"
+    good.write_text("a small document " * 25000)
+    out = tmp_path / "shards"
+    prep(fineweb, [good], out, "--shard-size", "20000", "--max-tokens", "60000")  # 40 kB shards: sampled blocks
+    m, arrays = read_shards(out)
+    assert [(s["tokens"], s["max_token"]) for s in m["shards"]] == [(len(a), int(a.max())) for a in arrays]
+    assert all(s["fingerprint"].startswith(f"{(out / s['file']).stat().st_size}:") for s in m["shards"])
+    import data.loader
+    opened, real_read = [], data.loader.read_tokens
+    monkeypatch.setattr(data.loader, "read_tokens", lambda path: opened.append(path.name) or real_read(path))
+    loader = ShardLoader(out, "train", B=2, T=8, shuffle=False)
+    assert opened == [] and loader.state_dict()["shards"] == [["local_train_000001.npy", 20000],
+                                                              ["local_train_000002.npy", 20000]]
+    assert loader.next_batch()[0].shape == (2, 8) and opened == ["local_train_000001.npy"]  # opened when first used
+    assert max_calls == [] and not (out / ".nanoact_shard_stats.json").exists()  # the manifest knew it all
+
+    shard = out / "local_train_000001.npy"
+    tokens = np.load(shard)
+    tokens[0] = tokens[1]  # same size, other content: the fingerprint differs, so the shard is read when opened
+    np.save(shard, tokens)
+    ShardLoader(out, "train", B=2, T=8, shuffle=False).next_batch()
+    assert [Path(f).name for f in max_calls] == ["local_train_000001.npy"]
+    ShardLoader(out, "train", B=2, T=8, shuffle=False).next_batch()  # ... once: its new record is kept beside it
+    assert len(max_calls) == 1
+    tokens[0] = 50257
+    np.save(shard, tokens)
+    loader = ShardLoader(out, "train", B=2, T=8, shuffle=False)
+    with pytest.raises(ValueError, match="local_train_000001.npy: token id 50257 >= the model's vocab_size 50257"):
+        loader.next_batch()  # before any of its tokens are used
+    np.save(shard, tokens[:-1])  # another size: the record does not count, start-up reads it
+    with pytest.raises(ValueError, match="local_train_000001.npy: 19,999 tokens but manifest.json records 20,000"):
+        ShardLoader(out, "train", B=2, T=8)
+
+
+def test_foreign_shards_are_read_once_and_a_bad_one_still_fails(tmp_path, max_calls):
+    from tests.test_shard_formats import write_build_nanogpt, write_llmc
+    write_build_nanogpt(tmp_path, "train", 1, np.arange(100, 200))
+    write_llmc(tmp_path / "edu_fineweb_train_000002.bin", np.arange(200, 300))
+    (tmp_path / "train.bin").write_bytes(np.arange(300, 400, dtype=np.uint16).tobytes())
+    first = ShardLoader(tmp_path, "train", B=2, T=8, shuffle=False)
+    assert len(max_calls) == 3
+    again = ShardLoader(tmp_path, "train", B=2, T=8, shuffle=False)
+    assert again.state_dict() == first.state_dict()
+    assert [again.next_batch()[0].tolist() for _ in range(18)] == [first.next_batch()[0].tolist() for _ in range(18)]
+    assert len(max_calls) == 3  # 18 batches of 2 go through all 36 windows: every shard opened, none read again
+    write_llmc(tmp_path / "edu_fineweb_train_000002.bin", [*range(200, 299), 60000])  # same size, a bad id
+    loader = ShardLoader(tmp_path, "train", B=2, T=8, shuffle=False)  # edu_fineweb_train_000002.bin comes first
+    with pytest.raises(ValueError, match=r"edu_fineweb_train_000002.bin: token id 60000 >= the model's vocab_size"):
+        loader.next_batch()
+    write_llmc(tmp_path / "edu_fineweb_train_000002.bin", [*range(200, 300), 60000])  # another size: at start-up
+    with pytest.raises(ValueError, match=r"edu_fineweb_train_000002.bin: token id 60000 >= the model's vocab_size"):
+        ShardLoader(tmp_path, "train", B=2, T=8, shuffle=False)
+
+
+def test_a_read_only_shard_directory_keeps_its_statistics_in_the_cache(tmp_path, monkeypatch, max_calls):
+    from data import shard_stats
+    data, cache = write_shards(tmp_path / "data", [100, 120]), tmp_path / "cache"
+    monkeypatch.setenv("NANOACT_CACHE", str(cache))
+    real = shard_stats.atomic_file
+
+    def read_only(path, *args, **kwargs):
+        if Path(path).parent == data:
+            raise PermissionError(13, "Permission denied")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(shard_stats, "atomic_file", read_only)
+    ShardLoader(data, "train", B=2, T=8)
+    assert len(max_calls) == 2 and [p.name for p in data.iterdir()] != [] and not (data / shard_stats.SIDECAR).exists()
+    assert len(list((cache / "shards").glob("*.json"))) == 1
+    ShardLoader(data, "train", B=2, T=8)
+    assert len(max_calls) == 2

@@ -116,8 +116,12 @@ def case_id(case):
     return "-".join([act, *(f"{k}={v}" for k, v in options.items())])
 
 
+# gated MLPs (activations/gated.py) have no GPT2LMHeadModel form: remote code, a plain gate activation included
+GATED = [("swiglu", {}), ("aglu_glu", {}), ("nswish_glu", {"plain_top_k": 1}), ("reglu", {"glu_hidden": 48})]
+
+
 @pytest.mark.parametrize("act, overrides", [pytest.param(*case, id=case_id(case)) for case in
-                                            EVERY_ACTIVATION + [("nswish", {"plain_top_k": 2})]])
+                                            EVERY_ACTIVATION + [("nswish", {"plain_top_k": 2})] + GATED])
 def test_every_activation_exports_with_our_logits(make_checkpoint, tmp_path, act, overrides):
     ckpt = trained_stats_checkpoint(make_checkpoint, act, **overrides)
     out = tmp_path / "hf"

@@ -1,15 +1,23 @@
 """bench/gpu_check.py on a machine without a GPU (CI): it runs what applies (every kernel against the PyTorch path,
-in Triton's interpreter), lists what it skipped, writes its JSON and markdown, and exits 0."""
+in Triton's interpreter), lists what it skipped, writes its JSON and markdown, and exits 0. On simulated GPUs
+(training/hardware.py's Platform, as in tests/test_hardware.py): the dtypes it checks, and the step section's
+rows for the path a run takes (activations/policy.select()'s decision) beside the forced kernel and PyTorch paths."""
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from training.hardware import Platform
+
 ROOT = Path(__file__).resolve().parents[1]
+H100 = Platform("cuda", "NVIDIA H100 80GB HBM3", (9, 0), True, "3.4.0", True)  # tests/test_hardware.py's
+V100 = Platform("cuda", "Tesla V100-SXM2-32GB", (7, 0), False, "3.4.0", True)
+P100 = Platform("cuda", "Tesla P100-PCIE-16GB", (6, 0), False, "3.4.0", True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the full command is the test: run it by hand")
@@ -24,7 +32,7 @@ def test_cpu_part_passes_and_lists_what_it_skipped(tmp_path):
     results = report["results"]
     assert results["kernels"]["status"] == "PASS"
     figures = results["kernels"]["figures"]
-    assert len(figures) == 12 and set(figures.values()) == {"ok"}  # 6 kernel families x (bf16, fp32)
+    assert len(figures) == 18 and set(figures.values()) == {"ok"}  # 6 kernel families x (bf16, fp16, fp32)
     skipped = [name for name, r in results.items() if r["status"] == "SKIP"]
     assert skipped == ["train_step", "loss_chunks", "attention", "resume", "hellaswag", "translation", "ddp"]
     assert report["environment"]["interpreted_kernels"] is True and report["environment"]["torch"] == torch.__version__
@@ -45,3 +53,105 @@ def test_a_failing_kernel_is_a_fail_and_exit_1(tmp_path, monkeypatch, capsys):
     figures = json.loads((tmp_path / "gpu_check.json").read_text())["results"]["kernels"]["figures"]
     assert "differs from the PyTorch path" in figures["nswish float32"] and figures["aglu float32"] == "ok"
     assert "kernels      FAIL" in capsys.readouterr().out
+
+
+def test_kernels_are_checked_in_the_dtypes_a_run_there_uses(monkeypatch):
+    from activations import selfcheck
+    from bench import gpu_check
+
+    assert gpu_check.run_dtypes(H100) == [torch.bfloat16, torch.float16, torch.float32]
+    assert gpu_check.run_dtypes(V100) == [torch.float16, torch.float32]  # no bf16: --dtype bfloat16 is refused there
+    pytest.importorskip("triton")
+    checked = []
+    monkeypatch.setattr(selfcheck, "failure", lambda name, device, dtype: checked.append(dtype))
+    ctx = SimpleNamespace(device="cpu", platform=V100, smoke=False, quick=True)
+    ok, figures = gpu_check.check_kernels(ctx)
+    assert ok and set(checked) == {torch.float16, torch.float32} and len(checked) == 12
+    assert figures["dtypes"] == "float16, float32: Tesla V100-SXM2-32GB has no bf16, so no run there uses it"
+
+
+def test_quick_runs_what_decides_safety_and_says_how_long():
+    from bench import gpu_check
+
+    names, line = gpu_check.plan(gpu_check.SECTIONS, True, lambda n: True)
+    assert names == ["kernels", "resume", "hellaswag"] and line.endswith("at most 3 min 15 s in all")
+    names, line = gpu_check.plan(gpu_check.SECTIONS, False, lambda n: n != "ddp")  # one GPU
+    assert len(names) == 8 and line.endswith("at most 11 min 45 s in all") and "ddp" not in line
+
+
+def test_a_child_past_its_sections_bound_is_stopped(tmp_path):
+    import time
+
+    from bench import gpu_check
+
+    ctx = SimpleNamespace(bound=1, deadline=time.time() + 1)
+    t0 = time.time()
+    with pytest.raises(gpu_check.OverBound, match="did not finish within the section's 1 s bound; stopped"):
+        gpu_check.run(ctx, [sys.executable, "-c", "import time; time.sleep(60)"])
+    assert time.time() - t0 < 10
+    with pytest.raises(gpu_check.OverBound, match="the section's 1 s bound was spent before it finished"):
+        gpu_check.run(ctx, [sys.executable, "-c", "pass"])  # nothing starts once the bound is spent
+
+
+@pytest.fixture
+def fake_train_step(monkeypatch):
+    """bench/train_step.py's run replaced: one made-up result per contender, the commands kept."""
+    from bench import gpu_check
+    from bench.train_step import split_acts
+
+    commands = []
+
+    def run(ctx, cmd, env=None):
+        commands.append(cmd)
+        specs = split_acts(str(cmd[cmd.index("--acts") + 1]))
+        results = {spec: {"ms_per_step": 10.0 + i, "tok_per_s": 1000.0 - i, "mfu": None, "peak_bytes": None}
+                   for i, spec in enumerate(specs)}
+        Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps({"results": results}))
+
+    monkeypatch.setattr(gpu_check, "run", run)
+    return commands
+
+
+@pytest.mark.parametrize("faster", ["triton", "torch"])
+def test_the_step_section_times_the_path_a_run_takes(tmp_path, monkeypatch, fake_train_step, faster):
+    """A simulated H100 (kernels in Triton's interpreter on CPU tensors): the section asks policy.select() what the
+    trainers ask, at the step's MLP shape, dtype and compile choice (its child runs tests/probe_work.py's timings);
+    the run's row is labelled with that decision, beside the kernel and the PyTorch path forced."""
+    pytest.importorskip("triton")
+    import probe_work
+    from activations import impl, policy, selfcheck
+    from bench import gpu_check
+
+    monkeypatch.setattr(impl, "KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "cache"))
+    work = probe_work.kernel_faster if faster == "triton" else probe_work.kernel_slower
+    ms = work(None, None, None, None, None, None)
+    monkeypatch.setattr(selfcheck, "probe", work)  # what policy.select hands its child
+    asked, select = [], policy.select
+    monkeypatch.setattr(policy, "select", lambda model, shape, platform, device, dtype, compiled, *a, **k:
+                        asked.append((shape, dtype, compiled)) or select(model, shape, platform, device, dtype,
+                                                                         compiled, *a, **k))
+    ctx = SimpleNamespace(device="cpu", platform=H100, smoke=True, out=tmp_path, precision="bfloat16", compile=True)
+    ok, fig = gpu_check.check_train_step(ctx)
+    assert ok and asked == [((2 * 64, 4 * 128), torch.bfloat16, True)] * 2  # tiny preset, B=2, T=64
+    cmd, = fake_train_step
+    acts = cmd[cmd.index("--acts") + 1]
+    assert acts == ('reference,gelu,aglu{"impl": "triton"},aglu{"impl": "torch"},'
+                    'nswish{"impl": "triton"},nswish{"impl": "torch"}')
+    for act in ("aglu", "nswish"):
+        run_row = fig[f"{act} [run: {faster}]"]
+        assert run_row.pop("why").startswith(f"Triton {ms['triton']:.3f} ms vs PyTorch {ms['torch']:.3f} ms")
+        assert run_row == fig[f"{act} [forced {faster}]"] != fig[f"{act} [forced {'torch' if faster == 'triton' else 'triton'}]"]
+        assert f"{act} [run: {'torch' if faster == 'triton' else 'triton'}]" not in fig
+
+
+def test_the_step_section_on_a_gpu_the_kernels_cannot_run_on(tmp_path, fake_train_step):
+    from bench import gpu_check
+
+    ctx = SimpleNamespace(device="cpu", platform=P100, smoke=True, out=tmp_path, precision="float16", compile=False)
+    ok, fig = gpu_check.check_train_step(ctx)
+    cmd, = fake_train_step
+    assert ok and cmd[cmd.index("--acts") + 1] == 'reference,gelu,aglu{"impl": "torch"},nswish{"impl": "torch"}'
+    assert "Triton needs compute capability 7.0" in fig["aglu [run: torch]"]["why"]
+    assert fig["aglu [forced triton]"] == {"not run": "the kernel cannot run here: Tesla P100-PCIE-16GB is sm_60; "
+                                                      "Triton needs compute capability 7.0 or newer"}

@@ -1,6 +1,8 @@
 """eval/hellaswag.py: the packed scorer equals a plain per-item loop for both scorings and the previous
 (one pass per scoring) scorer item by item, lm-eval's preprocessing is reproduced exactly, DDP shards add
 up, tokens are cached (memory, disk) and compiled graphs reused, and bad input fails with a clear message."""
+import gzip
+import hashlib
 import json
 import os
 import subprocess
@@ -13,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eval import hellaswag
+from eval import hellaswag, hellaswag_items
 from eval.hellaswag import SCORINGS, DataError, evaluate_model, load_items, make_plan, score_plan
 from eval.scoring import block_size_of, bucket, row_length, score_rows
 from eval.stats import wilson
@@ -291,6 +293,33 @@ def test_cli_writes_json_and_rejects_wrong_checkpoints(make_checkpoint, hellaswa
             hellaswag.main([str(bad), "--data", str(data)])
     with pytest.raises(SystemExit, match="no such file; pass --data"):
         hellaswag.main([str(ckpt), "--data", str(tmp_path / "nope.jsonl")])
+
+
+def test_items_file_holds_every_prediction_of_both_scorings(tiny, make_checkpoint, gpt2_enc):
+    """The CLI writes, beside its result JSON, each item's label, per-ending log-likelihoods and divisors and both
+    predictions of both scorings: they equal the per-item reference loop and add up to the reported counts."""
+    model, path, items = tiny
+    ckpt = make_checkpoint()  # the checkpoint `tiny` loaded
+    hellaswag.main([str(ckpt), "--data", str(path), "--device", "cpu", "--batch-items", "3"])
+    record = json.loads((ckpt.parent / "hellaswag_00007.json").read_text())
+    assert record["items"] == str(ckpt.parent / "hellaswag_items_00007.jsonl.gz")
+    read = hellaswag_items.read(record["items"])
+    assert read.about["format"] == "nanoact-hellaswag-items" and read.about["step"] == 7
+    assert read.about["n"] == len(items) and read.about["scorings"] == list(SCORINGS)
+    assert read.about["data_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert read.labels == {i: item["label"] for i, item in enumerate(items)}
+    ref = reference_scores(model, gpt2_enc, items)
+    with gzip.open(record["items"], "rt") as f:
+        lines = [json.loads(line) for line in f][1:]
+    for scoring in SCORINGS:
+        for i, line in enumerate(lines):
+            ll, div = ref[scoring][i]
+            np.testing.assert_allclose(line[scoring]["ll"], ll, rtol=1e-5, atol=1e-5)
+            assert line[scoring]["div"] == [float(d) for d in div]
+            assert line[scoring]["pred"] == int(np.argmax(ll))
+            assert line[scoring]["pred_norm"] == int(np.argmax(np.array(ll) / np.array(div, dtype=float)))
+        for metric, key in (("acc", "correct"), ("acc_norm", "correct_norm")):
+            assert sum(read.correct(scoring, metric, sorted(read.labels))) == record["results"][scoring][key]
 
 
 @pytest.mark.skipif(not REAL.is_file(), reason="../shared/assets/hellaswag not present")

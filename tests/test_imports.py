@@ -69,3 +69,48 @@ def test_the_rule_catches_an_upward_import():
              (Path("eval/z.py"), "from training.checkpoint import load_checkpoint\nfrom model import GPT\n")]
     assert [v.split(":")[0] for v in violations(files)] == ["training/x.py imports model.GPT",
                                                            "eval/y.py imports training.loop"]
+
+
+def module_graph(folder):
+    """{module: the modules of `folder` it imports}, counting importlib.import_module("...") by name too (how the
+    circle activations/impl.py -> selfcheck.py -> aglu.py -> impl.py used to hide)."""
+    graph = {}
+    for path in sorted((ROOT / folder).glob("*.py")):
+        source = path.read_text()
+        named = {n.args[0].value for n in ast.walk(ast.parse(source))
+                 if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "import_module"
+                 and n.args and isinstance(n.args[0], ast.Constant)}
+        targets = set()
+        for name in {*imports(source), *named}:
+            parts = name.split(".")
+            if parts[0] == folder:
+                module = parts[1] if len(parts) > 1 and (ROOT / folder / f"{parts[1]}.py").is_file() else "__init__"
+                targets.add(module)
+        graph[path.stem] = targets - {path.stem}
+    return graph
+
+
+def cycle(graph):
+    """One import cycle of the graph as a list of modules, or None."""
+    state = {}
+
+    def visit(node, trail):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return trail[trail.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, trail + [nxt])):
+                return found
+        state[node] = "done"
+        return None
+
+    return next((found for node in sorted(graph) if node not in state and (found := visit(node, [node]))), None)
+
+
+def test_no_import_cycle_inside_activations():
+    """The registry and the kernel policy read without each other: impl.py consults a decision table that
+    policy.py, above the activations it checks, fills."""
+    graph = module_graph("activations")
+    assert {"impl", "aglu", "policy", "selfcheck", "__init__"} <= set(graph) and cycle(graph) is None
+    assert cycle({"aglu": {"impl"}, "impl": {"selfcheck"}, "selfcheck": {"aglu"}}) == ["aglu", "impl", "selfcheck",
+                                                                                      "aglu"]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton", reason="Triton is not installed: the kernels cannot run (impl='auto' uses PyTorch)")
 
 import activations  # noqa: E402
-from activations import kernels  # noqa: E402
+from activations import impl, kernels  # noqa: E402
 from activations.aglu import LAM_MIN  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -196,9 +196,13 @@ def test_dispatch_and_clear_errors(monkeypatch):
     activations.build("aglu", impl="torch").to(DEVICE)(z)
     assert not calls
     activations.build("aglu", impl="auto").to(DEVICE)(z)
-    assert len(calls) == (DEVICE == "cuda")
+    assert not calls  # "auto" takes a kernel only where a decision says so (activations/policy.py fills TRUSTED)
+    monkeypatch.setattr(impl, "KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(impl, "TRUSTED", {("aglu", str(z.device), z.dtype): True})
+    activations.build("aglu", impl="auto").to(DEVICE)(z)
+    assert len(calls) == 1
     activations.build("aglu", impl="triton").to(DEVICE)(z)
-    assert len(calls) == 1 + (DEVICE == "cuda")
+    assert len(calls) == 2
     with pytest.raises(RuntimeError, match="float32, bfloat16 or float16.*impl='torch'"):
         activations.build("nswish", impl="triton").to(DEVICE)(z.double())
     if DEVICE == "cpu":

@@ -16,8 +16,12 @@ import torch.nn.functional as F
 pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 
+from eval import hellaswag_items  # noqa: E402
+from eval.compare_items import compare  # noqa: E402
 from eval.hellaswag import evaluate_model  # noqa: E402
 from eval.lm_eval_model import NanoactLM  # noqa: E402
+from model import GPT  # noqa: E402
+from training.checkpoint import load_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,8 +165,9 @@ def test_local_tasks_through_lm_eval_evaluator(lm, gpt2_enc, hellaswag_file, tmp
 
 
 def test_cli_entry_registers_model_and_runs_offline(make_checkpoint, hellaswag_file, gpt2_enc, tmp_path):
-    ckpt = make_checkpoint()
-    write_tasks(tmp_path, hellaswag_file(n=4))
+    """... and its --log_samples file reads as eval/hellaswag.py's items file: item by item the same predictions."""
+    ckpt, hs = make_checkpoint(), hellaswag_file(n=6)
+    write_tasks(tmp_path, hs)
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
     # `python -m eval.lm_eval_model ...`, except that lm-eval's TaskManager skips indexing its ~14,700 bundled
     # task yamls (~40 s on 2 cores); the local task needs none of them.
@@ -171,12 +176,23 @@ def test_cli_entry_registers_model_and_runs_offline(make_checkpoint, hellaswag_f
                         "runpy.run_module('eval.lm_eval_model', run_name='__main__', alter_sys=True)")
     cmd = [sys.executable, "-c", local_tasks_only, "--model", "nanoact", "--model_args",
            f"checkpoint={ckpt.parent}", "--batch_size", "8", "--tasks", "hellaswag_local", "--include_path", str(tmp_path),
-           "--device", "cpu", "--output_path", str(tmp_path / "results")]
+           "--device", "cpu", "--output_path", str(tmp_path / "results"), "--log_samples"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = list((tmp_path / "results").rglob("results_*.json"))
     assert len(written) == 1
-    assert json.loads(written[0].read_text())["results"]["hellaswag_local"]["acc,none"] in [k / 4 for k in range(5)]
+    acc = json.loads(written[0].read_text())["results"]["hellaswag_local"]["acc,none"]
+    assert acc in [k / 6 for k in range(7)]
+    samples = list((tmp_path / "results").rglob("samples_hellaswag_local_*.jsonl"))
+    theirs = hellaswag_items.read(samples[0])
+    model = GPT.from_checkpoint(load_checkpoint(ckpt, kind="gpt2"))
+    evaluate_model(model, "cpu", hs, scoring="lm_eval", progress=False, items_file=tmp_path / "ours.jsonl.gz")
+    ours = hellaswag_items.read(tmp_path / "ours.jsonl.gz")
+    assert theirs.labels == ours.labels and theirs.about["source"] == "lm-eval --log_samples"
+    for metric in ("acc", "acc_norm"):
+        assert theirs.preds[("lm_eval", metric)] == ours.preds[("lm_eval", metric)]
+    rows = compare(ours, theirs)
+    assert [r["discordant"] for r in rows] == [0, 0] and rows[0]["acc_a"] == pytest.approx(acc)
 
 
 def test_bad_model_args(make_checkpoint):
@@ -186,7 +202,7 @@ def test_bad_model_args(make_checkpoint):
         NanoactLM(checkpoint=str(make_checkpoint()), device="cpu", batch_size="auto")
 
 
-@pytest.mark.parametrize("act", ["gelu", "aglu"])  # a plain GPT2LMHeadModel, and remote code
+@pytest.mark.parametrize("act", ["gelu", "aglu", "swiglu"])  # a plain GPT2LMHeadModel, remote code, a gated MLP
 def test_export_runs_in_lm_evals_own_hf_model(make_checkpoint, hellaswag_file, gpt2_enc, tmp_path, offline, act):
     """`lm_eval --model hf --model_args pretrained=OUT,trust_remote_code=True` on an export with no other flag:
     the tokenizer comes from the export itself, and the scores are our adapter's on the checkpoint."""

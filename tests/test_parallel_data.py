@@ -163,6 +163,27 @@ def test_ranks_get_disjoint_equal_shares():
     assert len(seen) == len(set(seen)) > 0.9 * len(src)  # only the last < world_size batches are dropped
 
 
+
+def test_an_optimizer_step_trains_the_same_batches_on_any_number_of_ranks():
+    """8 batches a step: 1 rank accumulating 8, 2 ranks accumulating 4, 4 ranks accumulating 2. Step k takes the
+    same batches in every layout, for two epochs, and resumes only in its own layout."""
+    src, tgt = lengths_corpus()
+
+    def steps(world_size):
+        ranks = [TokenBatchLoader(src, tgt, max_tokens=300, rank=r, world_size=world_size, seed=4,
+                                  accum=8 // world_size) for r in range(world_size)]
+        assert len({r.steps_per_epoch() for r in ranks}) == 1
+        return [sorted(tuple(row) for r in ranks for _ in range(r.accum) for row in r.next_batch()[0].tolist())
+                for _ in range(2 * ranks[0].steps_per_epoch())], ranks[0]
+
+    one, loader = steps(1)
+    assert steps(2)[0] == one == steps(4)[0] and loader.epoch == 1 and len(one) == 2 * loader.steps_per_epoch()
+    assert loader.steps_per_epoch() == len(loader) // 8 and len(loader) % 8 == 0
+    with pytest.raises(DataError, match="accum=8, this run has 4"):
+        TokenBatchLoader(src, tgt, max_tokens=300, seed=4, accum=4).load_state_dict(loader.state_dict())
+    with pytest.raises(DataError, match=r"fewer batches than one optimizer step takes \(2 processes x 10000"):
+        TokenBatchLoader(src, tgt, max_tokens=300, world_size=2, accum=10000)
+
 def test_padded_batches_have_few_shapes_and_cover_the_epoch():
     src, tgt = lengths_corpus(800)
     loader = TokenBatchLoader(src, tgt, max_tokens=600, max_sentences=40, seed=2, pad_multiple=8)

@@ -1,8 +1,10 @@
-"""activations/selfcheck.py: impl="auto" trusts a Triton kernel only after it matches the PyTorch path on the device,
-keeps the faster correct path, and takes the same decision on every rank.
+"""activations/selfcheck.py and policy.py: impl="auto" uses a Triton kernel only after it matches the PyTorch path
+on the device, keeps the faster correct path, and takes the same decision on every rank.
 
 No GPU here: the kernels run in Triton's interpreter (tests/conftest.py), and the tests let "auto" consider
-CPU tensors (impl.KERNEL_DEVICES), which a real run never does."""
+CPU tensors (impl.KERNEL_DEVICES), which a real run never does. What policy.py's child process runs is injected
+from tests/probe_work.py where the test is about the decision, not the kernel; tests/test_kernel_policy.py
+has the child's failures, the cache and the recorded decisions."""
 import json
 import os
 import subprocess
@@ -16,7 +18,7 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed: the kernels cannot run")
 
 import activations  # noqa: E402
-from activations import impl, kernels, selfcheck  # noqa: E402
+from activations import impl, kernels, policy, selfcheck  # noqa: E402
 from training.hardware import Platform  # noqa: E402
 
 if not kernels.INTERPRETED:
@@ -29,10 +31,12 @@ FAMILIES = ["aglu", "apa", "nswish", "nrelu", "nswish/per_instance", "nrelu/per_
 
 
 @pytest.fixture
-def auto_on_cpu(monkeypatch):
-    """"auto" considers CPU tensors (the interpreter runs the kernels), with a fresh cache of checked families."""
+def auto_on_cpu(monkeypatch, tmp_path):
+    """"auto" considers CPU tensors (the interpreter runs the kernels), with no decision yet and an empty verdict
+    cache."""
     monkeypatch.setattr(impl, "KERNEL_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(impl, "TRUSTED", {})
+    monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.fixture
@@ -79,95 +83,81 @@ def test_a_wrong_lam_gradient_fails_the_check(monkeypatch):
     assert "lam gradient differs" in selfcheck.failure("apa", "cpu", torch.bfloat16)
 
 
-def test_auto_checks_once_and_falls_back_with_one_line(auto_on_cpu, counted_aglu, monkeypatch, capsys):
-    """Outside a trainer: the first call per (family, device, dtype) checks the kernel; a failing one gives the
-    PyTorch path's exact result and one line naming the activation, the device and the reason."""
+def test_auto_takes_the_kernel_only_where_decided(auto_on_cpu, counted_aglu, capsys):
+    """Outside a trainer's decision "auto" checks nothing in this process (a kernel never run on this GPU must not
+    run here): the PyTorch path's exact result, silently; a decision in impl.TRUSTED switches the kernel on."""
     auto, plain, x, calls = counted_aglu
+    assert torch.equal(auto(x), plain(x)) and not calls and not impl.TRUSTED
+    impl.TRUSTED[("aglu", "cpu", torch.float32)] = True
     torch.testing.assert_close(auto(x), plain(x))
-    checked = len(calls)
-    assert checked > 1  # the probe ran the kernel, then the forward used it
-    auto(x)
-    assert len(calls) == checked + 1  # checked once
-    assert not capsys.readouterr().out
-
-    monkeypatch.setattr(impl, "TRUSTED", {})
-    monkeypatch.setattr(kernels, "apa", raising)
-    assert torch.equal(auto(x), plain(x)) and torch.equal(auto(x), plain(x))
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("aglu: PyTorch path") and "cpu (float32)" in lines[0]
-    assert "RuntimeError: ptxas fatal: simulated failure" in lines[0]
+    assert len(calls) == 1 and not capsys.readouterr().out
 
 
-def test_select_keeps_the_faster_path(auto_on_cpu, monkeypatch, capsys):
-    """A path made artificially slow loses, whichever it is; both times are printed and returned."""
-    from activations.aglu import _APAFunction
-
-    def slow(fn, seconds):
-        return lambda *a: time.sleep(seconds) or fn(*a)
+def test_select_keeps_the_faster_path(auto_on_cpu, capsys):
+    """The faster path wins, whichever it is; both times are printed and returned, and "auto" modules elsewhere
+    follow the decision (impl.TRUSTED)."""
+    import probe_work
 
     model = torch.nn.Sequential(activations.build("aglu"), activations.build("aglu"))
-    monkeypatch.setattr(_APAFunction, "apply", slow(_APAFunction.apply, 0.1))
-    decisions = selfcheck.select(model, (8, 64), CPU, "cpu", torch.float32, compiled=False)
+    decisions = policy.select(model, (8, 64), CPU, "cpu", torch.float32, compiled=False, work=probe_work.kernel_faster)
     assert decisions["aglu"]["impl"] == "triton" and [m.impl for m in model] == ["triton", "triton"]
-    assert decisions["aglu"]["torch_ms"] > 100 > decisions["aglu"]["triton_ms"]
+    assert (decisions["aglu"]["triton_ms"], decisions["aglu"]["torch_ms"]) == (1.0, 2.0)
+    assert impl.TRUSTED == {("aglu", "cpu", torch.float32): True}
     line, = capsys.readouterr().out.splitlines()
-    assert line.startswith("aglu: Triton kernel (Triton ") and "eager fwd+bwd at 8x64 on cpu, float32" in line
+    assert line.startswith("aglu: Triton kernel (Triton 1.000 ms vs PyTorch 2.000 ms, eager fwd+bwd at 8x64 on cpu, "
+                           "float32; probed in a child process)")
 
-    monkeypatch.undo()
-    monkeypatch.setattr(impl, "KERNEL_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(kernels, "apa", slow(kernels.apa, 0.1))
-    model = torch.nn.Sequential(activations.build("aglu"))
-    decisions = selfcheck.select(model, (8, 64), CPU, "cpu", torch.float32, compiled=False)
-    assert decisions["aglu"]["impl"] == "torch" == model[0].impl
-    assert decisions["aglu"]["triton_ms"] > 100 > decisions["aglu"]["torch_ms"]
-    assert capsys.readouterr().out.startswith("aglu: PyTorch path (Triton ")
+    model = torch.nn.Sequential(activations.build("nswish"))
+    decisions = policy.select(model, (8, 64), CPU, "cpu", torch.float32, compiled=False, work=probe_work.kernel_slower)
+    assert decisions["nswish"]["impl"] == "torch" == model[0].impl
+    assert (decisions["nswish"]["triton_ms"], decisions["nswish"]["torch_ms"]) == (3.0, 2.0)
+    assert capsys.readouterr().out.startswith("nswish: PyTorch path (Triton 3.000 ms vs PyTorch 2.000 ms")
 
 
 def test_select_on_platforms_without_the_kernels(monkeypatch, capsys):
     """CPU: the PyTorch path, silently (recorded for run.json); channelwise parameters never take the kernels."""
     model = torch.nn.Sequential(activations.build("nswish"), activations.build("aglu", channelwise=True,
                                                                                  num_channels=8))
-    decisions = selfcheck.select(model, (8, 64), CPU, "cpu", torch.float32, compiled=False)
+    decisions = policy.select(model, (8, 64), CPU, "cpu", torch.float32, compiled=False)
+    key = policy.decision_key(CPU, torch.float32, (8, 64), False)
     assert decisions == {
-        "nswish": {"impl": "torch", "reason": "not a CUDA device (cpu)", "triton_ms": None, "torch_ms": None},
+        "nswish": {"impl": "torch", "reason": "not a CUDA device (cpu)", "triton_ms": None, "torch_ms": None,
+                   "key": key, "source": "platform"},
         "channelwise": {"impl": "torch", "reason": "channelwise parameters always take the PyTorch path",
-                        "triton_ms": None, "torch_ms": None}}
+                        "triton_ms": None, "torch_ms": None, "key": key, "source": "platform"}}
     assert [m.impl for m in model] == ["torch", "torch"] and not capsys.readouterr().out
     gpu = dict(device_type="cuda", name="Tesla P100-PCIE-16GB", capability=(6, 0), bf16=False, triton="3", inductor=True)
     assert "sm_60; Triton needs compute capability 7.0" in selfcheck.blocker(Platform(**gpu))
     monkeypatch.setattr(impl, "kernels", None)
     assert selfcheck.blocker(Platform(**{**gpu, "capability": (9, 0)})) == "Triton is not installed"
-    assert selfcheck.select(torch.nn.Sequential(activations.build("relu")), (8, 64), CPU, "cpu", torch.float32,
-                            compiled=False) == {}
+    assert policy.select(torch.nn.Sequential(activations.build("relu")), (8, 64), CPU, "cpu", torch.float32,
+                         compiled=False) == {}
 
 
 RANKS = """
-import json, sys
+import json, os, sys
 import torch
 import torch.distributed as dist
 import activations
-from activations import impl, kernels, selfcheck
+from activations import impl, policy
 from training.distributed import setup
 from training.hardware import Platform
 
-impl.KERNEL_DEVICES = ("cuda", "cpu")
-d = setup("cpu")
-if d.rank == 1:  # a kernel that fails on one rank only
-    def raising(*args):
-        raise RuntimeError("ptxas fatal: simulated failure")
-    kernels.apa = raising
-# nswish passes everywhere; the ranks disagree on which path is faster, their summed times decide
-times = [{"triton": 1.0, "torch": 5.0}, {"triton": 4.0, "torch": 2.0}][d.rank]
-selfcheck.time_paths = lambda *args: times
-collectives = []
-all_reduce = dist.all_reduce
-dist.all_reduce = lambda *a, **k: collectives.append(1) or all_reduce(*a, **k)
-model = torch.nn.Sequential(activations.build("aglu"), activations.build("nswish"))
-decisions = selfcheck.select(model, (8, 64), Platform("cpu", "cpu", triton="3"), "cpu", torch.float32, False, d)
-dist.all_reduce = all_reduce
-with open(sys.argv[1] + f".{d.rank}.json", "w") as f:
-    json.dump({"decisions": decisions, "impls": [m.impl for m in model], "collectives": len(collectives)}, f)
-dist.destroy_process_group()
+if __name__ == "__main__":  # policy's child processes start by importing this file (multiprocessing spawn)
+    import probe_work
+    impl.KERNEL_DEVICES = ("cuda", "cpu")
+    d = setup("cpu")
+    collectives = []
+    all_reduce = dist.all_reduce
+    dist.all_reduce = lambda *a, **k: collectives.append(1) or all_reduce(*a, **k)
+    model = torch.nn.Sequential(activations.build("aglu"), activations.build("nswish"))
+    # a verdict cache per rank: two machines, so that rank 1's failure is its own
+    decisions = policy.select(model, (8, 64), Platform("cpu", "cpu", triton="3"), "cpu", torch.float32, False, d,
+                              cache=f"{sys.argv[1]}.cache{d.rank}", work=probe_work.by_rank)
+    dist.all_reduce = all_reduce
+    with open(sys.argv[1] + f".{d.rank}.json", "w") as f:
+        json.dump({"decisions": decisions, "impls": [m.impl for m in model], "collectives": len(collectives)}, f)
+    dist.destroy_process_group()
 """
 
 
@@ -176,7 +166,8 @@ def test_two_gloo_ranks_take_the_same_decision(tmp_path):
     one collective in all."""
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+           "TRITON_INTERPRET": "1"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              str(script), str(tmp_path / "out")], env=env, cwd=ROOT, capture_output=True, text=True,
                             timeout=300)
@@ -187,42 +178,41 @@ def test_two_gloo_ranks_take_the_same_decision(tmp_path):
         assert r["decisions"]["nswish"]["triton_ms"] == 2.5 and r["decisions"]["nswish"]["torch_ms"] == 3.5
     assert ranks[0]["decisions"]["aglu"]["reason"] == "the Triton kernel failed on 1 other rank(s) (their lines say why)"
     assert "simulated failure" in ranks[1]["decisions"]["aglu"]["reason"]
-    assert "rank 1: aglu: the Triton kernel failed its self-check on cpu, float32: RuntimeError: ptxas fatal" \
+    assert "rank 1: aglu: the Triton kernel failed its check on cpu, float32: RuntimeError: ptxas fatal" \
         in result.stdout
 
 
 def test_a_run_falls_back_and_trains_as_the_pytorch_path(auto_on_cpu, monkeypatch, tmp_path, capsys):
     """train_gpt2 with a kernel that raises on this device: one line, the decision in run.json, and the run's
     losses equal to a run that asked for the PyTorch path."""
+    import probe_work
     from test_train_gpt2 import args, train_in_process, train_losses, write_corpus
 
     data = write_corpus(tmp_path / "data")
     train_in_process(args(data, tmp_path / "torch", act="aglu", act_kwargs='{"impl": "torch"}'))
     capsys.readouterr()
-    monkeypatch.setattr(kernels, "apa", raising)
+    monkeypatch.setattr(selfcheck, "probe", probe_work.raising)
     train_in_process(args(data, tmp_path / "auto", act="aglu"))
     lines = [line for line in capsys.readouterr().out.splitlines() if "aglu:" in line]
-    assert lines == ["aglu: PyTorch path (the Triton kernel failed its self-check on cpu, float32: "
-                     "RuntimeError: ptxas fatal: simulated failure)"]
+    assert lines == ["aglu: PyTorch path (the Triton kernel failed its check on cpu, float32: "
+                     "RuntimeError: ptxas fatal: simulated failure; probed in a child process)"]
     decisions = json.loads((tmp_path / "auto" / "run.json").read_text())["environment"]["decisions"]
     assert decisions["activations"]["aglu"]["impl"] == "torch"
     assert decisions["precision"]["value"] == "float32" and decisions["compile"]["value"] is False
     assert train_losses(tmp_path / "auto") == train_losses(tmp_path / "torch")
 
 
-def test_auto_under_compile_is_one_graph_and_checks_nothing_inside(auto_on_cpu, counted_aglu):
-    """Inside torch.compile "auto" runs no check: it takes the kernel only where an eager call (or a trainer's
-    select) checked it before, else the PyTorch path; either way one graph, no break."""
+def test_auto_under_compile_is_one_graph_and_follows_the_decision(auto_on_cpu, counted_aglu):
+    """Inside torch.compile "auto" reads the decision table like eager calls do: the PyTorch path until a decision
+    says the kernel, then the kernel; either way one graph, no break."""
     torch._dynamo.reset()
     auto, plain, x, calls = counted_aglu
     try:
         torch.testing.assert_close(torch.compile(auto, backend="aot_eager", fullgraph=True)(x), plain(x))
         assert not calls and not impl.TRUSTED
-        auto(x)  # eager: the check runs, the kernel is trusted
-        assert impl.TRUSTED == {("aglu", "cpu", torch.float32): True}
+        impl.TRUSTED[("aglu", "cpu", torch.float32)] = True
         torch._dynamo.reset()
-        checked = len(calls)
         torch.testing.assert_close(torch.compile(auto, backend="aot_eager", fullgraph=True)(x), plain(x))
-        assert len(calls) > checked
+        assert calls
     finally:
         torch._dynamo.reset()

@@ -22,10 +22,10 @@ FINAL = {("gelu", 1): 3.50, ("gelu", 2): 3.60, ("gelu", 3): 3.40,
          ("relu", 1): 3.55, ("relu", 2): 3.70, ("relu", 3): 3.38}
 
 
-def fake_run(path, act, seed, final, max_steps=10, stop_at=None, hella=None):
+def fake_run(path, act, seed, final, max_steps=10, stop_at=None, hella=None, params=None):
     log = RunLog(path)
     log.write_run_info({"model": {"act": act}, "optim": {"max_steps": max_steps, "total_batch_size": 64},
-                        "run": {"seed": seed}}, {})
+                        "run": {"seed": seed}}, {"params": params} if params else {})
     for step in range(0, (max_steps if stop_at is None else stop_at) + 1):
         if step < max_steps:
             log.record(step, kind="train", loss=5.0 - step / 10, tok_per_s=100.0, tokens=(step + 1) * 64)
@@ -128,14 +128,6 @@ def test_detectable_difference_and_seeds_needed_by_hand(scipy, monkeypatch):
     assert stats.seeds_needed(s, 0.07) == 2  # (T975_1 + T80_1) s / sqrt 2 = 0.0667
     assert stats.seeds_needed(s, 0) is None and stats.seeds_needed(s, 1e-9) is None  # no number of seeds does
     assert stats.detectable_difference(s, 1) is None and stats.seeds_needed(0.0, 0.001) == 2
-
-
-def test_binomial_floor_by_hand():
-    n, z = 10042, 1.959963984540054
-    p = round(0.30 * n) / n
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    assert stats.binomial_floor(0.30, n) == pytest.approx(half, rel=1e-12)
-    assert round(stats.binomial_floor(0.30, n), 4) == 0.009  # the ±0.9 points of a 124M-sized HellaSwag score
 
 
 def test_paired_uses_shared_seeds_only():
@@ -410,14 +402,37 @@ def test_control_that_excludes_zero_says_the_sweep_is_unreliable(tmp_path):
     assert "excludes 0. The sweep is unreliable" in text and text.index("unreliable") < text.index("| run ")
 
 
-def test_hellaswag_power_has_the_binomial_floor(tmp_path):
-    for act, shift in (("gelu", 0.0), ("relu", 0.01)):
-        for seed in (1, 2, 3):
-            fake_run(tmp_path / f"{act}_seed{seed}", act, seed, 3.5, hella=0.30 + shift + seed / 1000 * (act == "relu"))
+def test_hellaswag_pairs_get_the_item_level_interval(tmp_path, write_items):
+    """Beside the per-seed interval, each pair's item-level one from the runs' final items files: per item the
+    difference of right answers averaged over the seeds, mean ± 1.96 sd/sqrt(items); and no 'floor'."""
+    labels = [i % 4 for i in range(40)]
+    right = {("gelu", 1): range(0, 12), ("gelu", 2): range(5, 17),  # items each run answers right (acc_norm)
+             ("relu", 1): [*range(0, 10), *range(20, 25)], ("relu", 2): [*range(5, 17), 30, 31, 32]}
+    for (act, seed), hits in right.items():
+        run = tmp_path / f"{act}_seed{seed}"
+        fake_run(run, act, seed, 3.5, hella=len(hits) / 40)
+        write_items(run / "hellaswag_items_00010.jsonl.gz", labels,
+                    [label if i in hits else (label + 1) % 4 for i, label in enumerate(labels)], step=10)
     text = sweep.report(tmp_path, acts=["gelu", "relu"])
     hella = json.loads((tmp_path / "sweep.json").read_text())["paired"]["relu"]["hella_acc_norm"]
-    assert hella["items"] == 10042 and hella["binomial_floor"] == pytest.approx(stats.binomial_floor(0.30, 10042))
-    assert "the benchmark alone is ±0.0090 (10,042 items), a floor no number of seeds lowers." in text
+    diffs = [sum((i in right[("relu", s)]) - (i in right[("gelu", s)]) for s in (1, 2)) / 2 for i in range(40)]
+    mean, sd = sum(diffs) / 40, statistics.stdev(diffs)
+    items = hella["item_level"]
+    assert items["seeds"] == [1, 2] and items["items"] == 40
+    assert items["mean"] == pytest.approx(hella["mean"]) == pytest.approx(mean)  # the same difference, 2 views
+    assert items["ci95"] == pytest.approx([mean - 1.959963984540054 * sd / math.sqrt(40),
+                                           mean + 1.959963984540054 * sd / math.sqrt(40)], rel=1e-12)
+    assert items["discordant"] == [7, 3]  # seed 1: gelu only 10, 11; relu only 20-24. Seed 2: relu only 30-32
+    assert items["p_mcnemar"] == [pytest.approx(2 * 29 / 128), pytest.approx(0.25)]
+    assert "floor" not in text and "binomial_floor" not in hella
+    assert "another seed of training" in text and "another sample of items" in text
+    row = next(line for line in text.splitlines() if line.startswith("| relu - gelu") and "7, 3" in line)
+    assert f"[{items['ci95'][0]:+.4f}, {items['ci95'][1]:+.4f}]" in row
+    assert f"[{hella['ci95'][0]:+.4f}, {hella['ci95'][1]:+.4f}]" in row
+    # a run scored on other items than its partner: a one-line error naming the file
+    write_items(tmp_path / "relu_seed2" / "hellaswag_items_00010.jsonl.gz", labels[:30], labels[:30], step=10)
+    with pytest.raises(SystemExit, match="relu_seed2/hellaswag_items_00010.jsonl.gz has 30 items"):
+        sweep.main(["--report-only", str(tmp_path)])
 
 
 def test_control_from_the_cli_and_a_plan(tmp_path, monkeypatch):
@@ -456,3 +471,80 @@ def test_bad_control(argv, message, capsys):
     with pytest.raises(SystemExit):
         sweep.parse_args(["--config", "c.toml", "--acts", "gelu,relu", "--seeds", "1", "--out-dir", "x", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_later_seeds_reuse_the_first_seeds_kernel_path_and_the_report_names_it(tmp_path, monkeypatch):
+    """Seed 2 of every variant gets --kernels-from its seed-1 run (the trainer reuses that run's decision); the
+    report names each variant's path from run.json, and a variant whose seeds ran different paths is MIXED."""
+    calls = []
+    paths = {("aglu", 1): "triton", ("aglu", 2): "triton", ("nswish", 1): "triton", ("nswish", 2): "torch"}
+
+    def fake_subprocess_run(cmd, stdout=None, stderr=None):
+        calls.append(cmd)
+        args = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1)}
+        act, seed = args["--act"], int(args["--seed"])
+        path = tmp_path / "s" / f"{act}_seed{seed}"
+        fake_run(path, act, seed, 3.0 + seed / 10)
+        info = json.loads((path / "run.json").read_text())
+        decisions = {act: {"impl": paths[act, seed]}} if (act, seed) in paths else {}
+        info["environment"] = {"decisions": {"activations": decisions}}
+        (path / "run.json").write_text(json.dumps(info))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_subprocess_run)
+    sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu,nswish", "--seeds", "1,2",
+                "--out-dir", str(tmp_path / "s"), "--max-steps", "10"])
+    reused = {(c[c.index("--act") + 1], c[c.index("--seed") + 1]): c[c.index("--kernels-from") + 1]
+              for c in calls if "--kernels-from" in c}
+    assert reused == {(a, "2"): str(tmp_path / "s" / f"{a}_seed1") for a in ("gelu", "aglu", "nswish")}
+    md = (tmp_path / "s" / "sweep.md").read_text()
+    assert "- gelu: PyTorch (no kernel family)\n- aglu: aglu Triton kernel\n" \
+           "- nswish: MIXED: seed 1: nswish Triton kernel; seed 2: nswish PyTorch\n" in md
+    assert json.loads((tmp_path / "s" / "sweep.json").read_text())["kernel_paths"]["aglu"] == "aglu Triton kernel"
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "o",
+                          "--kernels-from", "x"])
+
+
+def test_report_states_parameters_and_flags_arms_that_are_not_matched(tmp_path):
+    """run.json's parameter counts per arm; an arm off its baseline's non-embedding count by > 0.5% is flagged."""
+    counts = {"gelu": 1_000_000, "swiglu": 1_004_000, "wide_glu": 1_006_000}  # +0.4%: matched; +0.6%: not
+    for label, n in counts.items():
+        for seed in (1, 2):
+            fake_run(tmp_path / f"{label}_seed{seed}", label, seed, 3.0 + seed / 10,
+                     params={"total": n + 50_000, "non_embedding": n, "mlp_per_layer": n // 10})
+    text = sweep.report(tmp_path, acts=list(counts))
+    result = json.loads((tmp_path / "sweep.json").read_text())
+    assert result["params"]["swiglu"] == {"total": 1_054_000, "non_embedding": 1_004_000, "mlp_per_layer": 100_400}
+    assert [(f["variant"], round(f["relative"], 6)) for f in result["param_flags"]] == [("wide_glu", 0.006)]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| swiglu ")]
+    assert ["swiglu", "1,054,000", "1,004,000", "100,400", "+0.40%"] in rows
+    assert "**wide_glu is not parameter-matched**: 1,006,000 parameters outside embeddings against gelu's 1,000,000 " \
+           "(+0.60%, more than 0.5%)" in text and "swiglu is not" not in text
+
+
+def test_gated_names_sweep_with_the_plain_ones():
+    args, _ = sweep.parse_args(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,swiglu,aglu,aglu_glu",
+                                "--seeds", "1", "--out-dir", "x"])
+    assert args.acts == ["gelu", "swiglu", "aglu", "aglu_glu"] and args.baseline == "gelu"
+
+
+@pytest.mark.parametrize("plan, config", [("configs/sweep_gpt2_glu.toml", "configs/gpt2_124m.toml"),
+                                          ("configs/sweep_gpt2_glu_cpu.toml", "configs/gpt2_cpu_study.toml")])
+def test_shipped_glu_plans_match_parameters(plan, config):
+    """Both plans: ten arms, plain and gated, whose models have MLPs of equal size within 0.5% of gelu's."""
+    from analysis.sweep import options  # noqa: F401  (the plan's tables are trainer options)
+    from model import MLP, GPTConfig
+    from training.config import load_config
+
+    import train_gpt2
+
+    args, _ = sweep.parse_args(["--plan", plan, "--out-dir", "x"])
+    assert args.config == config and len(args.variants) == 10
+    sizes = {}
+    for label, opts, _ in args.variants:
+        cfg = load_config(train_gpt2.TrainConfig, ["--config", config, *opts])
+        sizes[label] = sum(p.numel() for p in MLP(cfg.model, 0).parameters())
+    assert {label for label, _, _ in args.variants} >= {"gelu", "swiglu", "relu2", "relu2_glu", "aglu", "aglu_glu",
+                                                        "nswish", "nswish_glu"}
+    assert all(abs(n / sizes["gelu"] - 1) < 0.005 for n in sizes.values()), sizes

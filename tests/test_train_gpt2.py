@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from eval import hellaswag_items
 from training.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -262,12 +263,20 @@ def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc,
     printed = [line for line in capsys.readouterr().out.splitlines() if "| val loss " in line]
     assert len(printed) == 2 and all(re.search(r"\| hellaswag acc \d\.\d{4} acc_norm \d\.\d{4} \(\d+\.\ds\)$", line)
                                      for line in printed), printed  # on stdout, next to the val loss
-    assert len(list((tmp_path / "cache" / "hellaswag_tokens").iterdir())) == 1
+    # tokens cached once per set of scorings: completion (step 0), both (the final evaluation)
+    assert sorted(p.name.split("_all_")[-1] for p in (tmp_path / "cache" / "hellaswag_tokens").iterdir()) == [
+        "completion+lm_eval.npz", "completion.npz"]
     lines = (tmp_path / "out" / "log.txt").read_text().splitlines()
     assert [line.split()[:2] for line in lines if " hella " in line] == [["0", "hella"], ["2", "hella"]]
     evals = [json.loads(r) for r in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    accs = [r["hellaswag_acc"] for r in evals if r["kind"] == "eval"]
-    assert len(accs) == 2 and all(a in {i / 8 for i in range(9)} for a in accs)
+    evals = [r for r in evals if r["kind"] == "eval"]
+    assert len(evals) == 2 and all(r["hellaswag_acc"] in {i / 8 for i in range(9)} for r in evals)
+    # the final evaluation keeps every item's predictions, both scorings, for paired comparisons
+    assert [p.name for p in (tmp_path / "out").glob("hellaswag_items_*")] == ["hellaswag_items_00002.jsonl.gz"]
+    items = hellaswag_items.read(tmp_path / "out" / "hellaswag_items_00002.jsonl.gz")
+    assert items.about["step"] == 2 and items.about["scorings"] == ["completion", "lm_eval"] and len(items.labels) == 8
+    for metric, key in (("acc", "hellaswag_acc"), ("acc_norm", "hellaswag_acc_norm")):
+        assert sum(items.correct("completion", metric, range(8))) / 8 == evals[-1][key]
 
 
 def test_init_seed_offset_changes_the_init_and_keeps_the_data_order(tmp_path):

@@ -1,14 +1,25 @@
-"""train_translation.py end to end on generated files: exact resume, logs, eval-only BLEU, one-line errors."""
+"""train_translation.py end to end on generated files: exact resume (with gradient accumulation), logs,
+eval-only BLEU, one-line errors, and an optimizer step that is the same on 1 process and on 2."""
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import train_translation
+from data.parallel_corpus import collate
 from training.checkpoint import load_checkpoint
-from translation.model import Transformer
-from test_parallel_data import write_corpus
+from training.distributed import Dist
+from training.loop import Context
+from training.precision import autocast_context, grad_scaler
+from translation.model import Transformer, TranslationConfig
+from test_parallel_data import lengths_corpus, write_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
 
 torch.set_num_threads(1)
 # one pytest-xdist worker runs this file (--dist loadgroup): the `runs` fixture trains once, not once per worker
@@ -37,9 +48,10 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tr")
     corpus, spm = write_corpus(tmp / "corpus"), tmp / "spm"
     straight, split = tmp / "straight", tmp / "split"
-    train_translation.main(args(corpus, straight, spm, "--max-steps", "8"))
-    train_translation.main(args(corpus, split, spm, "--max-steps", "4", "--test-at-end", "false"))
-    train_translation.main(args(corpus, split, spm, "--max-steps", "8", "--resume"))
+    accumulate = ("--total-max-tokens", "3200")  # 2 batches of 1600 per optimizer step
+    train_translation.main(args(corpus, straight, spm, "--max-steps", "8", *accumulate))
+    train_translation.main(args(corpus, split, spm, "--max-steps", "4", "--test-at-end", "false", *accumulate))
+    train_translation.main(args(corpus, split, spm, "--max-steps", "8", "--resume", *accumulate))
     return corpus, spm, straight, split
 
 
@@ -47,12 +59,21 @@ def test_resume_is_exact(runs):
     _, _, straight, split = runs
     a, b = load_checkpoint(straight, kind="translation"), load_checkpoint(split, kind="translation")
     assert a["step"] == b["step"] == 8 and a["loader"][0]["epoch"] >= 1  # the run crossed an epoch
+    assert a["loader"][0]["accum"] == 2
     assert a["model"].keys() == b["model"].keys()
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert (straight / "log.txt").read_text() == (split / "log.txt").read_text()
     assert records(straight) == records(split)
 
+
+def test_the_last_checkpoint_holds_the_last_evaluation(runs):
+    """Written after the step-8 evaluation: its val_loss and BLEU are step 8's, not step 4's."""
+    _, _, straight, _ = runs
+    ckpt = load_checkpoint(straight / "model_00008.pt", kind="translation")
+    evals = [r for r in records(straight) if r["kind"] == "eval"]
+    assert evals[-1]["step"] == 8 and (ckpt["val_loss"], ckpt["bleu"]) == (evals[-1]["val_loss"], evals[-1]["bleu"])
+    assert ckpt["val_loss"] != evals[-2]["val_loss"]
 
 def test_logs_in_the_gpt2_trainer_formats(runs):
     _, _, straight, _ = runs
@@ -136,3 +157,73 @@ def test_compiled_training_gets_padded_static_shapes(runs, tmp_path, monkeypatch
                                 "--compile", "true", "--pad-multiple", "1"))
     assert calls[1] == {"dynamic": True, "mode": "default"}
     assert "exact-length batches" in capsys.readouterr().out.splitlines()[0]
+
+
+class StepBatches:
+    """The loader's next_batch over a fixed list of batches."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def next_batch(self, device="cpu"):
+        return self.batches.pop(0)
+
+
+def step_gradients(batches, label_smoothing=0.1):
+    """(loss, target tokens, gradients) of TranslationTrainer.forward_backward on `batches`, in float64."""
+    torch.manual_seed(0)
+    trainer = train_translation.TranslationTrainer(train_translation.TrainConfig())
+    trainer.cfg.optim.label_smoothing = label_smoothing
+    trainer.model = Transformer(TranslationConfig(vocab_size=50, enc_layers=2, dec_layers=2, d_model=16, ffn_dim=32,
+                                                  n_head=2, dropout=0.0, act="swish")).double()
+    trainer.ctx = Context(Dist(), "float32", autocast_context("cpu", "float32"), grad_scaler("cpu", "float32"), False)
+    trainer.loader, trainer.accum = StepBatches(batches), len(batches)
+    loss, tokens = trainer.forward_backward(trainer.model)
+    return loss, tokens, {name: p.grad for name, p in trainer.model.named_parameters()}
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_two_accumulated_batches_make_the_step_of_one_batch_holding_both(label_smoothing):
+    """Every target token weighs the same whichever batch it is in: accumulating a batch of 5 short and one of 7
+    long pairs (padded apart) gives the gradient of one batch of all 12, not the mean of two batch means."""
+    src, tgt = lengths_corpus(12)
+    order = sorted(range(12), key=lambda i: len(tgt[i]))
+    short, long = collate(src, tgt, order[:5]), collate(src, tgt, order[5:])
+    assert (short[2] != 0).sum() * 2 < (long[2] != 0).sum()  # unequal batches: a plain mean would weigh them wrong
+    loss_two, tokens_two, two = step_gradients([short, long], label_smoothing)
+    loss_one, tokens_one, one = step_gradients([collate(src, tgt, order)], label_smoothing)
+    assert tokens_two == tokens_one == sum(len(t) + 1 for t in tgt)
+    torch.testing.assert_close(loss_two, loss_one, rtol=1e-6, atol=0)
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_two_ranks_train_the_same_steps_as_one_process_accumulating_two(runs, tmp_path):
+    """torchrun with 2 gloo ranks, 1 batch each per step, against 1 process with 2 accumulated batches:
+    the same steps on the same target tokens, the same weights (up to float32 summation order)."""
+    corpus, spm, _, _ = runs
+    same = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", "false", "--dropout", "0",
+            "--act-dropout", "0", "--act", "swish", "--act-kwargs", "{}", "--plain-top-k", "0",
+            "--max-tokens", "800", "--total-max-tokens", "1600")
+    train_translation.main(args(corpus, tmp_path / "one", spm, *same))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "train_translation.py"), *args(corpus, tmp_path / "two", spm, *same)]
+    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "step: 2 batches (grad accum 1) of <= 800 tokens" in done.stdout
+    one, two = load_checkpoint(tmp_path / "one", kind="translation"), load_checkpoint(tmp_path / "two", kind="translation")
+    assert (one["step"], one["world_size"], two["world_size"]) == (3, 1, 2)
+    for key in one["model"]:
+        torch.testing.assert_close(two["model"][key], one["model"][key], msg=key)
+    train_one, train_two = ([r for r in records(tmp_path / run) if r["kind"] == "train"] for run in ("one", "two"))
+    assert [r["tokens"] for r in train_two] == [r["tokens"] for r in train_one]
+    torch.testing.assert_close([r["loss"] for r in train_two], [r["loss"] for r in train_one])
+    assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
+
+
+def test_a_step_the_processes_cannot_fill_is_a_one_line_error(tmp_path):
+    corpus = write_corpus(tmp_path / "c", n_train=30)
+    with pytest.raises(SystemExit, match=r"^error: total_max_tokens 2000 is not a multiple of max_tokens \* processes "
+                                         r"= 1600 \* 1 = 1600; change --max-tokens .* or --total-max-tokens"):
+        train_translation.main(args(corpus, tmp_path / "o", tmp_path / "spm", "--total-max-tokens", "2000"))

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from activations.impl import model_identity
 from data.files import atomic_file, fsync_dir, remove_temporaries
 from errors import CheckpointError, CheckpointNotFound
 from training import distributed
@@ -236,7 +237,9 @@ def resume_training(ckpt, model_config, world_size, rank, model, optimizer, load
     if "source" in ckpt:  # build-nanogpt / nanoGPT: weights, but no data position or RNG states to continue
         raise CheckpointError(f"{path} was written by another harness and cannot be resumed exactly; start from its "
                               f"weights with --init-from {path} and another --out-dir")
-    if ckpt["model_config"] != model_config:
+    # impl is a speed option and may change. A field added to the model config since the checkpoint was written
+    # (glu_hidden) compares at the run's value: the old model had none, and load_state_dict refuses another shape
+    if model_identity({**model_config, **ckpt["model_config"]}) != model_identity(model_config):
         raise CheckpointError(f"{path} was trained with model config {ckpt['model_config']}; "
                               "resume with the same model options or use a new --out-dir")
     if ckpt["world_size"] != world_size:

@@ -240,6 +240,12 @@ class RunConfig:
     checkpoint_interval: int = 1000
     keep_checkpoints: int = 3
     dist_timeout: float = 600.0  # seconds a collective may wait for the other ranks before the run stops naming them
+    # the activation kernels' verdicts (activations/policy.py); "": $NANOACT_CACHE, else $XDG_CACHE_HOME/nanoact
+    # or ~/.cache/nanoact
+    kernel_cache: str = ""
+    kernel_reprobe: bool = False  # probe the kernels again: ignore cached verdicts and the recorded decision
+    # reuse the kernel decisions recorded in this run directory's run.json (a sweep gives later seeds the first's)
+    kernels_from: typing.Optional[str] = None
     tensorboard: bool = False
     wandb_project: typing.Optional[str] = None  # also log to this Weights & Biases project (pip install wandb)
     wandb_run_name: typing.Optional[str] = None  # None: the out_dir's name

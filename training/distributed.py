@@ -151,6 +151,12 @@ def all_reduce_mean(tensor, d):
     return tensor
 
 
+def all_reduce_sum(tensor, d):
+    if d.ddp:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
 def any_rank(flag, d):
     """True on every rank when `flag` is true on at least one (so all ranks stop together)."""
     if not d.ddp:

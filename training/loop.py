@@ -13,9 +13,10 @@ The base class keeps no attribute a trainer reads: a hook gets what it needs as 
 trainer itself kept in build (its Context, its loaders). tests/test_loop.py trains a trainer of 40 lines.
 
 fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
-build; resume; the activation kernels' self-check; the run log; compile and DDP; the loop; the trainer's
+build; resume; the activation kernels' decision (activations/policy.py); the run log; compile and DDP; the loop; the trainer's
 closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and at the end),
-train step, log, the trainer's after_step, checkpoint (every checkpoint_interval steps, at the end and on a signal), stop. The stdout
+train step, log, the trainer's after_step, checkpoint (every checkpoint_interval steps and on a signal), stop; at the end the checkpoint
+follows the final evaluation, so the file the closing line names holds the numbers it prints. The stdout
 lines' format is training/runlog.py's.
 
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
@@ -33,7 +34,8 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from activations import selfcheck
+from activations import policy
+from activations.impl import model_identity
 from training import distributed, hardware, runlog
 from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resume_training,
                                  save_training_checkpoint)
@@ -63,11 +65,12 @@ class Parts:
     optimizer: torch.optim.Optimizer
     loader: object  # training batches; state_dict/load_state_dict, so a resume continues the data order
     max_steps: int
-    model_config: dict  # stored in checkpoints: a resume with another one is refused
+    model_config: dict  # stored in checkpoints: a resume with another one (impl aside, a speed option) is refused
     mlp_shape: tuple  # (rows, width) of the activation's input per micro-batch: where kernels are timed
     description: str  # the trainer's part of the first stdout line (model size, data)
     origin: str = "starting from scratch"  # or which weights the model was initialised from
     batch_shapes: int | None = 1  # distinct batch shapes, each compiled once; None: free (compiled dynamic)
+    params: dict = field(default_factory=dict)  # parameter counts (the model's param_counts()), for run.json
 
 
 @dataclass
@@ -91,6 +94,13 @@ class Run:
     evals: list = field(default_factory=list)  # every Evaluation's fields, in order
     started: float = field(default_factory=time.time)
     first_step_done: tuple | None = None  # (time, step) after the first, compiling, step: the ETA's origin
+    kernels: dict = field(default_factory=dict)  # the activation kernel decisions, kept in checkpoints for a resume
+
+
+def param_line(counts):
+    """The start line's model size, e.g. 124.49M parameters (85.07M outside embeddings, 4.723M per MLP)."""
+    return (f"{counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M outside embeddings, "
+            f"{counts['mlp_per_layer'] / 1e6:.3f}M per MLP)")
 
 
 class Trainer:
@@ -113,7 +123,9 @@ class Trainer:
 
     def forward_backward(self, model):
         """Forward and backward passes of one optimizer step on this rank, through `model` (compiled, DDP):
-        (mean loss tensor, tokens). Scale the loss with the Context's scaler before backward."""
+        (loss tensor, tokens): the step's loss is that tensor's mean over ranks (a mean over this rank's batches,
+        or, as train_translation.py's, this rank's share of a sum normalised over all ranks). Scale the loss
+        with the Context's scaler before backward."""
         raise NotImplementedError
 
     def evaluate(self, step, last, model):
@@ -156,13 +168,18 @@ class Trainer:
                                 parts.loader)
                 if ckpt.get("scaler"):
                     ctx.scaler.load_state_dict(ckpt["scaler"])
-            # before compile and DDP: the kernels checked and timed on this GPU, at this run's shape and dtype
-            decisions["activations"] = selfcheck.select(parts.model, parts.mlp_shape, platform, d.device,
-                                                        PRECISIONS[ctx.precision], ctx.compile, d)
+            # before compile and DDP: the kernels checked and timed on this GPU, at this run's shape and dtype, or
+            # the decision this run (or the run named by --kernels-from) recorded under the same key
+            recorded = ckpt.get("kernels") if ckpt else None
+            if recorded is None and run_cfg.kernels_from:
+                recorded = runlog.recorded_kernels(run_cfg.kernels_from)
+            decisions["activations"] = policy.select(
+                parts.model, parts.mlp_shape, platform, d.device, PRECISIONS[ctx.precision], ctx.compile, d,
+                recorded=recorded, cache=run_cfg.kernel_cache or None, reprobe=run_cfg.kernel_reprobe)
             log = RunLog(run_cfg.out_dir, d.master, resume_step=start if ckpt else None,
                          tensorboard=run_cfg.tensorboard, wandb_project=run_cfg.wandb_project,
                          wandb_run_name=run_cfg.wandb_run_name)
-            log.write_run_info(to_dict(cfg), {**environment(d), "decisions": decisions})
+            log.write_run_info(to_dict(cfg), {**environment(d), "decisions": decisions, "params": parts.params})
             if d.master:
                 if d.restart:
                     print(runlog.restart_line(d.restart, ckpt and ckpt["path"], start), flush=True)
@@ -170,7 +187,8 @@ class Trainer:
                 print(runlog.start_line(parts.description, parts.max_steps, d.world_size, ctx.precision, ctx.compile,
                                         where), flush=True)
             eval_model, train_model = self.wrap(ctx, parts, start)
-            run = Run(ctx, parts, log, eval_model, train_model, step=start, tokens=ckpt.get("tokens", 0) if ckpt else 0)
+            run = Run(ctx, parts, log, eval_model, train_model, step=start, tokens=ckpt.get("tokens", 0) if ckpt else 0,
+                      kernels=decisions["activations"])
             stop = GracefulStop()
             self.loop(run, stop)
             if not stop.requested:
@@ -244,14 +262,15 @@ class Trainer:
             last = run.step == run.parts.max_steps
             if run.step % self.cfg.eval.eval_interval == 0 or last:
                 self.evaluation(run, last)
-            if last:
+            if last:  # saved after the final evaluation, so the last checkpoint holds its val loss (and BLEU)
+                self.checkpoint(run)
                 return
             loss, lr, norm, seconds, step_tokens = self.train_step(run)
             self.log_step(run, loss, lr, norm, seconds, step_tokens)
             self.after_step(run.step)
             self.waiting = (run.step, "the stop-signal all-reduce")
             stopping = distributed.any_rank(stop.requested, run.ctx.dist)
-            if run.step % interval == 0 or run.step == run.parts.max_steps or stopping:
+            if (run.step % interval == 0 and run.step < run.parts.max_steps) or stopping:
                 self.checkpoint(run)
             if stopping:
                 stop.requested = True  # every rank exits non-zero, not only the one signalled
@@ -312,10 +331,11 @@ class Trainer:
 
     def checkpoint(self, run):
         parts, cfg = run.parts, self.cfg
-        state = {"kind": self.kind, "model": parts.model.state_dict(), "model_config": parts.model_config,
+        state = {"kind": self.kind, "model": parts.model.state_dict(),
+                 "model_config": model_identity(parts.model_config),
                  "config": to_dict(cfg), "optimizer": parts.optimizer.state_dict(), "tokens": run.tokens,
                  "val_loss": run.evals[-1].get("val_loss") if run.evals else None,
-                 "scaler": run.ctx.scaler.state_dict(),
+                 "scaler": run.ctx.scaler.state_dict(), "kernels": run.kernels,
                  **self.checkpoint_state(run.evals[-1] if run.evals else None)}
         self.waiting = (run.step, f"checkpoint model_{run.step:05d}.pt (gathering states, then rank 0 saving it)")
         save_training_checkpoint(state, parts.loader, run.ctx.dist, cfg.run.out_dir, run.step, cfg.run.keep_checkpoints)

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from data.files import atomic_file
+from training.config import ConfigError
 
 
 def git_revision():
@@ -31,6 +32,18 @@ def environment(dist_info):
         env["device_name"] = torch.cuda.get_device_name()
         env["cuda"] = torch.version.cuda
     return env
+
+
+def recorded_kernels(run_dir):
+    """The activation kernel decisions written in a run directory's run.json (what --kernels-from reuses)."""
+    path = Path(run_dir)
+    path = path / "run.json" if path.is_dir() else path
+    try:
+        decisions = json.loads(path.read_text())["environment"]["decisions"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"--kernels-from {run_dir}: no run.json with kernel decisions there; name the directory "
+                          "of a run that has started (its run.json)") from None
+    return decisions.get("activations") or {}
 
 
 def _truncate_after(path, keep):

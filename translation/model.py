@@ -7,7 +7,8 @@ beta is the xavier_normal gain of the FFN weights and of the attention value/out
     decoder alpha = (3M)^(1/4),          beta = (12M)^(-1/4)
 `norm="postln"` (alpha 1, gain 1) and `norm="preln"` (x + f(LN(x)), final LNs) are the baselines.
 The FFN activation comes from the `activations` registry; ANAct's "NSwish + k Swish" keeps the plain
-activation in the top `plain_top_k` FFNs of both the encoder and the decoder.
+activation in the top `plain_top_k` FFNs of both the encoder and the decoder. A gated name (swiglu, aglu_glu ...)
+makes the FFN fc2(act(fc1(x)) * fc_up(x)) at 2/3 of ffn_dim (activations/gated.py).
 """
 import math
 from dataclasses import dataclass, field
@@ -16,7 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from activations import layer_activation
+from activations import layer_activation, mlp_activation
+from activations.impl import model_identity
+from activations.gated import GatedProduct, hidden_width
 from errors import ConfigError
 
 NORMS = ("deepnorm", "postln", "preln")
@@ -33,8 +36,9 @@ class TranslationConfig:
     dropout: float = 0.3
     attn_dropout: float = 0.0
     act_dropout: float = 0.0
-    act: str = "relu"
+    act: str = "relu"  # a registry name (plain FFN) or a gated one: swiglu, geglu, reglu, NAME_glu
     act_kwargs: dict = field(default_factory=dict)
+    glu_hidden: int = 0  # gated FFN's hidden width; 0: 2/3 of ffn_dim rounded to 64 (as many weights as plain)
     plain_top_k: int = 0  # the top k FFNs of encoder and decoder use the unnormalized activation (activations.layer_activation)
     norm: str = "deepnorm"
     share_embeddings: bool = True  # one joint-vocabulary table for encoder and decoder input
@@ -88,15 +92,24 @@ class Attention(nn.Module):
 
 
 class FFN(nn.Module):
+    """fc2(act(fc1(x))), or gated: fc2(act(fc1(x)) * fc_up(x)), fc1 being the gate."""
+
     def __init__(self, cfg, layer, n_layers):
         super().__init__()
-        self.fc1 = nn.Linear(cfg.d_model, cfg.ffn_dim)
-        self.act = layer_activation(cfg.act, cfg.act_kwargs, layer, n_layers, cfg.plain_top_k)
-        self.fc2 = nn.Linear(cfg.ffn_dim, cfg.d_model)
+        name, gated = mlp_activation(cfg.act)
+        hidden = hidden_width(cfg.ffn_dim, gated, cfg.glu_hidden)
+        self.fc1 = nn.Linear(cfg.d_model, hidden)
+        self.act = layer_activation(name, cfg.act_kwargs, layer, n_layers, cfg.plain_top_k)
+        self.fc_up = nn.Linear(cfg.d_model, hidden) if gated else None
+        self.glu = GatedProduct() if gated else None
+        self.fc2 = nn.Linear(hidden, cfg.d_model)
         self.act_dropout = nn.Dropout(cfg.act_dropout)
 
     def forward(self, x):
-        return self.fc2(self.act_dropout(self.act(self.fc1(x))))
+        h = self.act(self.fc1(x))
+        if self.fc_up is not None:
+            h = self.glu(h, self.fc_up(x))
+        return self.fc2(self.act_dropout(h))
 
 
 class Sublayer(nn.Module):
@@ -191,7 +204,7 @@ class Transformer(nn.Module):
     def from_checkpoint(cls, ckpt, device="cpu"):
         """The model (in eval mode) of a translation checkpoint as training/checkpoint.py's
         load_checkpoint(path, kind="translation") reads it; its tokenizer is ckpt["spm"]."""
-        model = cls(TranslationConfig(**ckpt["model_config"]))
+        model = cls(TranslationConfig(**model_identity(ckpt["model_config"])))
         model.load_state_dict(ckpt["model"])
         return model.to(device).eval()
 
@@ -205,9 +218,11 @@ class Transformer(nn.Module):
         if cfg.d_model % cfg.n_head:
             raise ConfigError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
         with torch.random.fork_rng(devices=[]):  # a trial build: the init RNG stream stays as it was
+            name, gated = mlp_activation(cfg.act)
+            hidden_width(cfg.ffn_dim, gated, cfg.glu_hidden)
             for n in (cfg.enc_layers, cfg.dec_layers):
-                layer_activation(cfg.act, cfg.act_kwargs, 0, n, cfg.plain_top_k)
-                layer_activation(cfg.act, cfg.act_kwargs, n - 1, n, cfg.plain_top_k)
+                layer_activation(name, cfg.act_kwargs, 0, n, cfg.plain_top_k)
+                layer_activation(name, cfg.act_kwargs, n - 1, n, cfg.plain_top_k)
 
     def reset_parameters(self):
         for layers, beta in ((self.encoder, self.enc_beta), (self.decoder, self.dec_beta)):
@@ -270,3 +285,11 @@ class Transformer(nn.Module):
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
+
+    def param_counts(self):
+        """All parameters, those outside the embedding tables and the output matrix (the ones an FFN's form
+        changes), and one FFN's (its activation's own included); as GPT.param_counts."""
+        total = self.num_params()
+        tables = {id(m.weight): m.weight.numel() for m in (self.embed_src, self.embed_tgt, self.output) if m is not None}
+        ffn = sum(p.numel() for p in self.encoder[0].ffn.parameters())
+        return {"total": total, "non_embedding": total - sum(tables.values()), "mlp_per_layer": ffn}
