@@ -114,19 +114,6 @@ def test_resume_of_the_new_trainer_is_exact(tmp_path):
     assert steps == sorted(steps) and len(steps) == 60 + 4  # no step logged twice
 
 
-def test_the_file_the_closing_line_names_holds_the_numbers_it_prints(tmp_path, capsys):
-    """The last checkpoint is written after the final evaluation: its val_loss is the final one, not the one
-    eval_interval steps earlier."""
-    LinearTrainer(config(tmp_path)).fit()
-    closing = capsys.readouterr().out.strip().splitlines()[-1]
-    printed_val = float(re.search(r"final val loss (\S+)", closing).group(1))
-    ckpt = load_checkpoint(tmp_path / re.search(r"(model_\d+\.pt)$", closing).group(1), kind="linear")
-    evals = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["kind"] == "eval"]
-    assert ckpt["step"] == evals[-1]["step"] == 60 and ckpt["val_loss"] == evals[-1]["val_loss"]
-    assert f"{ckpt['val_loss']:.4f}" == f"{printed_val:.4f}" and ckpt["val_loss"] != evals[-2]["val_loss"]
-
-
 class FailingTrainer(LinearTrainer):
     """Fails in its first forward_backward: a bug of its own (numpy's ValueError for shapes that do not
     broadcast), or bad input it reports as the project does."""
@@ -150,3 +137,16 @@ def test_only_the_projects_own_errors_end_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="could not be broadcast together") as foreign:
         main(seed=2)
     assert not isinstance(foreign.value, SystemExit) and foreign.traceback[-1].name == "forward_backward"
+
+
+def test_the_file_the_closing_line_names_holds_the_numbers_it_prints(tmp_path, capsys):
+    """The last checkpoint is written after the final evaluation: its val_loss is the final one, not the one
+    eval_interval steps earlier."""
+    LinearTrainer(config(tmp_path)).fit()
+    closing = capsys.readouterr().out.strip().splitlines()[-1]
+    printed_val = float(re.search(r"final val loss (\S+)", closing).group(1))
+    ckpt = load_checkpoint(tmp_path / re.search(r"(model_\d+\.pt)$", closing).group(1), kind="linear")
+    evals = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "eval"]
+    assert ckpt["step"] == evals[-1]["step"] == 60 and ckpt["val_loss"] == evals[-1]["val_loss"]
+    assert f"{ckpt['val_loss']:.4f}" == f"{printed_val:.4f}" and ckpt["val_loss"] != evals[-2]["val_loss"]

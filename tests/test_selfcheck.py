@@ -152,7 +152,7 @@ if __name__ == "__main__":  # policy's child processes start by importing this f
     dist.all_reduce = lambda *a, **k: collectives.append(1) or all_reduce(*a, **k)
     model = torch.nn.Sequential(activations.build("aglu"), activations.build("nswish"))
     # a verdict cache per rank: two machines, so that rank 1's failure is its own
-    decisions = policy.select(model, (8, 64), Platform("cpu", "cpu", None, True, "3", True), "cpu", torch.float32, False, d,
+    decisions = policy.select(model, (8, 64), Platform("cpu", "cpu", triton="3"), "cpu", torch.float32, False, d,
                               cache=f"{sys.argv[1]}.cache{d.rank}", work=probe_work.by_rank)
     dist.all_reduce = all_reduce
     with open(sys.argv[1] + f".{d.rank}.json", "w") as f:
