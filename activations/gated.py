@@ -23,7 +23,7 @@ def hidden_width(plain, gated, override=0):
     if not gated:
         if override:
             raise ConfigError(f"glu_hidden={override} sets a gated MLP's width, and this MLP is plain; leave it at 0 "
-                             "or name a gated activation (swiglu, geglu, reglu or NAME_glu)")
+                              "or name a gated activation (swiglu, geglu, reglu or NAME_glu)")
         return plain
     return override or max(MULTIPLE, MULTIPLE * int(2 * plain / (3 * MULTIPLE) + 0.5))
 
