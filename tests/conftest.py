@@ -12,8 +12,20 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The subprocesses the tests start (trainers, torchrun workers, probes) run tiny models too.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one thread is faster and bit-reproducible. Two threads per test under pytest-xdist (one
+    worker per core) would spin against the other worker: tests measured 2-4x slower on 2 cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -67,7 +67,6 @@ def reference_scores(model, enc, items):
 
 @pytest.fixture
 def tiny(make_checkpoint, hellaswag_file, gpt2_enc):
-    torch.set_num_threads(2)
     model = GPT.from_checkpoint(load_checkpoint(make_checkpoint(), kind="gpt2"))
     path = hellaswag_file(n=11)
     return model, path, load_items(path)

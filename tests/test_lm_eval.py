@@ -40,7 +40,6 @@ def token_logprobs(model, tokens):
 
 @pytest.fixture
 def lm(make_checkpoint, gpt2_enc):
-    torch.set_num_threads(2)
     # an unpadded vocabulary, so GPT.generate(top_k=1) is greedy over exactly the tokens the adapter sees
     return NanoactLM(checkpoint=str(make_checkpoint(vocab_size=50257, block_size=64)), device="cpu", batch_size=3)
 
@@ -168,7 +167,7 @@ def test_cli_entry_registers_model_and_runs_offline(make_checkpoint, hellaswag_f
     """... and its --log_samples file reads as eval/hellaswag.py's items file: item by item the same predictions."""
     ckpt, hs = make_checkpoint(), hellaswag_file(n=6)
     write_tasks(tmp_path, hs)
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     # `python -m eval.lm_eval_model ...`, except that lm-eval's TaskManager skips indexing its ~14,700 bundled
     # task yamls (~40 s on 2 cores); the local task needs none of them.
     local_tasks_only = ("import functools, runpy, lm_eval.tasks as t; t.TaskManager.__init__ = functools.partialmethod("

@@ -6,15 +6,6 @@ import sample
 from sample import SEPARATOR
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster, and immune to the other processes on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def run(argv, capsys):
     sample.main(argv)
     out, err = capsys.readouterr()

@@ -86,7 +86,6 @@ def test_chunked_loss_under_bf16_autocast():
 
 
 def test_chunked_loss_under_torch_compile():
-    torch.set_num_threads(2)
     plain, fast, idx, targets = pair()
     loss, grads = loss_and_grads(plain, idx, targets)
     compiled = torch.compile(fast, dynamic=False)

@@ -8,13 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from analysis import sweep
 from eval import stats
 from training.runlog import RunLog
 
-torch.set_num_threads(1)
 
 # final val loss per (act, seed); aglu - gelu = -0.10, -0.25, -0.16; relu - gelu = +0.05, +0.10, -0.02
 FINAL = {("gelu", 1): 3.50, ("gelu", 2): 3.60, ("gelu", 3): 3.40,

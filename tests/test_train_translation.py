@@ -21,7 +21,6 @@ from test_parallel_data import lengths_corpus, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
-torch.set_num_threads(1)
 # one pytest-xdist worker runs this file (--dist loadgroup): the `runs` fixture trains once, not once per worker
 pytestmark = pytest.mark.xdist_group("train_translation_runs")
 

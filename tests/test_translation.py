@@ -11,7 +11,6 @@ from eval.bleu import corpus_bleu
 from translation import Transformer, TranslationConfig, beam_search, deepnorm_constants, greedy
 from translation.model import FFN, Attention
 
-torch.set_num_threads(1)
 V = 20  # 4 specials (pad, unk, bos, eos) + 16 symbols
 
 
