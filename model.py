@@ -183,9 +183,13 @@ class GPT(nn.Module):
         mlp = sum(p.numel() for p in self.transformer.h[0].mlp.parameters())
         return {"total": total, "non_embedding": total - embeddings, "mlp_per_layer": mlp}
 
-    def forward(self, idx, targets=None, cache=None):
+    def forward(self, idx, targets=None, cache=None, head=True):
         """cache: None, or one list per layer (empty at first) in which attention keeps the keys and values
-        of the tokens seen so far, so that generation feeds each new token alone (see generate)."""
+        of the tokens seen so far, so that generation feeds each new token alone (see generate).
+        head=False: (final hidden states after ln_f, None), the LM head left to the caller, which applies
+        it to the few positions it needs (eval/scoring.py scores only the continuations' tokens)."""
+        if targets is not None and not head:
+            raise ValueError("a loss needs the LM head: targets with head=False")
         past = cache[0][0].size(2) if cache and cache[0] else 0
         T = idx.size(1)
         if past + T > self.config.block_size:
@@ -195,6 +199,8 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             x = block(x, cache[i] if cache is not None else None)
         x = self.transformer.ln_f(x)
+        if not head:
+            return x, None
         if targets is not None and self.loss_chunks:
             return None, linear_cross_entropy(x.view(-1, x.size(-1)), self.lm_head.weight, targets.reshape(-1),
                                               self.loss_chunks)

@@ -34,10 +34,14 @@ def row_length(context, continuation, block_size):
     return min(len(context) + len(continuation), block_size + 1) - 1
 
 
-def block_size_of(model):
-    """The GPT's block_size under DDP (.module) and torch.compile (._orig_mod) wrappers."""
+def unwrapped(model):
+    """The GPT under DDP (.module) and torch.compile (._orig_mod) wrappers."""
     model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model).config.block_size
+    return getattr(model, "_orig_mod", model)
+
+
+def block_size_of(model):
+    return unwrapped(model).config.block_size
 
 
 def pack_rows(rows, length, n_rows, block_size):
@@ -60,13 +64,16 @@ def score_batch(model, idx, tgt, autocast=None, n_vocab=VOCAB_SIZE, greedy=True)
     """Sum of log p(continuation | context), token count and is-greedy (None with greedy=False) of every
     row of a packed batch, left on the batch's device.
 
-    Logits are cut to the tokenizer's n_vocab first: GPT pads its vocabulary to 50304 and those extra
-    logits must not take probability mass (transformers' GPT-2 has exactly 50257).
+    The model's forward stops before the LM head (a compiled model: one graph per batch length) and the
+    head is applied to the scored positions only: a continuation is ~20 of a row's 64-128 positions, and
+    the head (n_embd x 50304) is GPT-2 124M's largest matrix. Logits are cut to the tokenizer's n_vocab:
+    GPT pads its vocabulary to 50304 and those extra logits must not take probability mass (transformers'
+    GPT-2 has exactly 50257).
     """
-    with autocast or contextlib.nullcontext():
-        logits, _ = model(idx)
     scored = tgt >= 0
-    picked = logits[scored][:, :n_vocab].float()
+    with autocast or contextlib.nullcontext():
+        hidden, _ = model(idx, head=False)
+        picked = unwrapped(model).lm_head(hidden[scored])[:, :n_vocab].float()
     targets = tgt[scored]
     logp = -F.cross_entropy(picked, targets, reduction="none")
     row_of = scored.nonzero()[:, 0]

@@ -139,7 +139,19 @@ def offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-def test_local_tasks_through_lm_eval_evaluator(lm, gpt2_enc, hellaswag_file, tmp_path, offline, caplog):
+NO_ENV_REPORT = "not collected in the tests"
+
+
+@pytest.fixture
+def no_env_report(monkeypatch):
+    """lm-eval's evaluator adds torch's environment report to its results (torch.utils.collect_env runs pip
+    list, lscpu, nvidia-smi: ~0.7 CPU-s per evaluation). That report is lm-eval's, not our adapter's, and no
+    test reads it."""
+    monkeypatch.setattr("torch.utils.collect_env.get_pretty_env_info", lambda: NO_ENV_REPORT)
+
+
+def test_local_tasks_through_lm_eval_evaluator(lm, gpt2_enc, hellaswag_file, tmp_path, offline, no_env_report,
+                                                 caplog):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -169,9 +181,11 @@ def test_cli_entry_registers_model_and_runs_offline(make_checkpoint, hellaswag_f
     write_tasks(tmp_path, hs)
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     # `python -m eval.lm_eval_model ...`, except that lm-eval's TaskManager skips indexing its ~14,700 bundled
-    # task yamls (~40 s on 2 cores); the local task needs none of them.
+    # task yamls (~40 s on 2 cores); the local task needs none of them. Nor is lm-eval's environment report
+    # collected (no_env_report).
     local_tasks_only = ("import functools, runpy, lm_eval.tasks as t; t.TaskManager.__init__ = functools.partialmethod("
-                        "t.TaskManager.__init__, include_defaults=False); "
+                        "t.TaskManager.__init__, include_defaults=False); import torch.utils.collect_env as e; "
+                        f"e.get_pretty_env_info = lambda: {NO_ENV_REPORT!r}; "
                         "runpy.run_module('eval.lm_eval_model', run_name='__main__', alter_sys=True)")
     cmd = [sys.executable, "-c", local_tasks_only, "--model", "nanoact", "--model_args",
            f"checkpoint={ckpt.parent}", "--batch_size", "8", "--tasks", "hellaswag_local", "--include_path", str(tmp_path),
@@ -202,7 +216,8 @@ def test_bad_model_args(make_checkpoint):
 
 
 @pytest.mark.parametrize("act", ["gelu", "aglu", "swiglu"])  # a plain GPT2LMHeadModel, remote code, a gated MLP
-def test_export_runs_in_lm_evals_own_hf_model(make_checkpoint, hellaswag_file, gpt2_enc, tmp_path, offline, act):
+def test_export_runs_in_lm_evals_own_hf_model(make_checkpoint, hellaswag_file, gpt2_enc, tmp_path, offline,
+                                              no_env_report, act):
     """`lm_eval --model hf --model_args pretrained=OUT,trust_remote_code=True` on an export with no other flag:
     the tokenizer comes from the export itself, and the scores are our adapter's on the checkpoint."""
     pytest.importorskip("accelerate")  # lm-eval's hf model imports it

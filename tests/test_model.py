@@ -172,6 +172,33 @@ def test_kv_cache_gives_the_logits_and_tokens_of_the_full_forward():
                                                                                   use_cache=False))
 
 
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])  # a plain and a gated MLP
+def test_head_on_the_scored_rows_equals_the_full_forwards_logits(act):
+    """eval/scoring.py: the forward without the LM head, then the head on the scored positions only, gives the
+    full forward's logits at those positions (and a loss cannot be asked of a head-less forward)."""
+    from eval.scoring import score_batch
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, act=act)).eval()
+    idx = torch.randint(0, 90, (3, 20))  # targets among the n_vocab=90 real tokens; 6 padding logits
+    tgt = torch.full_like(idx, -1)
+    tgt[0, 3:9], tgt[1, 15:20], tgt[2, 0] = idx[0, 4:10], idx[1, :5], 7  # rows of different lengths and places
+    scored = tgt >= 0
+    with torch.no_grad():
+        full, _ = model(idx)
+        hidden, nothing = model(idx, head=False)
+        assert hidden.shape == (3, 20, 32) and nothing is None
+        torch.testing.assert_close(model.lm_head(hidden[scored]), full[scored], rtol=1e-6, atol=1e-6)
+        sums, counts, greedy = score_batch(model, idx, tgt, n_vocab=90)
+    logp = torch.log_softmax(full[:, :, :90].double(), -1)
+    expected = torch.zeros(3, dtype=torch.float64).index_put_(
+        (scored.nonzero()[:, 0],), logp[scored].gather(1, tgt[scored][:, None])[:, 0], accumulate=True)
+    torch.testing.assert_close(sums, expected, rtol=1e-5, atol=1e-5)
+    assert counts.tolist() == [6, 5, 1]
+    assert greedy.tolist() == [bool((full[r, scored[r], :90].argmax(-1) == tgt[r, scored[r]]).all()) for r in range(3)]
+    with pytest.raises(ValueError, match="head=False"):
+        model(idx, idx, head=False)
+
 def test_one_seed_gives_the_same_weights_whatever_the_activation():
     """AGLU draws kappa and lam while the model is built; the weights must not shift with those draws, or an
     aglu - gelu pair at one seed would be paired on data order only (issue of the seed study)."""
