@@ -100,11 +100,12 @@ def run_child(work, args, timeout):
     """work(*args) in a child process (work module-level, picklable): (its result, None), or (None, one line
     saying what happened: the exception, the signal that killed it, its exit code, or the timeout)."""
     # fork would share this process's CUDA state, and spawn pays Python's and torch's start-up per family: the fork
-    # server is a fresh process that imports torch and the kernels once (and never touches CUDA), then forks one
-    # clean child per family. It lives as long as this process; preloading "__main__" spares each child importing
-    # the main script again.
+    # server is a fresh process that imports torch and the kernels once, then forks one clean child per family (it
+    # lives as long as this process). It preloads no more than that: the run's main script, which each child still
+    # imports as a spawned one did, may ask torch.cuda at import (bench/gpu_check.py does), and CUDA initialized
+    # in the server would be unusable in every forked child.
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["__main__", "activations.policy"])
+    context.set_forkserver_preload(["activations.policy"])
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(work, args, send), name="nanoact-kernel-probe")
     child.start()
