@@ -12,12 +12,12 @@ DDP. For each kernel family of the model (aglu, apa, nswish, nrelu, their per-in
   3. the verdict cached on disk for this key (--kernel-cache, else $NANOACT_CACHE, $XDG_CACHE_HOME/nanoact
      or ~/.cache/nanoact): reused without a probe; a cached "no" is printed as such, with its date.
      --kernel-reprobe ignores verdicts written before this run started, and recorded decisions;
-  4. a child process (multiprocessing spawn: its own CUDA context) runs selfcheck.probe: the check, then both
-     paths at the run's shape, values compared, then timed. An exception, wrong values, death by a signal or no
-     answer within `timeout` is a "no": the PyTorch path, and one line naming the activation, the GPU and what
-     happened. A kernel that has not passed never runs in this process: an out-of-bounds access leaves a sticky
-     CUDA error that no fallback survives. The ranks of a node probe one at a time (a file lock beside the
-     verdict), so each finds the first one's verdict in the cache.
+  4. a child process (forked from multiprocessing's fork server, which never touches CUDA: its own CUDA context)
+     runs selfcheck.probe: the check, then both paths at the run's shape, values compared, then timed. An
+     exception, wrong values, death by a signal or no answer within `timeout` is a "no": the PyTorch path, and
+     one line naming the activation, the GPU and what happened. A kernel that has not passed never runs in this
+     process: an out-of-bounds access leaves a sticky CUDA error that no fallback survives. The ranks of a node
+     probe one at a time (a file lock beside the verdict), so each finds the first one's verdict in the cache.
 
 The key is what a verdict depends on: GPU name and capability, driver, torch, Triton, the hash of the kernels'
 and the check's source, dtype, the MLP shape and whether the run compiles. The ranks then agree with one
@@ -97,9 +97,15 @@ def _child(work, args, send):
 
 
 def run_child(work, args, timeout):
-    """work(*args) in a spawned process (module-level, picklable): (its result, None), or (None, one line
+    """work(*args) in a child process (work module-level, picklable): (its result, None), or (None, one line
     saying what happened: the exception, the signal that killed it, its exit code, or the timeout)."""
-    context = multiprocessing.get_context("spawn")  # fork would share this process's CUDA state
+    # fork would share this process's CUDA state, and spawn pays Python's and torch's start-up per family: the fork
+    # server is a fresh process that imports torch and the kernels once, then forks one clean child per family (it
+    # lives as long as this process). It preloads no more than that: the run's main script, which each child still
+    # imports as a spawned one did, may ask torch.cuda at import (bench/gpu_check.py does), and CUDA initialized
+    # in the server would be unusable in every forked child.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["activations.policy"])
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(work, args, send), name="nanoact-kernel-probe")
     child.start()

@@ -6,7 +6,8 @@ run, another seed, another rank), and with a recorded decision (a resume, a swee
     python bench/kernel_decision.py --device cuda    # a GPU: the GPT-2 124M MLP shape, compiled, bfloat16
 
 On the CPU the interpreter stands in for the GPU (the trainers never consider the kernels there: this script lets
-"auto" take CPU tensors, as the tests do), so the cold figure is mostly the child's start-up and the interpreter.
+"auto" take CPU tensors, as the tests do), so the cold figure is mostly the fork server's start-up (torch's
+import, once per run) and the interpreter.
 """
 import argparse
 import os
@@ -43,15 +44,16 @@ def main(argv=None):
         impl.KERNEL_DEVICES = ("cuda", "cpu")
     platform = detect(args.device)
     families = [f for f in args.families.split(",") if f]
-    t0 = time.perf_counter()
-    policy.run_child(int, (), policy.PROBE_TIMEOUT)  # a child that does nothing: spawn, Python, torch's import
-    start_up = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as cache:
-        cold, decisions = timed(families, shape, platform, args.device, dtype, cuda, cache)
+        cold, decisions = timed(families, shape, platform, args.device, dtype, cuda, cache)  # starts the fork server
         warm, _ = timed(families, shape, platform, args.device, dtype, cuda, cache)
         recorded, _ = timed(families, shape, platform, args.device, dtype, cuda, cache, recorded=decisions)
+    t0 = time.perf_counter()
+    policy.run_child(int, (), policy.PROBE_TIMEOUT)  # a child that does nothing: what a family's child costs before
+    fork = time.perf_counter() - t0                  # its work, once the fork server runs
     print(f"{platform.name}, {', '.join(families)} at {shape[0]}x{shape[1]} {str(dtype)[6:]}: empty cache {cold:.2f} s "
-          f"({cold / len(families):.2f} s per family; a child doing nothing {start_up:.2f} s), cached verdicts "
+          f"({cold / len(families):.2f} s per family, the fork server's start included; a child doing nothing "
+          f"{fork:.2f} s), cached verdicts "
           f"{warm * 1e3:.1f} ms, recorded decision {recorded * 1e3:.1f} ms")
 
 

@@ -22,14 +22,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from activations.basic import GELU, GELUExact, ReLU, ReLU2, SiLU
 from data.tokenizer import EOT, VOCAB_SIZE
 from errors import CheckpointError, NanoactError
 from export.remote_code import AUTO_MAP, write_remote_code
-from export.tokenizer import bpe_from_openai_files, bpe_from_tiktoken, save_gpt2_tokenizer
-from export.transformers_wrapper import NanoactConfig, NanoactForCausalLM
 from model import GPT, nanoact_to_hf
 from training.checkpoint import load_checkpoint
 
@@ -39,6 +36,7 @@ GPT2_ACTIVATIONS = {GELU: "gelu_new", GELUExact: "gelu", ReLU: "relu", ReLU2: "r
 
 def export_gpt2(model, out_dir, activation_function):
     """A GPT2LMHeadModel; missing biases (bias=False models) become zeros, which is what bias=False means."""
+    from transformers import GPT2Config, GPT2LMHeadModel  # see export(): transformers is imported on first use
     c = model.config
     hf = GPT2LMHeadModel(GPT2Config(
         vocab_size=VOCAB_SIZE, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
@@ -59,6 +57,7 @@ def export_gpt2(model, out_dir, activation_function):
 def export_remote(model, out_dir):
     """Our GPT in the NanoactForCausalLM wrapper, with remote code copied from the real sources (vocabulary
     cut to 50257)."""
+    from export.transformers_wrapper import NanoactConfig, NanoactForCausalLM  # see export()
     write_remote_code(model.config, out_dir)
     hf = NanoactForCausalLM(NanoactConfig(**{**asdict(model.config), "vocab_size": VOCAB_SIZE}, auto_map=AUTO_MAP))
     state = model.state_dict()
@@ -71,6 +70,9 @@ def export_remote(model, out_dir):
 def export(checkpoint, out_dir, tokenizer_dir=None):
     """Write the transformers directory, GPT-2's tokenizer included (from OpenAI's files in `tokenizer_dir`, else
     from tiktoken); returns "gpt2" or "remote" (which kind was written)."""
+    # transformers costs seconds to import: imported here and in export_gpt2/export_remote, not at the top, so
+    # `--help` and a bad checkpoint path answer at once
+    from export.tokenizer import bpe_from_openai_files, bpe_from_tiktoken, save_gpt2_tokenizer
     model = GPT.from_checkpoint(load_checkpoint(checkpoint, kind="gpt2"), "cpu")
     # the tokenizer first: a missing tiktoken cache then fails before any file is written
     vocab, merges = bpe_from_openai_files(tokenizer_dir) if tokenizer_dir else bpe_from_tiktoken()

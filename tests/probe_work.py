@@ -1,5 +1,5 @@
 """Stand-ins for activations/selfcheck.probe that tests/test_kernel_policy.py and tests/test_selfcheck.py inject
-into activations/policy.py's child process (module-level, so that a spawned child imports them by name): the
+into activations/policy.py's child process (module-level, so that the child unpickles them by name): the
 ways a kernel never run on this GPU can end, and two timings."""
 import os
 import signal

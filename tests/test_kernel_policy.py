@@ -44,7 +44,7 @@ def decide(act="aglu", platform=GPU, shape=(8, 64), **kwargs):
     (probe_work.raising, "RuntimeError: ptxas fatal: simulated failure", 600),
     (probe_work.aborting, "the probe process died by signal SIGABRT", 600),
     (probe_work.segfault, "the probe process died by signal SIGSEGV", 600),
-    (probe_work.hanging, "no answer within 4 s (the probe was killed)", 4),
+    (probe_work.hanging, "no answer within 1 s (the probe was killed)", 1),
     (probe_work.wrong_values, "ProbeMismatch: kappa 1, lam 0.0001: output differs from the PyTorch path", 600),
 ], ids=["raises", "aborts", "segfaults", "hangs", "wrong-values"])
 def test_a_child_that_fails_is_a_no_with_one_line(children, capsys, work, what, timeout):

@@ -142,7 +142,7 @@ from activations import impl, policy
 from training.distributed import setup
 from training.hardware import Platform
 
-if __name__ == "__main__":  # policy's child processes start by importing this file (multiprocessing spawn)
+if __name__ == "__main__":  # policy's child processes start by importing this file, as the parent's main module
     import probe_work
     impl.KERNEL_DEVICES = ("cuda", "cpu")
     d = setup("cpu")

@@ -289,7 +289,14 @@ def test_translation_plan_runs_variants_per_corpus_and_reports_bleu(tmp_path, mo
     assert result["per_act"]["nrelu+1relu"]["final_val"]["n"] == 2
     text = (out / "gen" / "sweep.md").read_text()
     assert "nrelu+1relu - relu" in text and "test BLEU beam" in text
+    assert all((out / "gen" / png).read_bytes().startswith(b"\x89PNG")
+               for png in ("compare.png", "compare_telemetry.png"))
 
+    # the reports below re-read the same runs: drawing the same plots again (most of this test's time) proves
+    # nothing the first report did not
+    from analysis import sweep_report
+    monkeypatch.setattr(sweep_report, "plot_sweep", lambda *args: None)
+    monkeypatch.setattr(sweep_report, "plot_telemetry", lambda *args: None)
     commands.clear()  # the same command again: every run has its test BLEU, nothing is launched
     sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out)])
     assert commands == []

@@ -270,9 +270,10 @@ def test_tiny_model_learns_to_reverse(act):
         bos, eos = torch.full((n, 1), 2), torch.full((n, 1), 3)
         return torch.cat([x, eos], 1), torch.cat([bos, y], 1), torch.cat([y, eos], 1)
 
-    for step in range(500):
+    steps = 450  # with the decay to 0, every one of 5 seeds x both activations reached BLEU >= 99 (500 flat before)
+    for step in range(steps):
         for group in opt.param_groups:
-            group["lr"] = 3e-3 * min(1.0, (step + 1) / 50)
+            group["lr"] = 3e-3 * min(1.0, (step + 1) / 50) * (1 - step / steps)
         src, y_in, y_out = batch(64)
         loss = model.loss(model(src, y_in), y_out, label_smoothing=0.1)
         opt.zero_grad()
