@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from model import GPT, GPTConfig, linear_cross_entropy, sdpa_backends
 
 TINY = dict(block_size=16, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
+# The model and batch of tests/test_train_gpt2.py's compiled run: inductor compiles their shared kernels once.
+TRAINER_MODEL = dict(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32, act="aglu")
 
 
 def loss_and_grads(model, idx, targets, autocast=None):
@@ -18,12 +20,13 @@ def loss_and_grads(model, idx, targets, autocast=None):
     return loss.detach(), {n.removeprefix(prefix): p.grad.clone() for n, p in model.named_parameters()}
 
 
-def pair(dtype=torch.float32, chunks=3, **options):
+def pair(dtype=torch.float32, chunks=3, config=TINY, batch_size=3, **options):
     torch.manual_seed(0)
-    plain = GPT(GPTConfig(**TINY)).to(dtype)
-    fast = GPT(GPTConfig(**TINY), loss_chunks=chunks, **options).to(dtype)
+    plain = GPT(GPTConfig(**config)).to(dtype)
+    fast = GPT(GPTConfig(**config), loss_chunks=chunks, **options).to(dtype)
     fast.load_state_dict(plain.state_dict())
-    idx, targets = torch.randint(0, 96, (3, 16)), torch.randint(0, 96, (3, 16))
+    vocab = config["vocab_size"]
+    idx, targets = torch.randint(0, vocab, (batch_size, 16)), torch.randint(0, vocab, (batch_size, 16))
     targets[0, :5] = -1  # ignored positions, as the trainer's ignore_index
     return plain, fast, idx, targets
 
@@ -85,8 +88,9 @@ def test_chunked_loss_under_bf16_autocast():
         torch.testing.assert_close(fast_grads[name], grads[name], rtol=0, atol=1e-2 * scale, msg=name)
 
 
+@pytest.mark.xdist_group("inductor")  # with the other inductor tests: see tests/test_activations.py
 def test_chunked_loss_under_torch_compile():
-    plain, fast, idx, targets = pair()
+    plain, fast, idx, targets = pair(config=TRAINER_MODEL, batch_size=4)
     loss, grads = loss_and_grads(plain, idx, targets)
     compiled = torch.compile(fast, dynamic=False)
     for _ in range(2):  # the second call reuses the graph

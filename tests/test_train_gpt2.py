@@ -238,6 +238,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 
+@pytest.mark.xdist_group("inductor")  # with the other inductor tests: see tests/test_activations.py
 def test_compiled_training_keeps_evaluating(tmp_path):
     """build-nanogpt had to switch compile off because evaluation broke it; here eval runs on the compiled model."""
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
