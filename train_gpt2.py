@@ -19,7 +19,7 @@ import torch
 
 from activations import mlp_activation, telemetry
 from data.loader import ShardLoader
-from data.tokenizer import TokenizerError, gpt2_tokenizer
+from data.tokenizer import VOCAB_SIZE, TokenizerError, gpt2_tokenizer
 from eval.hellaswag import evaluate_model
 from model import GPT, GPTConfig, mlp_width, pretrained_gpt2
 from training import distributed
@@ -211,12 +211,12 @@ class GPTTrainer(Trainer):
 
     def print_samples(self, step):
         d = self.ctx.dist
+        if self.cfg.model.vocab_size < VOCAB_SIZE:  # a model trained on other token ids (tests' synthetic data)
+            return
         try:
             enc = gpt2_tokenizer()
         except TokenizerError as e:  # offline without TIKTOKEN_CACHE_DIR: samples are optional
             print(f"(no samples: {e})")
-            return
-        if self.cfg.model.vocab_size < enc.n_vocab:  # a model trained on other token ids (tests' synthetic data)
             return
         # an own generator: the training RNG streams (and so resume) stay untouched
         gen = torch.Generator(device=d.device).manual_seed(self.cfg.run.seed + d.rank)
