@@ -14,8 +14,18 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # The subprocesses the tests start (trainers, torchrun workers, probes) run tiny models too.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Inductor proves the CPU's vector ISA (AVX512 here) by compiling probe programs with g++ before its first kernel:
+# ~7 CPU-s per cold cache. The ISA it then uses is the one cpuinfo reports either way; a compiler that could not
+# build it would fail the compiled tests loudly instead of falling back.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def pytest_collection_modifyitems(items):
+    """Long tests (@pytest.mark.long: processes, compiles, training) first. pytest-xdist hands tests out in this
+    order, so none of them starts near the end while the other worker has nothing left to do."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 @pytest.fixture(autouse=True)
