@@ -288,6 +288,7 @@ def test_anact_function_gradcheck(kind):
 # ---------------------------------------------------------------- compile, bf16
 # Every inductor test runs on one pytest-xdist worker (--dist loadgroup): that worker pays inductor's set-up (the
 # CPU-ISA probes: compiles and child processes) once, and its kernel cache serves kernels two tests share.
+@pytest.mark.long
 @pytest.mark.xdist_group("inductor")
 @pytest.mark.parametrize("name", ["aglu", "nswish"])
 def test_compile_matches_eager(name):

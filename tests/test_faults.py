@@ -60,6 +60,7 @@ def assert_same_weights(a, b):
         assert torch.equal(a[key], b[key]), key
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc (Linux)")
 def test_elastic_restart_after_a_lost_worker_equals_an_uninterrupted_run(tmp_path):
     """kill -9 of one worker: torchrun restarts both, the group re-forms (each attempt in its own store prefix),
@@ -82,6 +83,7 @@ def test_elastic_restart_after_a_lost_worker_equals_an_uninterrupted_run(tmp_pat
     assert_same_weights(final_weights(tmp_path / "straight", 40), final_weights(tmp_path / "killed", 40))
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc (Linux)")
 def test_two_torchrun_nodes_on_loopback_equal_one_process_through_a_restart(tmp_path):
     """docs/fault_tolerance.md's multi-node recipe (c10d rendezvous, --max-restarts, a fresh store per round),
@@ -256,6 +258,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_checkpoints(tmp_p
     assert checkpoint.verify_checksum(tmp_path / "out" / "model_00002.pt")
 
 
+@pytest.mark.long
 def test_a_failed_save_stops_every_rank_with_one_line(tmp_path):
     """Rank 0 cannot save (a directory where model_00004.pt goes); rank 1 learns it at once, not by a timeout."""
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
@@ -272,6 +275,7 @@ def test_a_failed_save_stops_every_rank_with_one_line(tmp_path):
         "model_00002.pt", "model_00002.pt.sha256", "model_00004.pt"]
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc (Linux)")
 def test_a_stalled_rank_stops_the_run_and_is_named(tmp_path):
     data = write_corpus(tmp_path / "data")

@@ -20,6 +20,7 @@ V100 = Platform("cuda", "Tesla V100-SXM2-32GB", (7, 0), False, "3.4.0", True)
 P100 = Platform("cuda", "Tesla P100-PCIE-16GB", (6, 0), False, "3.4.0", True)
 
 
+@pytest.mark.long
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the full command is the test: run it by hand")
 def test_cpu_part_passes_and_lists_what_it_skipped(tmp_path):
     pytest.importorskip("triton")

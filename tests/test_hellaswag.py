@@ -215,6 +215,7 @@ def test_compiled_scorer_reuses_its_graphs_across_calls(tiny):
         assert first[s]["correct_norm"] == second[s]["correct_norm"] == eager[s]["correct_norm"]
 
 
+@pytest.mark.long
 def test_torchrun_two_ranks_equal_one_process(tiny, make_checkpoint, hellaswag_file, tmp_path):
     model, path, _ = tiny
     ckpt = make_checkpoint()  # the checkpoint `tiny` loaded

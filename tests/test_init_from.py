@@ -106,6 +106,7 @@ def test_init_from_our_checkpoint_keeps_the_learned_activation(tmp_path, make_ch
     assert "activation aglu and its parameters kept" in capsys.readouterr().out
 
 
+@pytest.mark.long
 def test_hub_ids_with_a_slash_load_offline_from_the_cache(tmp_path, hf_gpt2):
     """GPT.from_pretrained("openai-community/gpt2") used to be refused for its "/"; here it comes from a hub
     cache laid out as huggingface_hub writes it, with HF_HUB_OFFLINE=1."""

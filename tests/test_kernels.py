@@ -370,6 +370,7 @@ if __name__ == "__main__":
 REQUIRED_ARCHS, NEWER_ARCHS = (80, 90), (100, 120)  # A100, H100; B200, RTX 50xx when this Triton targets them
 
 
+@pytest.mark.long
 def test_every_kernel_variant_compiles_without_spills(tmp_path):
     """The interpreter runs Python, so it misses what only the compiler rejects (a non-constexpr global, branch
     types) and what only ptxas sees: compile every kernel variant (each constexpr combination, bf16 and fp32) for

@@ -175,6 +175,7 @@ def test_local_tasks_through_lm_eval_evaluator(lm, gpt2_enc, hellaswag_file, tmp
     assert [s["resps"][0][0] for s in samples] == generated
 
 
+@pytest.mark.long
 def test_cli_entry_registers_model_and_runs_offline(make_checkpoint, hellaswag_file, gpt2_enc, tmp_path):
     """... and its --log_samples file reads as eval/hellaswag.py's items file: item by item the same predictions."""
     ckpt, hs = make_checkpoint(), hellaswag_file(n=6)

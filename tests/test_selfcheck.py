@@ -160,6 +160,7 @@ if __name__ == "__main__":  # policy's child processes start by importing this f
 """
 
 
+@pytest.mark.long
 def test_two_gloo_ranks_take_the_same_decision(tmp_path):
     """A kernel failing on rank 1 only makes both ranks use the PyTorch path; timings are summed over the ranks;
     one collective in all."""

@@ -88,6 +88,7 @@ def test_chunked_loss_under_bf16_autocast():
         torch.testing.assert_close(fast_grads[name], grads[name], rtol=0, atol=1e-2 * scale, msg=name)
 
 
+@pytest.mark.long
 @pytest.mark.xdist_group("inductor")  # with the other inductor tests: see tests/test_activations.py
 def test_chunked_loss_under_torch_compile():
     plain, fast, idx, targets = pair(config=TRAINER_MODEL, batch_size=4)

@@ -104,6 +104,7 @@ def test_tiny_model_learns_in_process(tmp_path):
     assert info["config"]["model"]["act"] == "aglu" and info["environment"]["world_size"] == 1
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("speed", [
     {},
     # the chunked loss, and an SDPA backend (a no-op on CPU); eager: a compiled pair of runs costs ~2 min here
@@ -121,6 +122,7 @@ def test_two_gloo_processes_match_grad_accumulation(tmp_path, speed):
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.long
 def test_kill_and_resume_equals_uninterrupted(tmp_path):
     data = write_corpus(tmp_path / "data")
     # dropout: the RNG state must resume too; 60 steps so the kill lands mid-run (asserted below)
@@ -238,6 +240,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 
+@pytest.mark.long
 @pytest.mark.xdist_group("inductor")  # with the other inductor tests: see tests/test_activations.py
 def test_compiled_training_keeps_evaluating(tmp_path):
     """build-nanogpt had to switch compile off because evaluation broke it; here eval runs on the compiled model."""

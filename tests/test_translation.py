@@ -254,6 +254,7 @@ def test_wide_beam_equals_exhaustive_search(len_penalty):
     assert got == [best]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("act", [dict(act="swish"),  # and the paper's translation setting: NSwish + 1 Swish
                                  dict(act="nswish", act_kwargs={"per_instance": True}, plain_top_k=1)])
 def test_tiny_model_learns_to_reverse(act):
