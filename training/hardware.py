@@ -22,7 +22,7 @@ class Platform:
     capability: tuple = None  # CUDA compute capability (major, minor)
     bf16: bool = False  # bf16 autocast runs natively (Ampere and newer; not V100, T4, RTX 20xx)
     triton: str = None  # Triton's version when it imports
-    inductor: bool = True  # torch.compile's default backend is usable (dynamo supports this Python/OS)
+    inductor: bool = None  # torch.compile's default backend is usable (dynamo supports this Python/OS); None: not asked
 
     @property
     def sm(self):
@@ -39,11 +39,10 @@ def detect(device):
             triton = triton_module.__version__
         except ImportError:  # installed but broken (a driver/ABI mismatch): as good as missing
             pass
-    dynamo_ok = importlib.util.find_spec("torch._inductor") is not None and torch._dynamo.is_dynamo_supported()
     if device.type == "cuda":
         return Platform("cuda", torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device),
-                        torch.cuda.is_bf16_supported(including_emulation=False), triton, dynamo_ok)
-    return Platform(device.type, device.type, None, device.type == "cpu", triton, dynamo_ok)
+                        torch.cuda.is_bf16_supported(including_emulation=False), triton)
+    return Platform(device.type, device.type, None, device.type == "cpu", triton)
 
 
 PRECISION_CHOICES = ("auto", "bfloat16", "float16", "float32")
@@ -69,9 +68,17 @@ def choose_precision(requested, p):
     return requested, f"--dtype {requested}" + (" (autocast + GradScaler)" if requested == "float16" else "")
 
 
+def inductor_usable(p):
+    """p.inductor, or torch's own answer when detect() left it unasked: asking imports dynamo (~1 CPU-s), which
+    only a process that may compile pays (an evaluation or an eager CPU run starts that much faster)."""
+    if p.inductor is not None:
+        return p.inductor
+    return importlib.util.find_spec("torch._inductor") is not None and torch._dynamo.is_dynamo_supported()
+
+
 def compile_blocker(p):
     """Why torch.compile cannot run on this platform, or None when it can."""
-    if not p.inductor:
+    if not inductor_usable(p):
         return "torch.compile (dynamo/inductor) does not support this Python or OS"
     if p.device_type == "cuda":
         if p.triton is None:
@@ -84,14 +91,14 @@ def compile_blocker(p):
 def choose_compile(requested, p):
     """(compile, why). None (auto): on for CUDA GPUs where inductor's Triton code runs, off elsewhere.
     --compile on a platform that cannot compile is a one-line error, not a crash deep inside inductor."""
-    blocker = compile_blocker(p)
     if requested is None:
         if p.device_type != "cuda":
             return False, f"auto: eager on {p.device_type} (--compile to compile anyway)"
+        blocker = compile_blocker(p)
         if blocker:
             return False, f"auto: eager PyTorch, {blocker}"
         return True, f"auto: torch.compile, {p.name} ({p.sm}), Triton {p.triton}"
-    if requested and blocker:
+    if requested and (blocker := compile_blocker(p)):
         raise ConfigError(f"--compile: {blocker}; use --no-compile")
     return bool(requested), "--compile" if requested else "--no-compile"
 
