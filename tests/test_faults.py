@@ -17,7 +17,8 @@ import torch
 
 from errors import DistributedError
 from test_data import fineweb  # noqa: F401 (a fixture: data.fineweb with an offline tokenizer, or a skip)
-from test_train_gpt2 import ROOT, args, cli_error, final_weights, train_in_process, train_losses, write_corpus
+from test_train_gpt2 import (ROOT, TWO_RANK_RUNS, args, cli_error, final_weights, train_in_process, train_losses,
+                             two_rank_runs, write_corpus)  # noqa: F401 (two_rank_runs: a fixture)
 from training import checkpoint
 from training.checkpoint import load_checkpoint
 from training.distributed import Dist
@@ -61,16 +62,15 @@ def assert_same_weights(a, b):
 
 
 @pytest.mark.long
+@pytest.mark.xdist_group("two_rank_runs")
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc (Linux)")
-def test_elastic_restart_after_a_lost_worker_equals_an_uninterrupted_run(tmp_path):
+def test_elastic_restart_after_a_lost_worker_equals_an_uninterrupted_run(tmp_path, two_rank_runs):
     """kill -9 of one worker: torchrun restarts both, the group re-forms (each attempt in its own store prefix),
-    training resumes from the newest checkpoint and ends with the weights of a run that was never interrupted."""
-    data = write_corpus(tmp_path / "data")
-    extra = dict(max_steps=40, eval_interval=20, checkpoint_interval=2, dropout=0.1, auto_resume="true")
+    training resumes from the newest checkpoint and ends with the weights of a run that was never interrupted
+    (two_rank_runs' "elastic": the same 2 ranks and arguments)."""
+    data, straight = two_rank_runs[0], two_rank_runs[1] / "elastic"
     launcher = ["--standalone", "--nproc_per_node", "2", "--max-restarts", "1"]
-    straight = torchrun(args(data, tmp_path / "straight", **extra), tmp_path / "straight.log", *launcher)
-    assert straight.wait(timeout=300) == 0, (tmp_path / "straight.log").read_text()
-    proc = torchrun(args(data, tmp_path / "killed", **extra), tmp_path / "killed.log", *launcher)
+    proc = torchrun(args(data, tmp_path / "killed", **TWO_RANK_RUNS["elastic"]), tmp_path / "killed.log", *launcher)
     wait_for(lambda: (tmp_path / "killed" / "model_00004.pt").exists(), proc, "a checkpoint at step 4")
     os.kill(worker_pid(proc.pid, rank=1), signal.SIGKILL)
     assert proc.wait(timeout=300) == 0, (tmp_path / "killed.log").read_text()
@@ -79,8 +79,8 @@ def test_elastic_restart_after_a_lost_worker_equals_an_uninterrupted_run(tmp_pat
     assert restart and int(restart[1]) == int(restart[2]), log
     assert 4 <= int(restart[2]) < 40, "the kill came after the end: nothing was tested"
     assert "[rank0]: Traceback" not in log  # the survivor ends its attempt with one line (lost a peer)
-    assert train_losses(tmp_path / "killed") == train_losses(tmp_path / "straight")
-    assert_same_weights(final_weights(tmp_path / "straight", 40), final_weights(tmp_path / "killed", 40))
+    assert train_losses(tmp_path / "killed") == train_losses(straight)
+    assert_same_weights(final_weights(straight, 40), final_weights(tmp_path / "killed", 40))
 
 
 @pytest.mark.long

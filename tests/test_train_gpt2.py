@@ -44,13 +44,13 @@ def args(data_dir, out_dir, **overrides):
     return [item for k, v in base.items() for item in (f"--{k.replace('_', '-')}", str(v))]
 
 
-def run_trainer(argv, nproc=1, check=True, background_log=None):
+def run_trainer(argv, nproc=1, check=True, background_log=None, script=ROOT / "train_gpt2.py"):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     if nproc == 1:
-        cmd = [sys.executable, str(ROOT / "train_gpt2.py"), *argv]
+        cmd = [sys.executable, str(script), *argv]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               str(ROOT / "train_gpt2.py"), *argv]
+               str(script), *argv]
     if background_log:  # a file, not a pipe: a pipe nobody reads would block the trainer once full
         with open(background_log, "w") as log:  # the child keeps its own copy of the descriptor
             return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -104,26 +104,46 @@ def test_tiny_model_learns_in_process(tmp_path):
     assert info["config"]["model"]["act"] == "aglu" and info["environment"]["world_size"] == 1
 
 
-@pytest.mark.long
-@pytest.mark.parametrize("speed", [
-    {},
+# Runs of 2 gloo processes (B=4 each, no accumulation) that tests compare with: one torchrun job trains them in
+# turn (tests/train_in_turn.py), the `two_rank_runs` fixture.
+TWO_RANK_RUNS = {
+    "plain": {},
     # the chunked loss, and an SDPA backend (a no-op on CPU); eager: a compiled pair of runs costs ~2 min here
-    dict(loss_chunks=3, attention_backend="cudnn,flash"),
-], ids=["plain", "speed-options"])
-def test_two_gloo_processes_match_grad_accumulation(tmp_path, speed):
-    data = write_corpus(tmp_path / "data")
-    train_in_process(args(data, tmp_path / "single", **speed))  # 1 process: B=4 x 2 micro-steps
-    run_trainer(args(data, tmp_path / "ddp", **speed), nproc=2)  # 2 processes: B=4 each, no accumulation
-    single, ddp = train_losses(tmp_path / "single"), train_losses(tmp_path / "ddp")
+    "speed-options": dict(loss_chunks=3, attention_backend="cudnn,flash"),
+    # tests/test_faults.py's uninterrupted run: dropout, so that every rank's RNG state must resume too
+    "elastic": dict(max_steps=40, eval_interval=20, checkpoint_interval=2, dropout=0.1, auto_resume="true"),
+}
+
+
+@pytest.fixture(scope="session")
+def two_rank_runs(tmp_path_factory):
+    """(corpus, directory holding a run directory named after each TWO_RANK_RUNS entry); tests that use it share
+    the xdist group "two_rank_runs", so that one worker trains them."""
+    root = tmp_path_factory.mktemp("two_rank_runs")
+    data = write_corpus(root / "data")
+    runs = [["---", *args(data, root / name, **extra)] for name, extra in TWO_RANK_RUNS.items()]
+    run_trainer(sum(runs, [])[1:], nproc=2, script=ROOT / "tests" / "train_in_turn.py")
+    return data, root
+
+
+@pytest.mark.long
+@pytest.mark.xdist_group("two_rank_runs")
+@pytest.mark.parametrize("case", ["plain", "speed-options"])
+def test_two_gloo_processes_match_grad_accumulation(tmp_path, two_rank_runs, case):
+    data, root = two_rank_runs
+    train_in_process(args(data, tmp_path / "single", **TWO_RANK_RUNS[case]))  # 1 process: B=4 x 2 micro-steps
+    single, ddp = train_losses(tmp_path / "single"), train_losses(root / case)
     np.testing.assert_allclose(ddp[0], single[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ddp[1], single[1], rtol=1e-5, atol=1e-6)
-    a, b = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
+    a, b = final_weights(tmp_path / "single"), final_weights(root / case)
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.long
-def test_kill_and_resume_equals_uninterrupted(tmp_path):
+def test_kill_and_resume_equals_uninterrupted(tmp_path, capsys):
+    """kill -9 of a trainer process mid-run; the resumed run (in this process: all it may read is the files the
+    killed one left) ends where an uninterrupted run does, bit for bit, log included."""
     data = write_corpus(tmp_path / "data")
     # dropout: the RNG state must resume too; 60 steps so the kill lands mid-run (asserted below)
     extra = dict(act="nswish", dropout=0.1, checkpoint_interval=3, max_steps=60, eval_interval=10)
@@ -136,8 +156,9 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (tmp_path / "killed" / "model_00060.pt").exists(), "the kill came after the end: nothing was tested"
-    resumed = run_trainer(args(data, tmp_path / "killed", resume="true", **extra))
-    assert "resuming" in resumed.stdout
+    capsys.readouterr()
+    train_in_process(args(data, tmp_path / "killed", resume="true", **extra))
+    assert "resuming" in capsys.readouterr().out
     assert train_losses(tmp_path / "killed") == train_losses(tmp_path / "straight")
     a, b = final_weights(tmp_path / "straight", 60), final_weights(tmp_path / "killed", 60)
     for key in a:

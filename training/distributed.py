@@ -4,14 +4,17 @@ world size, ranks and rendezvous (several nodes included) come from torchrun's e
 Elastic restarts (`torchrun --max-restarts N`): torchrun restarts every worker, but by default the workers
 share its agent's store, which keeps the previous attempt's keys, and a re-formed group that reads them
 connects to the dead workers' addresses (gloo: `connectFullMesh failed ... Connection refused`). On one node
-each attempt therefore builds its group in its own PrefixStore named by TORCHELASTIC_RESTART_COUNT; gloo and
-NCCL both exchange their setup through it. On several nodes those counts can differ between nodes (an agent
-that restarts for another node's failure does not count it), so there torchrun must be started with
-TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch then makes a fresh store for every rendezvous round.
+each attempt therefore builds its group in its own PrefixStore named by TORCHELASTIC_RESTART_COUNT and by the
+groups this worker set up before (a driver or notebook that trains twice in one torchrun job: its second group
+must not read the first one's keys either); gloo and NCCL both exchange their setup through it. On several
+nodes those counts can differ between nodes (an agent that restarts for another node's failure does not count
+it), so there torchrun must be started with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch then makes a fresh
+store for every rendezvous round.
 
 A stalled rank: every collective waits at most --dist-timeout seconds (torch's own process-group timeout);
 `stalled_ranks` then asks the store which ranks still answer, so the error can name the one that does not.
 """
+import itertools
 import os
 import re
 import time
@@ -59,6 +62,9 @@ def pick_device(requested="auto"):
     return "cpu"
 
 
+_GROUP_NUMBERS = itertools.count()  # the process groups this worker builds, numbered for the store prefix
+
+
 def setup(requested_device="auto", timeout=600.0):
     """Initialise the process group when launched by torchrun; a plain `python` run is world size 1.
     `timeout`: seconds a collective (or the group's setup) may wait for the other ranks."""
@@ -80,7 +86,8 @@ def setup(requested_device="auto", timeout=600.0):
     store, rank, world = next(dist.rendezvous("env://", timeout=wait))
     store.set_timeout(wait)
     if shared_store:
-        store = dist.PrefixStore(f"nanoact/attempt{restart}/", store)
+        # every rank sets up its groups in the same order, so the numbers agree
+        store = dist.PrefixStore(f"nanoact/attempt{restart}/group{next(_GROUP_NUMBERS)}/", store)
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
