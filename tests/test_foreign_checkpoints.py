@@ -2,9 +2,9 @@
 and work where a checkpoint is accepted: GPT.from_checkpoint (sample.py, lm-eval, --init-from), HellaSwag, the export."""
 import dataclasses
 import json
-import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 import torch
@@ -54,7 +54,13 @@ def build_nanogpt_file(tmp_path, model, step=5000, compiled=False, extra=""):
                        'step': {step}, 'val_loss': 3.2857}}
         torch.save(checkpoint, {str(out)!r})
     """)
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+    # run as build-nanogpt's __main__ (pickle records the class as __main__.GPTConfig), in this process: a fresh
+    # module stands in for __main__ while the script runs, and pickling only records what unpickling would call
+    saved, sys.modules["__main__"] = sys.modules["__main__"], types.ModuleType("__main__")
+    try:
+        exec(compile(script, "build_nanogpt_train_gpt2.py", "exec"), sys.modules["__main__"].__dict__)
+    finally:
+        sys.modules["__main__"] = saved
     return out
 
 
