@@ -206,6 +206,9 @@ class Trainer:
                 stop.close()
             if log is not None:
                 log.close()
+            # DDP's reducer holds the process group: freed after the group is destroyed (when fit returns), gloo's
+            # destructor can deadlock (torch 2.13; seen when a worker trains twice). It goes first.
+            run = eval_model = train_model = None
             distributed.cleanup(d)
         if stop.requested:
             raise SystemExit(128 + stop.signum)
