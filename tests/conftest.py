@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from two_rank_runs import two_rank_runs  # noqa: F401 (a fixture: defined once here, one job per worker)
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # The subprocesses the tests start (trainers, torchrun workers, probes) run tiny models too.

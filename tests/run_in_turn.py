@@ -1,13 +1,17 @@
-"""`torchrun ... tests/train_in_turn.py ARGV --- ARGV ...`: train_gpt2.py's runs one after another in the same
-workers. One torchrun job then serves several tests (the agent's and the workers' start-up is most of a tiny
-run's cost); each run sets up and tears down its own process group, as a job of its own would."""
+"""`torchrun ... tests/run_in_turn.py SCRIPT ARGV --- SCRIPT ARGV ...`: the project's scripts (paths from the
+repository root) run one after another in the same workers, each as `python SCRIPT ARGV` would run it. One
+torchrun job then serves several tests (the agent's and the workers' start-up is most of a tiny run's cost);
+each run sets up and tears down its own process group, as a job of its own would."""
+import runpy
 import sys
+from pathlib import Path
 
-import train_gpt2
+ROOT = Path(__file__).resolve().parents[1]
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    while argv:
-        end = argv.index("---") if "---" in argv else len(argv)
-        train_gpt2.main(argv[:end])
-        argv = argv[end + 1:]
+    commands = sys.argv[1:]
+    while commands:
+        end = commands.index("---") if "---" in commands else len(commands)
+        sys.argv = commands[:end]
+        runpy.run_path(str(ROOT / sys.argv[0]), run_name="__main__")
+        commands = commands[end + 1:]

@@ -17,8 +17,8 @@ import torch
 
 from errors import DistributedError
 from test_data import fineweb  # noqa: F401 (a fixture: data.fineweb with an offline tokenizer, or a skip)
-from test_train_gpt2 import (ROOT, TWO_RANK_RUNS, args, cli_error, final_weights, train_in_process, train_losses,
-                             two_rank_runs, write_corpus)  # noqa: F401 (two_rank_runs: a fixture)
+from test_train_gpt2 import ROOT, args, cli_error, final_weights, train_in_process, train_losses, write_corpus
+from two_rank_runs import GPT_RUNS
 from training import checkpoint
 from training.checkpoint import load_checkpoint
 from training.distributed import Dist
@@ -67,10 +67,10 @@ def assert_same_weights(a, b):
 def test_elastic_restart_after_a_lost_worker_equals_an_uninterrupted_run(tmp_path, two_rank_runs):
     """kill -9 of one worker: torchrun restarts both, the group re-forms (each attempt in its own store prefix),
     training resumes from the newest checkpoint and ends with the weights of a run that was never interrupted
-    (two_rank_runs' "elastic": the same 2 ranks and arguments)."""
-    data, straight = two_rank_runs[0], two_rank_runs[1] / "elastic"
+    (tests/two_rank_runs.py's "elastic": the same 2 ranks and arguments)."""
+    data, straight = two_rank_runs / "gpt_data", two_rank_runs / "elastic"
     launcher = ["--standalone", "--nproc_per_node", "2", "--max-restarts", "1"]
-    proc = torchrun(args(data, tmp_path / "killed", **TWO_RANK_RUNS["elastic"]), tmp_path / "killed.log", *launcher)
+    proc = torchrun(args(data, tmp_path / "killed", **GPT_RUNS["elastic"]), tmp_path / "killed.log", *launcher)
     wait_for(lambda: (tmp_path / "killed" / "model_00004.pt").exists(), proc, "a checkpoint at step 4")
     os.kill(worker_pid(proc.pid, rank=1), signal.SIGKILL)
     assert proc.wait(timeout=300) == 0, (tmp_path / "killed.log").read_text()

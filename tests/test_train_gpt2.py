@@ -15,6 +15,7 @@ import torch
 
 from eval import hellaswag_items
 from training.checkpoint import list_checkpoints
+from two_rank_runs import GPT_RUNS
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 64
@@ -104,38 +105,15 @@ def test_tiny_model_learns_in_process(tmp_path):
     assert info["config"]["model"]["act"] == "aglu" and info["environment"]["world_size"] == 1
 
 
-# Runs of 2 gloo processes (B=4 each, no accumulation) that tests compare with: one torchrun job trains them in
-# turn (tests/train_in_turn.py), the `two_rank_runs` fixture.
-TWO_RANK_RUNS = {
-    "plain": {},
-    # the chunked loss, and an SDPA backend (a no-op on CPU); eager: a compiled pair of runs costs ~2 min here
-    "speed-options": dict(loss_chunks=3, attention_backend="cudnn,flash"),
-    # tests/test_faults.py's uninterrupted run: dropout, so that every rank's RNG state must resume too
-    "elastic": dict(max_steps=40, eval_interval=20, checkpoint_interval=2, dropout=0.1, auto_resume="true"),
-}
-
-
-@pytest.fixture(scope="session")
-def two_rank_runs(tmp_path_factory):
-    """(corpus, directory holding a run directory named after each TWO_RANK_RUNS entry); tests that use it share
-    the xdist group "two_rank_runs", so that one worker trains them."""
-    root = tmp_path_factory.mktemp("two_rank_runs")
-    data = write_corpus(root / "data")
-    runs = [["---", *args(data, root / name, **extra)] for name, extra in TWO_RANK_RUNS.items()]
-    run_trainer(sum(runs, [])[1:], nproc=2, script=ROOT / "tests" / "train_in_turn.py")
-    return data, root
-
-
 @pytest.mark.long
 @pytest.mark.xdist_group("two_rank_runs")
 @pytest.mark.parametrize("case", ["plain", "speed-options"])
 def test_two_gloo_processes_match_grad_accumulation(tmp_path, two_rank_runs, case):
-    data, root = two_rank_runs
-    train_in_process(args(data, tmp_path / "single", **TWO_RANK_RUNS[case]))  # 1 process: B=4 x 2 micro-steps
-    single, ddp = train_losses(tmp_path / "single"), train_losses(root / case)
+    train_in_process(args(two_rank_runs / "gpt_data", tmp_path / "single", **GPT_RUNS[case]))  # B=4 x 2 micro-steps
+    single, ddp = train_losses(tmp_path / "single"), train_losses(two_rank_runs / case)
     np.testing.assert_allclose(ddp[0], single[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ddp[1], single[1], rtol=1e-5, atol=1e-6)
-    a, b = final_weights(tmp_path / "single"), final_weights(root / case)
+    a, b = final_weights(tmp_path / "single"), final_weights(two_rank_runs / case)
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)
 

@@ -1,10 +1,7 @@
 """train_translation.py end to end on generated files: exact resume (with gradient accumulation), logs,
 eval-only BLEU, one-line errors, and an optimizer step that is the same on 1 process and on 2."""
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from training.loop import Context
 from training.precision import autocast_context, grad_scaler
 from translation.model import Transformer, TranslationConfig
 from test_parallel_data import lengths_corpus, write_corpus
+from two_rank_runs import TRANSLATION_RUN
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -197,27 +195,22 @@ def test_two_accumulated_batches_make_the_step_of_one_batch_holding_both(label_s
         torch.testing.assert_close(two[name], one[name], rtol=1e-9, atol=1e-12, msg=name)
 
 
-def test_two_ranks_train_the_same_steps_as_one_process_accumulating_two(runs, tmp_path):
-    """torchrun with 2 gloo ranks, 1 batch each per step, against 1 process with 2 accumulated batches:
-    the same steps on the same target tokens, the same weights (up to float32 summation order)."""
-    corpus, spm, _, _ = runs
-    same = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", "false", "--dropout", "0",
-            "--act-dropout", "0", "--act", "swish", "--act-kwargs", "{}", "--plain-top-k", "0",
-            "--max-tokens", "800", "--total-max-tokens", "1600")
-    train_translation.main(args(corpus, tmp_path / "one", spm, *same))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "train_translation.py"), *args(corpus, tmp_path / "two", spm, *same)]
-    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "step: 2 batches (grad accum 1) of <= 800 tokens" in done.stdout
-    one, two = load_checkpoint(tmp_path / "one", kind="translation"), load_checkpoint(tmp_path / "two", kind="translation")
+@pytest.mark.xdist_group("two_rank_runs")
+def test_two_ranks_train_the_same_steps_as_one_process_accumulating_two(two_rank_runs, tmp_path):
+    """torchrun with 2 gloo ranks, 1 batch each per step (tests/two_rank_runs.py), against 1 process with 2
+    accumulated batches: the same steps on the same target tokens, the same weights (up to float32 summation order)."""
+    corpus, spm = two_rank_runs / "translation_data", two_rank_runs / "spm"
+    train_translation.main(args(corpus, tmp_path / "one", spm, *TRANSLATION_RUN))
+    assert "step: 2 batches (grad accum 1) of <= 800 tokens" in (two_rank_runs / "job.log").read_text()
+    one, two = load_checkpoint(tmp_path / "one", kind="translation"), load_checkpoint(two_rank_runs / "translation",
+                                                                                      kind="translation")
     assert (one["step"], one["world_size"], two["world_size"]) == (3, 1, 2)
     # A key bias adds q.b_k to every score of a query, which softmax ignores: its gradient is zero up to rounding,
     # and Adam divides that rounding noise by its own size, so the two summation orders move it apart.
     for key in (k for k in one["model"] if not k.endswith("k_proj.bias")):
         torch.testing.assert_close(two["model"][key], one["model"][key], msg=key)
-    train_one, train_two = ([r for r in records(tmp_path / run) if r["kind"] == "train"] for run in ("one", "two"))
+    train_one, train_two = ([r for r in records(run) if r["kind"] == "train"]
+                            for run in (tmp_path / "one", two_rank_runs / "translation"))
     assert [r["tokens"] for r in train_two] == [r["tokens"] for r in train_one]
     torch.testing.assert_close([r["loss"] for r in train_two], [r["loss"] for r in train_one])
     assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
