@@ -4,7 +4,10 @@ Also switches Triton's interpreter on when there is no GPU, so tests/test_kernel
 the CPU. It has to happen here: triton reads TRITON_INTERPRET once, when it is first imported (it decorates
 tl.sum, tl.sigmoid, ... then), and test modules collected earlier import it through torch._dynamo."""
 import dataclasses
+import functools
+import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -41,41 +44,50 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="session")
-def gpt2_enc():
-    """tiktoken's gpt2 encoding from ../shared's offline cache (or a cache already configured); else skip."""
+def offline_gpt2_encoding():
+    """tiktoken's gpt2 encoding from ../shared's offline cache (or a cache already configured); TokenizerError
+    when there is neither."""
     cache = SHARED / "assets" / "tokenizer" / "tiktoken_cache"
     if "TIKTOKEN_CACHE_DIR" not in os.environ and cache.is_dir():
         os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
-    from data.tokenizer import TokenizerError, gpt2_tokenizer
+    from data.tokenizer import gpt2_tokenizer
+    return gpt2_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def gpt2_enc():
+    """offline_gpt2_encoding(), or a skip that says why not."""
+    from data.tokenizer import TokenizerError
     try:
-        return gpt2_tokenizer()
+        return offline_gpt2_encoding()
     except TokenizerError as e:
         pytest.skip(str(e))
 
 
-@pytest.fixture
-def make_checkpoint(tmp_path):
-    """make_checkpoint(act="gelu", **GPTConfig fields) -> path of a random tiny GPT-2 checkpoint file.
+def tiny_checkpoint(directory, act="gelu", seed=0, step=7, **overrides):
+    """The path of a random tiny GPT-2 checkpoint written under directory/run_{act}_{seed}/.
 
     Weights are scaled up from GPT-2's init so the random model has confident, distinct predictions
     (at std 0.02 every ending scores almost the same and comparisons would be weak)."""
     from training.checkpoint import save_checkpoint
     from model import GPT, GPTConfig
 
-    def make(act="gelu", seed=0, step=7, **overrides):
-        cfg = GPTConfig(**{**dict(block_size=128, n_layer=2, n_head=2, n_embd=32, act=act), **overrides})
-        torch.manual_seed(seed)
-        model = GPT(cfg)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if p.dim() == 2:
-                    p.mul_(5.0)
-        state = {"kind": "gpt2", "model": model.state_dict(), "model_config": dataclasses.asdict(cfg),
-                 "config": {}, "step": step}
-        return save_checkpoint(state, tmp_path / f"run_{act}_{seed}", step)
+    cfg = GPTConfig(**{**dict(block_size=128, n_layer=2, n_head=2, n_embd=32, act=act), **overrides})
+    torch.manual_seed(seed)
+    model = GPT(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.mul_(5.0)
+    state = {"kind": "gpt2", "model": model.state_dict(), "model_config": dataclasses.asdict(cfg),
+             "config": {}, "step": step}
+    return save_checkpoint(state, directory / f"run_{act}_{seed}", step)
 
-    return make
+
+@pytest.fixture
+def make_checkpoint(tmp_path):
+    """make_checkpoint(act="gelu", seed=0, step=7, **GPTConfig fields): tiny_checkpoint under tmp_path."""
+    return functools.partial(tiny_checkpoint, tmp_path)
 
 
 WORDS = ("the man woman dog ball kitchen slowly then picks up a knife and cuts onion runs across field "
@@ -95,19 +107,17 @@ def fake_item(rng, ind):
             "label": rng.randint(0, 3), "split": "val", "split_type": "indomain", "source_id": f"fake~{ind}"}
 
 
+def write_hellaswag(path, n=12, seed=0):
+    """A generated HellaSwag-format jsonl of n items at path."""
+    rng = random.Random(seed)
+    path.write_text("".join(json.dumps(fake_item(rng, i)) + "\n" for i in range(n)))
+    return path
+
+
 @pytest.fixture
 def hellaswag_file(tmp_path):
-    """write(n, seed) -> path of a generated HellaSwag-format jsonl."""
-    import json
-    import random
-
-    def write(n=12, seed=0, name="hellaswag_fake.jsonl"):
-        rng = random.Random(seed)
-        path = tmp_path / name
-        path.write_text("".join(json.dumps(fake_item(rng, i)) + "\n" for i in range(n)))
-        return path
-
-    return write
+    """write(n, seed, name) -> write_hellaswag under tmp_path."""
+    return lambda n=12, seed=0, name="hellaswag_fake.jsonl": write_hellaswag(tmp_path / name, n, seed)
 
 
 @pytest.fixture

@@ -4,9 +4,6 @@ up, tokens are cached (memory, disk) and compiled graphs reused, and bad input f
 import gzip
 import hashlib
 import json
-import os
-import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -216,18 +213,12 @@ def test_compiled_scorer_reuses_its_graphs_across_calls(tiny):
 
 
 @pytest.mark.long
-def test_torchrun_two_ranks_equal_one_process(tiny, make_checkpoint, hellaswag_file, tmp_path):
-    model, path, _ = tiny
-    ckpt = make_checkpoint()  # the checkpoint `tiny` loaded
-    single = evaluate_model(model, "cpu", path, progress=False, batch_items=2)
-    out = tmp_path / "ddp.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "eval/hellaswag.py",
-           str(ckpt), "--data", str(path), "--device", "cpu", "--batch-items", "2", "--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ddp = json.loads(out.read_text())
+@pytest.mark.xdist_group("two_rank_runs")
+def test_torchrun_two_ranks_equal_one_process(two_rank_runs, gpt2_enc):
+    """eval/hellaswag.py under torchrun on 2 ranks (tests/two_rank_runs.py) counts what one process counts."""
+    model = GPT.from_checkpoint(load_checkpoint(two_rank_runs / "run_gelu_0", kind="gpt2"))
+    single = evaluate_model(model, "cpu", two_rank_runs / "hellaswag.jsonl", progress=False, batch_items=2)
+    ddp = json.loads((two_rank_runs / "hellaswag.json").read_text())
     assert ddp["world_size"] == 2
     for scoring in ("completion", "lm_eval"):
         for key in ("n", "correct", "correct_norm"):

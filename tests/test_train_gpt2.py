@@ -45,8 +45,8 @@ def args(data_dir, out_dir, **overrides):
     return [item for k, v in base.items() for item in (f"--{k.replace('_', '-')}", str(v))]
 
 
-def run_trainer(argv, nproc=1, check=True, background_log=None, script=ROOT / "train_gpt2.py"):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+def run_trainer(argv, nproc=1, check=True, background_log=None, script=ROOT / "train_gpt2.py", env=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     if nproc == 1:
         cmd = [sys.executable, str(script), *argv]
     else:

@@ -1,7 +1,7 @@
-"""The runs of 2 gloo processes that tests compare with, trained in turn by one torchrun job
-(tests/run_in_turn.py): a job's start-up (its agent, and each worker's torch and dynamo imports) costs more CPU
-than a tiny run. Tests that use the `two_rank_runs` fixture share the xdist group "two_rank_runs", so that one
-pytest-xdist worker trains them."""
+"""The runs of 2 gloo processes that tests compare with one process (GPT-2 and translation training, HellaSwag
+scoring), made in turn by one torchrun job (tests/run_in_turn.py): a job's start-up (its agent, and each
+worker's torch and dynamo imports) costs more CPU than a tiny run. Tests that use the `two_rank_runs` fixture
+(tests/conftest.py) share the xdist group "two_rank_runs", so that one pytest-xdist worker runs the job."""
 from pathlib import Path
 
 import pytest
@@ -25,8 +25,11 @@ TRANSLATION_RUN = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", 
 @pytest.fixture(scope="session")
 def two_rank_runs(tmp_path_factory):
     """The job's directory: gpt_data/ and translation_data/ (the corpora), spm/ (the sentencepiece model the
-    translation run trained), a run directory per GPT_RUNS entry, translation/, and job.log (its stdout)."""
-    # the test files that use this fixture import it: their helpers are imported here, when it runs
+    translation run trained), a run directory per GPT_RUNS entry, translation/, job.log (its stdout), and with the
+    GPT-2 tokenizer eval/hellaswag.py's hellaswag.json, of the checkpoint in run_gelu_0/ on hellaswag.jsonl."""
+    # imported when it runs: conftest.py imports this module, and the test files import its constants
+    from conftest import offline_gpt2_encoding, tiny_checkpoint, write_hellaswag
+    from data.tokenizer import TokenizerError
     from test_parallel_data import write_corpus as write_translation_corpus
     from test_train_gpt2 import args, run_trainer, write_corpus
     from test_train_translation import args as translation_args
@@ -36,6 +39,14 @@ def two_rank_runs(tmp_path_factory):
     commands = [["train_gpt2.py", *args(gpt_data, root / name, **extra)] for name, extra in GPT_RUNS.items()]
     commands.append(["train_translation.py", *translation_args(write_translation_corpus(root / "translation_data"),
                                                                root / "translation", root / "spm", *TRANSLATION_RUN)])
-    job = run_trainer(sum((["---", *c] for c in commands), [])[1:], nproc=2, script=ROOT / "tests" / "run_in_turn.py")
+    try:  # tests/test_hellaswag.py's run, where the GPT-2 tokenizer is at hand (that test skips otherwise)
+        offline_gpt2_encoding()
+        commands.append(["eval/hellaswag.py", str(tiny_checkpoint(root)), "--data",
+                         str(write_hellaswag(root / "hellaswag.jsonl", n=11)), "--device", "cpu", "--batch-items", "2",
+                         "--out", str(root / "hellaswag.json")])
+    except TokenizerError:
+        pass
+    job = run_trainer(sum((["---", *c] for c in commands), [])[1:], nproc=2, script=ROOT / "tests" / "run_in_turn.py",
+                      env={"NANOACT_CACHE": str(root / "nanoact_cache")})
     (root / "job.log").write_text(job.stdout)
     return root
