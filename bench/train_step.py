@@ -34,6 +34,7 @@ import torch
 
 from bench.reference_gpt2 import ReferenceConfig, ReferenceGPT
 from model import GPT, GPTConfig
+from training.hardware import detect
 from training.optimizer import adamw
 from training.precision import autocast_context
 
@@ -90,7 +91,7 @@ def build(args, c):
 
 def step_fn(args, compiled, opt):
     device_type = args.device.split(":")[0]
-    autocast = autocast_context(device_type, "bfloat16" if args.bf16 else "float32")
+    autocast = autocast_context(device_type, args.precision)
     gen = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, 50257, (args.batch_size, args.seq_len + 1), generator=gen).to(args.device)
                for _ in range(4)]  # rotate a few batches: never time a single cached input
@@ -119,7 +120,7 @@ def saved_for_backward_bytes(model, args):
     batch = torch.randint(0, 50257, (args.batch_size, args.seq_len + 1), device=args.device)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with autocast_context(args.device.split(":")[0], "bfloat16" if args.bf16 else "float32"):
+        with autocast_context(args.device.split(":")[0], args.precision):
             _, loss = model(batch[:, :-1], batch[:, 1:])
     del loss
     return sum(n for (ptr, _), n in seen.items() if ptr not in params)  # weights are not activation memory
@@ -164,7 +165,9 @@ def main():
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--child-memory", help=argparse.SUPPRESS)
     args = p.parse_args()
-    args.bf16 = args.device.startswith("cuda")
+    # bf16 autocast, as a run's --dtype auto, on GPUs that have it; float32 elsewhere (a timing without the GradScaler
+    # that float16 training needs would not be a run's step)
+    args.precision = "bfloat16" if args.device.startswith("cuda") and detect(args.device).bf16 else "float32"
     if args.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -223,7 +226,7 @@ def main():
     base_label = labels[0]
     base = results[base_label]
     print(f"preset {args.preset} | B={args.batch_size} T={args.seq_len} | device {device_name or args.device} | "
-          f"compile {args.compile} | {'bf16' if args.bf16 else 'fp32'} | median of {args.rounds}x{args.steps} steps"
+          f"compile {args.compile} | {args.precision} | median of {args.rounds}x{args.steps} steps"
           f" | torch {torch.__version__}")
     width = max(len(label) for label in labels)
     mib = lambda b: "n/a" if b is None else f"{b / 2**20:.0f}"

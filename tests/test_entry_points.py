@@ -8,8 +8,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# bench/train_step.py: bench/gpu_check.py's step section imports it (bench.train_step) on a GPU
 @pytest.mark.parametrize("script", ["eval/hellaswag.py", "analysis/compare.py", "export/to_transformers.py",
-                                    "data/fineweb.py"])
+                                    "data/fineweb.py", "bench/train_step.py"])
 def test_script_in_a_package_folder_starts(script, tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / script), "--help"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)
