@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from activations.impl import model_identity
 from data import DataError
 from data.files import atomic_file, cache_root
 from data.tokenizer import gpt2_tokenizer
@@ -347,7 +348,7 @@ def describe(args, ckpt):
     """Which weights are scored, for the first line of the CLI's output."""
     if ckpt is None:
         return f"transformers GPT-2 {args.hf}"
-    config = ckpt["model_config"]
+    config = model_identity(ckpt["model_config"])  # an old checkpoint's impl says how it ran, not what it is
     kwargs = f" {json.dumps(config['act_kwargs'])}" if config.get("act_kwargs") else ""
     return f"{ckpt['path']} | step {ckpt.get('step')} | act {config.get('act')}{kwargs}"
 

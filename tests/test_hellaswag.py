@@ -225,6 +225,14 @@ def test_torchrun_two_ranks_equal_one_process(two_rank_runs, gpt2_enc):
             assert ddp["results"][scoring][key] == single[scoring][key]
 
 
+def test_the_first_line_names_the_model_not_how_an_old_checkpoint_ran():
+    ckpt = {"path": "run/model_00007.pt", "step": 7,
+            "model_config": {"act": "nswish", "act_kwargs": {"impl": "triton", "per_instance": True}}}
+    assert hellaswag.describe(None, ckpt) == 'run/model_00007.pt | step 7 | act nswish {"per_instance": true}'
+    ckpt["model_config"]["act_kwargs"] = {"impl": "triton"}
+    assert hellaswag.describe(None, ckpt) == "run/model_00007.pt | step 7 | act nswish"
+
+
 def test_scores_in_eval_mode_and_restores_training_mode(make_checkpoint, hellaswag_file, gpt2_enc):
     """NSwish in training mode would fold every scored batch into its running statistics."""
     model = GPT.from_checkpoint(load_checkpoint(make_checkpoint(act="nswish"), kind="gpt2"))
