@@ -254,6 +254,15 @@ def open_manifest(out, options):
     return manifest
 
 
+def tokenized(pool, docs, workers, per_worker=256):
+    """The token lists of `docs`, in order, tokenized by `pool` a block of per_worker documents per worker at a
+    time. No task outlives its block, so a stop at --max-tokens finds the pool idle: an imap over the whole
+    stream kept a pool thread feeding it, and Pool's exit could hang on that thread (seen once in the suite)."""
+    block = per_worker * workers
+    for batch in iter(lambda: list(itertools.islice(docs, block)), []):
+        yield from pool.map(tokenize, batch, chunksize=16)
+
+
 def prepare(args):
     gpt2_tokenizer()  # fail once with a clear message rather than in every worker
     inputs = [Path(p) for p in args.input or []]
@@ -280,7 +289,7 @@ def prepare(args):
     n_docs = first
     with mp.Pool(args.workers) as pool, \
             tqdm(total=args.max_tokens, initial=writer.pos, unit="tok", unit_scale=True, desc="tokenizing") as bar:
-        for doc, tokens in enumerate(pool.imap(tokenize, docs, chunksize=16), first):
+        for doc, tokens in enumerate(tokenized(pool, docs, args.workers), first):
             more = writer.add(doc, tokens)
             n_docs = doc + 1
             bar.update(writer.pos - bar.n)
