@@ -23,7 +23,7 @@ from analysis.sweep_plot import plot_sweep
 from eval import hellaswag_items
 from eval.compare_items import shared_items
 from eval.hellaswag_items import ItemsError
-from eval.stats import detectable_difference, item_level, mean_std, mcnemar_exact, paired, seeds_needed
+from eval.stats import detectable_difference, holm, item_level, mean_std, mcnemar_exact, paired, seeds_needed
 
 METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_norm"),
            ("bleu", "valid BLEU (greedy)"), ("test_bleu_greedy", "test BLEU greedy"), ("test_bleu_beam", "test BLEU beam")]
@@ -31,6 +31,7 @@ UNITS = {"final_val": "nats", "hella_acc_norm": "acc_norm", "bleu": "BLEU", "tes
          "test_bleu_beam": "BLEU"}
 SPREAD_FLAG = 2.0  # a variant's seed std above this multiple of its baseline's gets flagged
 PARAM_FLAG = 0.005  # a variant whose non-embedding parameter count differs from its baseline's by more gets flagged
+ALPHA = 0.05  # the family-wise error rate of the report's verdicts: Holm over a family of claims (holm_family)
 
 
 def variant_of(run):
@@ -199,24 +200,67 @@ def param_flags(params, baselines):
     return flags
 
 
+def claim_p(pair):
+    """The p of the claim "this pair differs on this metric": its paired t-test over seeds; where the metric also
+    has an item-level interval (HellaSwag) the claim needs both to exclude 0, so its p is the larger of the two
+    (an intersection-union test: at level alpha whenever the per-seed test is). None below 2 seeds."""
+    items = pair.get("item_level") or {}
+    if pair["p"] is None or items.get("p") is None:
+        return pair["p"]
+    return max(pair["p"], items["p"])
+
+
+def holm_family(pairs, labels, metrics):
+    """Holm-adjusts the claim p of every (pair, metric) of the pairs in labels as one family, into each pair's
+    "p_holm" (None without a p): a claim is declared where p_holm < ALPHA, which keeps the chance of any false
+    claim in the family at most ALPHA. Returns the family's size."""
+    family = [(a, k) for a in labels for k, _ in metrics if claim_p(pairs[a][k]) is not None]
+    adjusted = dict(zip(family, holm([claim_p(pairs[a][k]) for a, k in family]))) if family else {}
+    for a in labels:
+        for k, _ in metrics:
+            pairs[a][k]["p_holm"] = float(adjusted[(a, k)]) if (a, k) in adjusted else None
+    return len(family)
+
+
 def control_verdict(control, base, pairs, metrics):
-    """(reliable: True/False/None, sentence) for the A/A control against its baseline."""
-    intervals = [(name, pairs[k]) for k, name in metrics if pairs[k]["ci95"] is not None]
+    """(reliable: True/False/None, sentence) for the A/A control against its baseline: unreliable where a metric
+    differs at family-wise error rate ALPHA, Holm over the control's own metrics (pairs[k]["p_holm"]), so that a
+    sound sweep is called unreliable at most ALPHA of the time (any interval excluding 0 would, with four
+    metrics, do so about 19% of the time: tests/test_sweep_family.py)."""
+    tested = [(name, pairs[k]) for k, name in metrics if pairs[k].get("p_holm") is not None]
     head = f"A/A control {control} - {base} (the baseline again, same seeds and data order, another init stream)"
-    if not intervals:
+    if not tested:
         return None, f"{head}: fewer than 2 shared seeds, no verdict yet."
-    bad = [(name, p) for name, p in intervals if p["ci95"][0] > 0 or p["ci95"][1] < 0]
-    shown = bad or intervals
-    detail = "; ".join(f"{name} {p['mean']:+.4f}, 95% CI [{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}]"
-                       for name, p in shown)
+    bad = [(name, p) for name, p in tested if p["p_holm"] < ALPHA]
+    shown = bad or tested
+    detail = "; ".join(f"{name} {p['mean']:+.4f}, 95% CI [{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}], Holm p "
+                       f"{p['p_holm']:.3g}" for name, p in shown)
+    family = (f"at family-wise error rate {ALPHA}, Holm over its {len(tested)} metric{'s' * (len(tested) > 1)}"
+              f"{'; HellaSwag needs its item-level interval to exclude 0 too' if 'hella_acc_norm' in pairs else ''}")
     if bad:
-        return False, (f"**{head}: {detail}: {'these exclude' if len(shown) > 1 else 'excludes'} 0. The sweep is unreliable: identical settings differ beyond "
-                       "their interval, so the seeds do not capture the run-to-run noise (too few seeds for a "
-                       "heavy-tailed spread, nondeterminism, or a difference that is not the variant's). "
-                       "Do not read the intervals below as evidence.**")
-    return True, (f"{head}: {detail}: {'every interval contains' if len(shown) > 1 else 'contains'} 0, as it must. Its paired std is what a change of init alone moves "
-                  "the result; the other variants share the baseline's data order and its weights' init at each "
-                  "seed (AGLU's own kappa/lam draws included, which leave the weights' stream alone).")
+        return False, (f"**{head}: {detail}: {'these differ' if len(shown) > 1 else 'differs'} from 0 ({family}). "
+                       "The sweep is unreliable: identical settings differ beyond their noise, so the seeds do not "
+                       "capture the run-to-run noise (too few seeds for a heavy-tailed spread, nondeterminism, or a "
+                       "difference that is not the variant's). Do not read the intervals below as evidence.**")
+    return True, (f"{head}: {detail}: no metric differs from 0 ({family}), as it must. Its paired std is what a "
+                  "change of init alone moves the result; the other variants share the baseline's data order and "
+                  "its weights' init at each seed (AGLU's own kappa/lam draws included, which leave the weights' "
+                  "stream alone).")
+
+
+def declared_sentence(pairs, baselines, metrics, control, size):
+    """One sentence naming the claims the report declares: the pairs (the control left out) and metrics whose
+    Holm-adjusted p is below ALPHA."""
+    found = [f"{a} - {baselines[a]} on {name} ({pairs[a][k]['mean']:+.4f}, Holm p {pairs[a][k]['p_holm']:.3g})"
+             for a in pairs if a != control for k, name in metrics
+             if pairs[a][k]["p_holm"] is not None and pairs[a][k]["p_holm"] < ALPHA]
+    family = (f"family-wise error rate {ALPHA}: Holm over the {size} pair-metric claims of this sweep, the A/A "
+              "control left out")
+    if "hella_acc_norm" in dict(metrics):
+        family += "; a HellaSwag claim needs its item-level interval to exclude 0 too"
+    if not found:
+        return f"Declared different at {family}: none."
+    return f"Declared different at {family}: {'; '.join(found)}."
 
 
 def report(out_dir, acts=None, baseline=None, target_diff=None):
@@ -264,6 +308,9 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
         items = items_of(r for r in done if variant_of(r) in rows)
         for a, per in pairs.items():
             per["hella_acc_norm"]["item_level"] = item_interval(items, a, baselines[a])
+    family_size = holm_family(pairs, [a for a in pairs if a != control], metrics)
+    if control in pairs:
+        holm_family(pairs, [control], metrics)
     flags = spread_flags(per_act, baselines, metrics)
     paths = kernel_paths([r for r in done if variant_of(r) in rows])
     params = {}
@@ -274,7 +321,8 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
     reliable, verdict = control_verdict(control, baselines[control], pairs[control], metrics) if control in pairs \
         else (None, None)
     result = {"baseline": baseline, "baselines": baselines, "acts": order, "unfinished": unfinished,
-              "control": control, "control_reliable": reliable, "target_diff": target_diff,
+              "control": control, "control_reliable": reliable, "target_diff": target_diff, "alpha": ALPHA,
+              "family_size": family_size,
               "runs": [summary(r) for r in runs], "per_act": per_act, "paired": pairs, "kernel_paths": paths,
               "spread_flags": [{"variant": a, "metric": k, "std": s, "baseline_std": b, "ratio": r}
                                for a, k, s, b, r in flags],
@@ -318,27 +366,31 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
         md.append("")
     md += ["Activation path of each variant (run.json's kernel decisions; every seed of a variant should run the "
            "same one):", "", *[f"- {a}: {paths[a]}" for a in order if a in paths], ""]
-    sources, pair_rows, sentences = set(), [], []
+    pair_rows, sentences = [], []
     for a, per in pairs.items():
         for k, name in metrics:
             p = per[k]
-            sources.add(p["t_source"])
             pair_rows.append([f"{a} - {baselines[a]}", name, p["n"], pm(p), "-" if p["t"] is None else f"{p['t']:.2f}",
                               "-" if p["ci95"] is None else f"[{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}]",
+                              "-" if p["p"] is None else f"{p['p']:.3g}",
+                              "-" if p["p_holm"] is None else f"{p['p_holm']:.3g}",
                               "-" if p["detectable"] is None else f"{p['detectable']:.4f}",
                               p["seeds_needed"] or "-"])
             sentences.append("- " + power_sentence(f"{a} - {baselines[a]}", name, k, p,
                                                    k == "final_val" and target_diff is not None))
     if pair_rows:
         target = "the named difference" if target_diff is not None else "the observed difference"
-        md += [f"Paired differences against the baseline over shared seeds (mean ± std, t = mean/(std/√n), 95% CI "
-               f"with t quantile from {', '.join(sorted(s for s in sources if s)) or 'n/a (n < 2)'}); "
+        md += ["Paired differences against the baseline over shared seeds (mean ± std, t = mean/(std/√n), 95% CI "
+               "with Student's t quantile, p of the paired t-test; Holm p: adjusted over the family of the sweep's "
+               "pair-metric claims, the A/A control over its own metrics, with HellaSwag's claim taking the larger "
+               f"of its per-seed and item-level p; a claim holds at Holm p < {ALPHA}); "
                "val loss: negative is better, HellaSwag/BLEU: positive is better. Detectable: the smallest true "
                "difference these seeds find with 80% power at alpha 0.05, (t_0.975 + t_0.80) std/√n with n-1 "
                f"degrees of freedom; seeds: how many {target} needs"
                f"{f' ({target_diff} nats for the val loss)' if target_diff is not None else ''}:", "",
-               markdown_table(["pair", "metric", "n", "diff", "t", "95% CI", "detectable (80%)", "seeds needed"],
-                              pair_rows), "",
+               markdown_table(["pair", "metric", "n", "diff", "t", "95% CI", "p", "Holm p", "detectable (80%)",
+                               "seeds needed"], pair_rows), "",
+               declared_sentence(pairs, baselines, metrics, control, family_size), "",
                "What these seeds can detect:", "", *sentences, ""]
     md += hellaswag_intervals(pairs, baselines)
     text = "\n".join(md)

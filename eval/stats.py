@@ -1,6 +1,7 @@
 """Statistics for reading results: binomial intervals for accuracies, paired differences over seeds, what a
-number of seeds can detect, and the paired item-level noise of two models scored on the same benchmark items.
-Plain Python (no torch, scipy optional), so run reading and reports stay light."""
+number of seeds can detect, the paired item-level noise of two models scored on the same benchmark items, and
+Holm's adjustment of a family of p-values. No torch; scipy.stats (and numpy) are imported inside the functions
+that use them: their import (about half a second) stays out of log reading, which needs only wilson()."""
 import math
 import statistics
 
@@ -17,46 +18,30 @@ def wilson(k, n, z=Z95):
     return [centre - half, centre + half]
 
 
-def _t_cdf(t, df):
-    """P(T <= t) for Student's t with a whole number of degrees of freedom, in closed form
-    (Abramowitz & Stegun 26.7.3/26.7.4: a finite series in cos(theta), theta = atan(t/sqrt(df)))."""
-    theta = math.atan(t / math.sqrt(df))
-    c2 = math.cos(theta) ** 2
-    if df % 2:  # odd: (2/pi)(theta + sin(theta)[cos + (2/3)cos^3 + (2*4)/(3*5)cos^5 + ...]) up to cos^(df-2)
-        term, total = math.cos(theta), 0.0
-        for j in range(1, (df - 1) // 2 + 1):
-            total += term
-            term *= c2 * (2 * j) / (2 * j + 1)
-        a = 2 / math.pi * (theta + math.sin(theta) * total)
-    else:  # even: sin(theta)[1 + (1/2)cos^2 + (1*3)/(2*4)cos^4 + ...] up to cos^(df-2)
-        term, total = 1.0, 0.0
-        for j in range(df // 2):
-            total += term
-            term *= c2 * (2 * j + 1) / (2 * j + 2)
-        a = math.sin(theta) * total
-    return (1 + a) / 2
-
-
-def _t_ppf(p, df):
-    """The p quantile (p >= 0.5) of Student's t by bisection on the closed-form CDF, to float precision."""
-    lo, hi = 0.0, 1.0
-    while _t_cdf(hi, df) < p:
-        lo, hi = hi, 2 * hi
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if mid in (lo, hi):
-            break
-        lo, hi = (mid, hi) if _t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
 def t_quantile(df, p=0.975):
-    """(t_{p, df}, where it came from): scipy when installed, else the exact closed form (whole df only)."""
-    try:
-        from scipy.stats import t
-        return float(t.ppf(p, df)), "scipy.stats.t"
-    except ImportError:
-        return _t_ppf(p, int(df)), "closed-form t CDF (scipy not installed)"
+    """t_{p, df}, Student's t quantile."""
+    from scipy.stats import t
+    return float(t.ppf(p, df))
+
+
+def t_pvalue(t, df):
+    """Two-sided p of a t statistic with df degrees of freedom; numpy arrays in, arrays out."""
+    from scipy.stats import t as student
+    return 2 * student.sf(abs(t), df)
+
+
+def holm(pvalues):
+    """Holm's step-down adjusted p-values (Holm 1979): the i-th smallest of m p-values times (m - i + 1), made
+    non-decreasing in that order and capped at 1. Rejecting where the adjusted p is below alpha keeps the
+    chance of any false rejection in the family at most alpha under every dependence between the tests.
+    Vectorised over the last axis (one family per row)."""
+    import numpy as np
+    p = np.asarray(pvalues, dtype=float)
+    order = np.argsort(p, axis=-1)
+    scaled = np.take_along_axis(p, order, axis=-1) * (p.shape[-1] - np.arange(p.shape[-1]))
+    adjusted = np.empty_like(p)
+    np.put_along_axis(adjusted, order, np.minimum(np.maximum.accumulate(scaled, axis=-1), 1.0), axis=-1)
+    return adjusted
 
 
 def mean_std(values):
@@ -65,15 +50,17 @@ def mean_std(values):
 
 
 def paired(baseline, other):
-    """Paired difference other - baseline over the seeds in both ({seed: value} each)."""
+    """Paired difference other - baseline over the seeds in both ({seed: value} each): the paired t-test's
+    statistic, 95% interval and two-sided p (the interval excludes 0 exactly when p < 0.05)."""
     seeds = sorted(set(baseline) & set(other))
     diffs = [other[s] - baseline[s] for s in seeds]
-    out = {"seeds": seeds, **mean_std(diffs), "t": None, "ci95": None, "t_source": None}
+    out = {"seeds": seeds, **mean_std(diffs), "t": None, "ci95": None, "p": None}
     if len(diffs) > 1:
         se = out["std"] / math.sqrt(len(diffs))
-        q, out["t_source"] = t_quantile(len(diffs) - 1)
+        q = t_quantile(len(diffs) - 1)
         out["t"] = out["mean"] / se if se > 0 else math.copysign(math.inf, out["mean"]) if out["mean"] else 0.0
         out["ci95"] = [out["mean"] - q * se, out["mean"] + q * se]
+        out["p"] = float(t_pvalue(out["t"], len(diffs) - 1))
     return out
 
 
@@ -83,7 +70,7 @@ def detectable_difference(std, n, alpha=0.05, power=0.80):
     power of a paired t-test, n-1 degrees of freedom). None below 2 seeds."""
     if n is None or n < 2 or std is None:
         return None
-    return (t_quantile(n - 1, 1 - alpha / 2)[0] + t_quantile(n - 1, power)[0]) * std / math.sqrt(n)
+    return (t_quantile(n - 1, 1 - alpha / 2) + t_quantile(n - 1, power)) * std / math.sqrt(n)
 
 
 def seeds_needed(std, diff, alpha=0.05, power=0.80, most=10_000):
@@ -92,7 +79,8 @@ def seeds_needed(std, diff, alpha=0.05, power=0.80, most=10_000):
     if std is None or diff is None or diff == 0:
         return None
     # t quantiles exceed the normal's, so n below ((z_{1-alpha/2} + z_power) std / diff)^2 cannot do: start there
-    z = statistics.NormalDist().inv_cdf
+    from scipy.stats import norm
+    z = norm.ppf
     start = max(2, math.floor(((z(1 - alpha / 2) + z(power)) * std / abs(diff)) ** 2))
     for n in range(start, most + 1):
         if detectable_difference(std, n, alpha, power) <= abs(diff):
@@ -103,15 +91,12 @@ def seeds_needed(std, diff, alpha=0.05, power=0.80, most=10_000):
 def mcnemar_exact(only_a, only_b):
     """Two-sided exact McNemar p-value for two models scored on the same items: under "equal accuracy" each of
     the only_a + only_b discordant items (right for one model only) goes either way with probability 1/2, so
-    p = min(1, 2 P(X <= min(only_a, only_b))), X ~ Binomial(only_a + only_b, 1/2). The tail is summed in
-    exact integers and divided once (Python rounds int / int correctly at any size): no scipy, no underflow
-    of the terms even at 10,042 discordant items."""
-    n, k = only_a + only_b, min(only_a, only_b)
-    term, tail = 1, 0  # term = C(n, j)
-    for j in range(k + 1):
-        tail += term
-        term = term * (n - j) // (j + 1)
-    return min(1.0, 2 * tail / 2 ** n)
+    p = min(1, 2 P(X <= min(only_a, only_b))), X ~ Binomial(only_a + only_b, 1/2): scipy's exact binomial test.
+    No discordant item: no evidence either way, p = 1."""
+    if only_a + only_b == 0:
+        return 1.0
+    from scipy.stats import binomtest
+    return float(binomtest(only_a, only_a + only_b, 0.5).pvalue)
 
 
 def paired_difference_ci(both, only_a, only_b, neither, z=Z95):
@@ -143,8 +128,14 @@ def item_level(diffs, z=Z95):
     """Item-level interval of a mean difference: `diffs` holds one number per item (model A's correctness minus
     model B's, averaged over the seeds both have), the items are the sampling unit: mean ± z·sd/√n. It answers
     "these trained models, another sample of items like these", not "another seed of training". With one seed
-    it is the Wald interval of paired proportions; at thousands of items it agrees with paired_difference_ci."""
+    it is the Wald interval of paired proportions; at thousands of items it agrees with paired_difference_ci.
+    p: the two-sided normal p of mean/se (below 0.05 exactly when the 95% interval excludes 0)."""
     n = len(diffs)
     mean = statistics.fmean(diffs) if diffs else None
     se = statistics.stdev(diffs) / math.sqrt(n) if n > 1 else None
-    return {"items": n, "mean": mean, "se": se, "ci95": None if se is None else [mean - z * se, mean + z * se]}
+    out = {"items": n, "mean": mean, "se": se, "ci95": None, "p": None}
+    if se is not None:
+        from scipy.stats import norm
+        out["ci95"] = [mean - z * se, mean + z * se]
+        out["p"] = float(2 * norm.sf(abs(mean) / se)) if se > 0 else float(mean == 0)
+    return out

@@ -1,5 +1,4 @@
 """The sweep: paired statistics equal a hand computation, finished runs are skipped, errors are clear."""
-import builtins
 import json
 import math
 import statistics
@@ -75,17 +74,6 @@ def test_report_statistics_equal_hand_computation(tmp_path):
     assert (tmp_path / "compare.png").read_bytes().startswith(b"\x89PNG")
 
 
-def no_scipy(monkeypatch):
-    real_import = builtins.__import__
-
-    def without(name, *args, **kwargs):
-        if name.startswith("scipy"):
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", without)
-
-
 # Student's t quantiles in closed form: df 1 is Cauchy, tan(pi (p - 1/2)); df 2 is (2p - 1) / sqrt(2 p (1 - p))
 T975_1, T80_1 = math.tan(math.pi * 0.475), math.tan(math.pi * 0.3)
 T975_2, T80_2 = 0.95 / math.sqrt(2 * 0.975 * 0.025), 0.6 / math.sqrt(2 * 0.8 * 0.2)
@@ -93,29 +81,26 @@ T975_2, T80_2 = 0.95 / math.sqrt(2 * 0.975 * 0.025), 0.6 / math.sqrt(2 * 0.8 * 0
 T975_3, T80_3, T975_4, T80_4 = 3.182446, 0.978472, 2.776445, 0.940965
 
 
-def test_t_quantile_without_scipy(monkeypatch):
-    no_scipy(monkeypatch)
-    assert stats.t_quantile(2) == (pytest.approx(T975_2, rel=1e-12), "closed-form t CDF (scipy not installed)")
-    assert stats.t_quantile(1)[0] == pytest.approx(T975_1, rel=1e-12)
-    assert stats.t_quantile(1, 0.80)[0] == pytest.approx(T80_1, rel=1e-12)
-    assert stats.t_quantile(2, 0.80)[0] == pytest.approx(T80_2, rel=1e-12)
+def test_t_quantile_and_p_against_closed_forms():
+    assert stats.t_quantile(2) == pytest.approx(T975_2, rel=1e-12)
+    assert stats.t_quantile(1) == pytest.approx(T975_1, rel=1e-12)
+    assert stats.t_quantile(1, 0.80) == pytest.approx(T80_1, rel=1e-12)
+    assert stats.t_quantile(2, 0.80) == pytest.approx(T80_2, rel=1e-12)
     for df, q975, q80 in ((3, T975_3, T80_3), (4, T975_4, T80_4)):
-        assert stats.t_quantile(df)[0] == pytest.approx(q975, abs=2e-6)
-        assert stats.t_quantile(df, 0.80)[0] == pytest.approx(q80, abs=2e-6)
-    assert stats.t_quantile(1000)[0] == pytest.approx(1.962339, abs=2e-6)  # towards the normal's 1.959964
+        assert stats.t_quantile(df) == pytest.approx(q975, abs=2e-6)
+        assert stats.t_quantile(df, 0.80) == pytest.approx(q80, abs=2e-6)
+    assert stats.t_quantile(1000) == pytest.approx(1.962339, abs=2e-6)  # towards the normal's 1.959964
+    # df 2: P(|T| > t) = 1 - t / sqrt(2 + t^2); the interval's edge is p = 0.05
+    assert stats.t_pvalue(1.5, 2) == pytest.approx(1 - 1.5 / math.sqrt(2 + 1.5 ** 2), rel=1e-12)
+    assert stats.t_pvalue(-T975_2, 2) == pytest.approx(0.05, rel=1e-12)
     diffs = [-0.1, -0.2, -0.3]
     got = stats.paired({1: 0, 2: 0, 3: 0}, dict(zip((1, 2, 3), diffs)))
     mean, sd, t, ci = t_ci(diffs, T975_2)
     assert got["t"] == pytest.approx(t) and got["ci95"] == pytest.approx(list(ci))
-    assert got["t_source"] == "closed-form t CDF (scipy not installed)"
+    assert got["p"] == pytest.approx(1 - abs(t) / math.sqrt(2 + t * t), rel=1e-12)
 
 
-@pytest.mark.parametrize("scipy", [True, False], ids=["scipy", "no-scipy"])
-def test_detectable_difference_and_seeds_needed_by_hand(scipy, monkeypatch):
-    if scipy:
-        pytest.importorskip("scipy")
-    else:
-        no_scipy(monkeypatch)
+def test_detectable_difference_and_seeds_needed_by_hand():
     s = 0.0067  # the issue's relu - gelu: paired std 0.0067 over 3 seeds, observed 0.0132
     assert stats.detectable_difference(s, 3) == pytest.approx((T975_2 + T80_2) * s / math.sqrt(3), rel=1e-10)
     assert round(stats.detectable_difference(s, 3), 3) == 0.021
@@ -382,7 +367,7 @@ def test_report_power_spread_and_control(tmp_path):
     assert "relu - gelu, final val loss: 3 seeds can detect 0.021 nats; the observed 0.013 would need 5 seeds." in text
     # the control comes first, before the runs table and first among the pairs, and holds: its interval has 0
     assert result["acts"][:2] == ["gelu", "gelu_aa"] and list(result["paired"])[0] == "gelu_aa"
-    assert result["control_reliable"] is True and "contains 0, as it must" in text
+    assert result["control_reliable"] is True and "no metric differs from 0 (at family-wise error rate 0.05, Holm over its 1 metric), as it must" in text
     assert text.index("A/A control gelu_aa - gelu") < text.index("| run ")
     assert "unreliable" not in text
     # aglu's seed std (0.25 - 0.1 ...) against gelu's 0.1: flagged; relu and the control are not
@@ -404,7 +389,7 @@ def test_control_that_excludes_zero_says_the_sweep_is_unreliable(tmp_path):
     fake_sweep(tmp_path, finals, control="gelu_aa")
     text = sweep.report(tmp_path)
     assert json.loads((tmp_path / "sweep.json").read_text())["control_reliable"] is False
-    assert "excludes 0. The sweep is unreliable" in text and text.index("unreliable") < text.index("| run ")
+    assert "differs from 0 (at family-wise error rate 0.05, Holm over its 1 metric). The sweep is unreliable" in text and text.index("unreliable") < text.index("| run ")
 
 
 def test_hellaswag_pairs_get_the_item_level_interval(tmp_path, write_items):
@@ -429,6 +414,10 @@ def test_hellaswag_pairs_get_the_item_level_interval(tmp_path, write_items):
                                            mean + 1.959963984540054 * sd / math.sqrt(40)], rel=1e-12)
     assert items["discordant"] == [7, 3]  # seed 1: gelu only 10, 11; relu only 20-24. Seed 2: relu only 30-32
     assert items["p_mcnemar"] == [pytest.approx(2 * 29 / 128), pytest.approx(0.25)]
+    # per seed relu is +0.075 both times (p 0); the claim needs the item-level interval too, so its p is that one's,
+    # Holm-adjusted with the final val loss's claim (p 1: every final val loss is 3.5)
+    assert hella["p"] == 0 and items["p"] == pytest.approx(0.0495, abs=1e-4)
+    assert hella["p_holm"] == pytest.approx(2 * items["p"], rel=1e-12)
     assert "floor" not in text and "binomial_floor" not in hella
     assert "another seed of training" in text and "another sample of items" in text
     row = next(line for line in text.splitlines() if line.startswith("| relu - gelu") and "7, 3" in line)
