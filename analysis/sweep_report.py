@@ -6,8 +6,11 @@ these seeds detect at 80% power and alpha 0.05, and the seeds a target differenc
 the final val loss, else the observed difference). A variant whose seed std is more than twice its
 baseline's is flagged. Each variant's parameter count (run.json's, from the model) is stated, and a variant
 whose count outside the embeddings differs from its baseline's by more than 0.5% is flagged: its comparison is
-then also one of model size (a gated MLP at the wrong width, say). An A/A control (the baseline again with another init stream) is reported first: if
-its interval excludes 0, identical settings differ "significantly" and no interval of the sweep can be trusted.
+then also one of model size (a gated MLP at the wrong width, say). The claims "this pair differs on this metric"
+form one family whose error rate is held at ALPHA (Holm-adjusted p per pair and metric, holm_family). An A/A
+control (the baseline again with another init stream) is reported first: if one of its metrics differs at that
+family-wise rate (Holm over its own metrics), identical settings differ and no interval of the sweep can be
+trusted.
 For HellaSwag, where every run is scored on the same items, each pair also gets the item-level interval of its
 difference (from the final evaluation's items files, eval/hellaswag_items.py): the per-seed interval answers
 "another seed of training", the item-level one "another sample of items"; a claim needs both to exclude 0.

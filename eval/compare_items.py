@@ -12,7 +12,7 @@ or a run directory. Both must hold the same items with the same labels.
 Why paired: two accuracies of ~30% on 10,042 items each carry a Wilson interval of about ±0.9 points, but the
 two models answer most items alike, and only the items they answer differently (the discordant ones) say
 anything about which is better. Conditional on those, "equal accuracy" means each discordant item goes either
-way with probability 1/2: the exact McNemar test (exact binomial tail, no scipy). The interval is Newcombe's
+way with probability 1/2: the exact McNemar test (scipy's exact binomial test). The interval is Newcombe's
 square-and-add interval for paired proportions (eval/stats.py: paired_difference_ci; unconditional, built from
 the two Wilson intervals and their correlation). Both measure item-level noise only: the same two trained models
 on another sample of items like these. Whether another seed of training would change the difference is the
