@@ -1,10 +1,12 @@
-"""Docs that cannot rot: every repository path, module, script and command-line flag that the docs and the
-docstrings name exists, and no text (docs, code, tests, configs) points at an external issue tracker.
+"""Docs that cannot rot: every repository path, module, script and command-line flag that the docs, the
+docstrings and the configs' comments name exists, and no text (docs, code, tests, configs) points at an external
+issue tracker.
 
-Docs: every .md file of the repository (README.md, docs/*.md, BENCHMARKS.md, activations/README.md,
-experiments/*.md); their relative links lead to a file and, with a #fragment, to one of its headings. Docstrings: of the modules, classes
-and functions of the project's .py files (tests excluded). Commands are read from code blocks, indented
-docstring lines and `backticked` spans; each --flag is checked against the script it follows."""
+Docs: every .md file git tracks (README.md, docs/*.md, BENCHMARKS.md, activations/README.md, experiments/*.md;
+not a run's own report such as runs/gpu_check/gpu_check.md); their relative links lead to a file and, with a
+#fragment, to one of its headings. Docstrings: of the modules, classes and functions of the project's .py files
+(tests excluded). Comments: of configs/*.toml. Commands are read from code blocks, indented docstring and comment
+lines and `backticked` spans; each --flag is checked against the script it follows."""
 import argparse
 import ast
 import functools
@@ -12,6 +14,7 @@ import importlib.util
 import re
 import runpy
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,11 +24,27 @@ from analysis import sweep
 from training import config
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def tracked(root, pattern):
+    """The files under root that git tracks and that match a pathspec such as "*.md" (any folder) or
+    "configs/*.toml": what a clone holds, not what a run wrote into the tree. Outside a git checkout (an unpacked
+    archive, no git) every match outside hidden folders."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", pattern], cwd=root, capture_output=True, text=True)
+    except FileNotFoundError:
+        listed = None
+    if listed is not None and listed.returncode == 0:
+        return sorted(root / name for name in listed.stdout.split("\0") if name)
+    glob = pattern if "/" in pattern else f"**/{pattern}"  # git's "*.md" matches in every folder
+    return sorted(p for p in root.glob(glob) if not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+
 PACKAGES = ("activations", "analysis", "bench", "data", "eval", "export", "training", "translation")
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "BENCHMARKS.md",
-        ROOT / "activations" / "README.md", *sorted((ROOT / "experiments").glob("*.md"))]
+DOCS = tracked(ROOT, "*.md")
 SOURCES = [*sorted(ROOT.glob("*.py")), *(p for pkg in PACKAGES for p in sorted((ROOT / pkg).glob("*.py")))]
-EVERY_TEXT = [*DOCS, *SOURCES, *sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "configs").glob("*.toml")),
+CONFIGS = tracked(ROOT, "configs/*.toml")
+EVERY_TEXT = [*DOCS, *SOURCES, *sorted((ROOT / "tests").glob("*.py")), *CONFIGS,
               ROOT / "requirements.txt", ROOT / "pyproject.toml", ROOT / ".ci" / "run"]
 
 # A repository path starts with one of our folders or top-level files, and names a file by its extension or
@@ -42,10 +61,19 @@ def where(path):
     return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
 
 
+def comments(toml_text):
+    """The comment lines of a TOML file without their "#"; a command in them ("#   python ...", indented past the
+    prose) indented by 4 spaces, as in a docstring, so that commands() reads it as code."""
+    lines = [line.lstrip()[1:] for line in toml_text.splitlines() if line.lstrip().startswith("#")]
+    return "\n".join("    " + line.strip() if line.startswith("  ") else line for line in lines)
+
+
 def docs_and_docstrings():
-    """(where, text) of every doc and of every docstring in SOURCES."""
+    """(where, text) of every doc, of the comments of every config and of every docstring in SOURCES."""
     for path in DOCS:
         yield where(path), path.read_text()
+    for path in CONFIGS:
+        yield where(path), comments(path.read_text())
     for path in SOURCES:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -125,9 +153,27 @@ def test_repository_paths_exist():
     assert not missing, "\n".join(missing)
 
 
-def test_every_markdown_file_is_checked():
-    found = {p for p in ROOT.rglob("*.md") if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)}
-    assert found <= set(DOCS), sorted(map(str, found - set(DOCS)))
+def test_the_docs_are_the_tracked_files(tmp_path, monkeypatch):
+    """The docs are the .md files git tracks: the ones a clone holds are all read, a run's own report written into
+    the tree (bench/gpu_check.py's runs/gpu_check/gpu_check.md) is not; outside git, every .md file is."""
+    assert {ROOT / "README.md", ROOT / "docs" / "comparing_runs.md", ROOT / "experiments" / "cpu_seed_study.md",
+            ROOT / "activations" / "README.md"} <= set(DOCS)
+    assert ROOT / "configs" / "gpt2_cpu_tiny.toml" in CONFIGS
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text("See `README.md`.\n")
+    (tmp_path / "report.md").write_text("See `docs/no_such_page.md`.\n")  # untracked, pointing at nothing
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no checkout around tmp_path either
+    assert tracked(tmp_path, "*.md") == [tmp_path / "docs" / "page.md", tmp_path / "report.md"]  # not a checkout
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "add", "docs/page.md"], cwd=tmp_path, check=True)
+    assert tracked(tmp_path, "*.md") == [tmp_path / "docs" / "page.md"]
+    monkeypatch.setattr(sys.modules[__name__], "DOCS", tracked(tmp_path, "*.md"))
+    monkeypatch.setattr(sys.modules[__name__], "SOURCES", [])
+    monkeypatch.setattr(sys.modules[__name__], "CONFIGS", [])
+    test_repository_paths_exist()
+    monkeypatch.setattr(sys.modules[__name__], "DOCS", [tmp_path / "report.md"])
+    with pytest.raises(AssertionError, match="docs/no_such_page.md"):
+        test_repository_paths_exist()
 
 
 def anchor(heading):
@@ -309,16 +355,23 @@ def test_no_issue_tracker_references():
 
 
 def test_a_planted_mistake_in_a_doc_is_caught(tmp_path, monkeypatch):
-    """The checks above read docs/ as they read the README: a doc naming a missing file, a flag its script does
-    not take or a link to no heading fails them."""
+    """The checks above read docs/ as they read the README, and a config's comments too: a doc or a config
+    naming a missing file, a flag its script does not take or a link to no heading fails them."""
     planted = tmp_path / "planted.md"
     planted.write_text("See `docs/no_such_page.md` and [training](%s#no-such-heading).\n\n```bash\n"
                        "python train_gpt2.py --config configs/gpt2_cpu_tiny.toml --no-such-flag 3\n```\n"
                        % (ROOT / "docs" / "training.md"))
+    planted_config = tmp_path / "planted.toml"
+    planted_config.write_text("# The study of configs/no_such_plan.toml, run as\n"
+                              "#   python train_gpt2.py --config configs/gpt2_cpu_tiny.toml \\\n"
+                              "#       --no-such-config-flag 3\n[model]\nn_layer = 2\n")
     monkeypatch.setattr(sys.modules[__name__], "DOCS", [planted])
     monkeypatch.setattr(sys.modules[__name__], "SOURCES", [])
+    monkeypatch.setattr(sys.modules[__name__], "CONFIGS", [planted_config])
     checks = [(test_repository_paths_exist, "docs/no_such_page.md"), (test_flags_are_accepted, "--no-such-flag"),
-              (test_markdown_links_lead_somewhere, "no-such-heading")]
+              (test_markdown_links_lead_somewhere, "no-such-heading"),
+              (test_repository_paths_exist, "configs/no_such_plan.toml"),
+              (test_flags_are_accepted, "--no-such-config-flag")]
     for check, mistake in checks:
         with pytest.raises(AssertionError, match=re.escape(mistake)):
             check()
