@@ -5,7 +5,7 @@ that use them: their import (about half a second) stays out of log reading, whic
 import math
 import statistics
 
-Z95 = 1.959963984540054
+Z95 = 1.959963984540054  # scipy.stats.norm.ppf(0.975), written out: wilson() reads logs without scipy
 
 
 def wilson(k, n, z=Z95):
@@ -80,8 +80,7 @@ def seeds_needed(std, diff, alpha=0.05, power=0.80, most=10_000):
         return None
     # t quantiles exceed the normal's, so n below ((z_{1-alpha/2} + z_power) std / diff)^2 cannot do: start there
     from scipy.stats import norm
-    z = norm.ppf
-    start = max(2, math.floor(((z(1 - alpha / 2) + z(power)) * std / abs(diff)) ** 2))
+    start = max(2, math.floor(((norm.ppf(1 - alpha / 2) + norm.ppf(power)) * std / abs(diff)) ** 2))
     for n in range(start, most + 1):
         if detectable_difference(std, n, alpha, power) <= abs(diff):
             return n
