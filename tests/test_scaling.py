@@ -51,6 +51,19 @@ def test_multiplier_of_scaled_curve_is_k_to_minus_one_over_alpha(sizes, form):
     json.dumps(result, allow_nan=False)  # sweep.json holds plain numbers
 
 
+def test_bootstrap_pairs_seeds_across_arms():
+    # a seed's offset shared by both arms at every size moves E_base and E_x alike, which leaves L_x - E_base and
+    # so the multiplier unchanged: resampled paired, its interval has no width; resampled per arm, it would
+    offsets = [0.0, 0.05, -0.04, 0.08]
+    ladder = ladder_of({"gelu": (2.5, 300.0, 0.15), "swiglu": (2.5, 280.0, 0.15)}, seeds=len(offsets))
+    for points in ladder.values():
+        for losses in points.values():
+            for s in losses:
+                losses[s] += offsets[s]
+    row = scaling.fit_ladder(ladder, "gelu", n_resamples=20)["multipliers"]["swiglu"]["at_sizes"][2]
+    assert row["ci"][1] - row["ci"][0] < 1e-4 * row["multiplier"]
+
+
 def test_trend_of_power_laws_with_different_exponents():
     # L = A C^-a: log m = (a_x / a_base - 1) log C + const, so the slope is a_x / a_base - 1 exactly
     ladder = ladder_of({"gelu": (0.0, 30.0, 0.10), "relu2": (0.0, 30.0, 0.11)}, COMPUTE[:3], seeds=4, noise=1e-4)
