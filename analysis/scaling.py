@@ -38,8 +38,8 @@ SIZES_FOR_E = 4  # fewer distinct C cannot identify E beside A and alpha
 GPT2_124M_10B = ("GPT-2 124M at 10B tokens", 855_383_040 * 19_073 * 2 ** 19)
 CURVE_POINTS = 40  # compute values at which the figure's multiplier band is drawn
 FORMS = {"saturating": "L = E + A C^-alpha (scipy.optimize.least_squares on the mean loss over seeds per size)",
-         "power_law": "L = A C^-alpha, a line in log-log (fewer than 4 sizes cannot identify E; E = 0 overstates "
-                      "the curvature's absence, so extrapolated multipliers drift)",
+         "power_law": "L = A C^-alpha, a line in log-log (fewer than 4 sizes cannot identify E, so the fit has no "
+                      "floor; extrapolated multipliers rest on that assumption)",
          "fixed_E": "L = E + A C^-alpha with E given, a line of log(L - E) in log C"}
 
 
@@ -145,7 +145,8 @@ def fit_ladder(ladder, baseline, target=GPT2_124M_10B, irreducible=None, through
                confidence=0.95, rng=0):
     """Fits, multipliers, trend and their bootstrap intervals as plain numbers for sweep.json, with "sentences".
     ladder: {arm: {C: {seed: loss}}}; target: (name, C) or None; irreducible: a known E (forces the fixed_E form);
-    throughput: {"ratio": {arm: X's throughput over the baseline's, one number or {C: number}}, "source": text}."""
+    throughput: {"ratio": {arm: X's throughput over the baseline's, in compute per second as C counts it (tokens/s
+    where the arms' FLOPs per token match), one number or {C: number} at X's ladder C}, "source": text}."""
     arrays, seeds = check_ladder(ladder, baseline)
     sizes = min(len(c) for c, _ in arrays.values())
     form = "fixed_E" if irreducible is not None else "saturating" if sizes >= SIZES_FOR_E else "power_law"
@@ -226,36 +227,42 @@ def _times(m):
     return "infinitely many times (below the baseline's floor E)" if m is None else f"{m:.3g}x"
 
 
-def _ci(pair, fmt="{:.3g}"):
-    return "no interval" if pair[0] is None and pair[1] is None else \
-        "[" + ", ".join("-" if v is None else fmt.format(v) for v in pair) + "]"
+def _ci(pair, level, fmt="{:.3g}"):
+    """"(95% interval [lo, hi])", "-" for an end that is not a number (an infinite multiplier), or "(no interval)"."""
+    if pair[0] is None and pair[1] is None:
+        return "(no interval)"
+    return f"({level} interval [" + ", ".join("-" if v is None else fmt.format(v) for v in pair) + "])"
 
 
 def sentences(result):
     """Lines a paper can quote: the form, each fit, each multiplier at the sizes and the target, its trend."""
-    level, n = f"{result['confidence']:.0%}", len(result["seeds"])
-    base = result["baseline"]
-    out = [f"Fit: {result['form_text']}; {level} intervals: {result['interval']}, {n} seeds, "
-           f"{result['n_resamples']} resamples."]
+    level, n, base = f"{result['confidence']:.0%}", len(result["seeds"]), result["baseline"]
+    spread = (f"{level} intervals: {result['interval']}, {n} seeds, {result['n_resamples']} resamples" if n > 1 else
+              "no intervals: one seed, nothing to resample")
+    out = [f"Fit: {result['form_text']}; {spread}."]
     for a, f in result["arms"].items():
-        out.append(f"{a}: E = {f['E']:.4g} {_ci(f['E_ci'], '{:.4g}')}, A = {f['A']:.4g}, alpha = {f['alpha']:.4g} "
-                   f"{_ci(f['alpha_ci'], '{:.4g}')} (C in FLOPs).")
+        e = f"{f['E']:.4g} {_ci(f['E_ci'], level, '{:.4g}')}" if result["form"] == "saturating" else \
+            f"{f['E']:.4g} (fixed)"
+        out.append(f"{a}: E = {e}, A = {f['A']:.4g}, alpha = {f['alpha']:.4g} {_ci(f['alpha_ci'], level, '{:.4g}')} "
+                   "(C in FLOPs).")
     for a, m in result["multipliers"].items():
         for row in m["at_sizes"]:
             text = (f"At {row['compute']:.3g} FLOPs {a} reaches a loss that {base} needs {_times(row['multiplier'])} "
-                    f"the compute for ({level} interval {_ci(row['ci'])})")
+                    f"the compute for {_ci(row['ci'], level)}")
             if row["wall_clock"] is not None:
                 text += (f"; with {a}'s throughput {row['throughput_ratio']:.3g}x {base}'s "
                          f"({result['throughput_source'] or 'source not given'}), {row['wall_clock']:.3g}x in "
-                         f"wall-clock {_ci(row['wall_clock_ci'])}")
+                         f"wall-clock {_ci(row['wall_clock_ci'], level)}")
             out.append(text + ".")
         if m["target"]:
             t, top = m["target"], m["at_sizes"][-1]["compute"]
             out.append(f"Extrapolated to {result['target']['name']} ({t['compute']:.3g} FLOPs, "
-                       f"{t['compute'] / top:.3g}x the ladder's largest): {_times(t['multiplier'])} {_ci(t['ci'])}.")
+                       f"{t['compute'] / top:.3g}x the ladder's largest): {_times(t['multiplier'])} "
+                       f"{_ci(t['ci'], level)}.")
         trend = m["trend"]
-        slope = "not defined" if trend["slope"] is None else f"{trend['slope']:+.3g} {_ci(trend['ci'], '{:+.3g}')}"
+        slope = "not defined" if trend["slope"] is None else \
+            f"{trend['slope']:+.3g} {_ci(trend['ci'], level, '{:+.3g}')}"
         say = {"grows": "grows with compute", "shrinks": "shrinks with compute",
-               "no trend resolved": "has no trend these seeds resolve"}.get(trend["verdict"], "has a trend " + trend["verdict"])
+               "no trend resolved": "has no trend these seeds resolve"}.get(trend["verdict"], trend["verdict"])
         out.append(f"{a}'s multiplier over {base} {say}: slope of log m on log C over the ladder {slope}.")
     return out
