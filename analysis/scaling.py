@@ -11,8 +11,8 @@ by scipy.optimize.least_squares. Three parameters need at least 4 distinct C to 
 E is not identified and the fit is a pure power law L = A * C^(-alpha), a straight line in log-log, or, when an
 irreducible loss E is given, log(L - E) against log C. The form used is stated in every output.
 
-The compute multiplier of X at compute C is m(C) = C_base(L_X(C)) / C, C_base(L) = ((L - E_base) / A_base)^(-1/alpha_base)
-the baseline's fitted curve inverted: how many times C the baseline needs to reach the loss X reaches at C. m = 1
+The compute multiplier of X at compute C is m(C) = C_base(L_X(C)) / C, with the baseline's fitted curve inverted,
+C_base(L) = ((L - E_base) / A_base)^(-1/alpha_base): how many times C the baseline needs to reach the loss X reaches at C. m = 1
 is no gain; m is infinite where X's fitted loss lies below the baseline's floor E_base. It is evaluated at every C
 of X's ladder and at a named target (by default GPT-2 124M at 10B tokens, an extrapolation). The wall-clock
 multiplier is m times X's throughput over the baseline's, a ratio given with its source. The trend is the slope of
@@ -157,56 +157,52 @@ def fit_ladder(ladder, baseline, target=GPT2_124M_10B, irreducible=None, through
     top = max(c.max() for c, _ in arrays.values())
     curve = np.geomspace(min(c.min() for c, _ in arrays.values()), max(top, target[1] if target else top),
                          CURVE_POINTS)
-    points = {a: np.concatenate([arrays[a][0], [target[1]] if target else [], curve]) for a in others}
-    point = {a: _fit(form, arrays[a][0], arrays[a][1].mean(axis=1), irreducible) for a in arms}
+    # each other arm's multiplier is evaluated at its ladder's C, the target, then the figure's curve
+    evaluate_at = {a: np.concatenate([arrays[a][0], [target[1]] if target else [], curve]) for a in others}
+    full_fit = {a: _fit(form, arrays[a][0], arrays[a][1].mean(axis=1), irreducible) for a in arms}
 
     def estimates(idx, axis=-1):
-        """Every reported number for seed-index resamples idx (rows), stacked as (quantities, rows)."""
+        """Every reported number for seed-index resamples idx (rows), stacked as (quantities, rows): per arm
+        E, log A, alpha; per other arm log m at evaluate_at, then the slope of log m over its ladder."""
         idx = np.atleast_2d(idx).astype(int)
         fits = {a: _fit(form, arrays[a][0], arrays[a][1][:, idx].mean(axis=-1).T, irreducible,
-                        start=[p[0] for p in point[a]]) for a in arms}
+                        start=[p[0] for p in full_fit[a]]) for a in arms}
         rows = [np.stack(fits[a]) for a in arms]
         for a in others:
-            log_m = multiplier_from_fits(fits[baseline], fits[a], points[a])
+            log_m = multiplier_from_fits(fits[baseline], fits[a], evaluate_at[a])
             rows += [log_m.T, _slope(arrays[a][0], log_m[:, :len(arrays[a][0])])[None]]
         return np.concatenate(rows)
 
-    values = estimates(np.arange(len(seeds)))[:, 0]
-    low = high = np.full_like(values, np.nan)
+    estimate = estimates(np.arange(len(seeds)))[:, 0]
+    low = high = np.full_like(estimate, np.nan)
     if len(seeds) > 1:
         with warnings.catch_warnings(), np.errstate(invalid="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)  # infinite multipliers make the standard error nan
             ci = bootstrap((np.arange(len(seeds)),), estimates, n_resamples=n_resamples, confidence_level=confidence,
                            method="percentile", vectorized=True, rng=rng).confidence_interval
         low, high = ci.low, ci.high
+    triples = iter(np.column_stack([estimate, low, high]))  # (value, low, high) in estimates' order
+    take = lambda n: [next(triples) for _ in range(n)]
 
     result = {"form": form, "form_text": FORMS[form], "baseline": baseline, "seeds": seeds, "confidence": confidence,
               "n_resamples": n_resamples, "interval": "percentile bootstrap over seeds, paired across arms and sizes",
               "target": None if target is None else {"name": target[0], "compute": target[1]},
               "throughput_source": (throughput or {}).get("source"), "arms": {}, "multipliers": {}}
-    at = 0
-
-    def take(n, transform=lambda v: v):
-        nonlocal at
-        out = [(transform(values[i]), transform(low[i]), transform(high[i])) for i in range(at, at + n)]
-        at += n
-        return out
-
     for a in arms:
-        (e, e_lo, e_hi), (log_a, a_lo, a_hi), (alpha, al_lo, al_hi) = take(3)
+        e, log_a, alpha = take(3)
         compute, loss = arrays[a]
         result["arms"][a] = {
-            "E": _value(e), "E_ci": [_value(e_lo), _value(e_hi)], "A": _value(math.exp(log_a)),
-            "A_ci": [_value(np.exp(a_lo)), _value(np.exp(a_hi))], "alpha": _value(alpha),
-            "alpha_ci": [_value(al_lo), _value(al_hi)],
+            "E": _value(e[0]), "E_ci": [_value(v) for v in e[1:]], "A": _value(np.exp(log_a[0])),
+            "A_ci": [_value(np.exp(v)) for v in log_a[1:]], "alpha": _value(alpha[0]),
+            "alpha_ci": [_value(v) for v in alpha[1:]],
             "points": [{"compute": float(c), "mean": float(row.mean()), "low": float(row.min()),
                         "high": float(row.max())} for c, row in zip(compute, loss)]}
+    entry = lambda c, m: {"compute": float(c), "multiplier": _value(m[0]), "ci": [_value(m[1]), _value(m[2])]}
     for a in others:
         compute = arrays[a][0]
-        triples = take(len(points[a]), np.exp)
+        multipliers = np.exp(take(len(evaluate_at[a])))
         ratio = ((throughput or {}).get("ratio") or {}).get(a)
-        entry = lambda c, m: {"compute": float(c), "multiplier": _value(m[0]), "ci": [_value(m[1]), _value(m[2])]}
-        at_sizes = [entry(c, m) for c, m in zip(compute, triples)]
+        at_sizes = [entry(c, m) for c, m in zip(compute, multipliers)]
         for row in at_sizes:
             r = ratio.get(row["compute"]) if isinstance(ratio, dict) else ratio
             row["throughput_ratio"] = r
@@ -216,8 +212,8 @@ def fit_ladder(ladder, baseline, target=GPT2_124M_10B, irreducible=None, through
         verdict = ("not defined: a multiplier is infinite" if not math.isfinite(slope) else
                    "grows" if s_lo > 0 else "shrinks" if s_hi < 0 else "no trend resolved")
         result["multipliers"][a] = {
-            "at_sizes": at_sizes, "target": entry(target[1], triples[len(compute)]) if target else None,
-            "curve": [entry(c, m) for c, m in zip(curve, triples[len(compute) + bool(target):])],
+            "at_sizes": at_sizes, "target": entry(target[1], multipliers[len(compute)]) if target else None,
+            "curve": [entry(c, m) for c, m in zip(curve, multipliers[len(compute) + bool(target):])],
             "trend": {"slope": _value(slope), "ci": [_value(s_lo), _value(s_hi)], "verdict": verdict}}
     result["sentences"] = sentences(result)
     return result
