@@ -5,18 +5,18 @@ Input: {arm: {C: {seed: final loss}}}, C the training compute of a ladder point 
 flops_per_token times the tokens trained), the same seeds at every point of every arm; each arm at its best lr
 (analysis/lr_grid.py). Per arm, the mean loss over seeds at each C is fitted with
 
-    L(C) = E + A * C^(-alpha)                    (Kaplan et al. 2020; Hoffmann et al. 2022, eq. 2 in C)
+    L(C) = E + A * C^(-alpha)      (Kaplan et al. 2020's power law in C, plus Hoffmann et al. 2022's floor E)
 
 by scipy.optimize.least_squares. Three parameters need at least 4 distinct C to leave a residual; with fewer,
 E is not identified and the fit is a pure power law L = A * C^(-alpha), a straight line in log-log, or, when an
 irreducible loss E is given, log(L - E) against log C. The form used is stated in every output.
 
 The compute multiplier of X at compute C is m(C) = C_base(L_X(C)) / C, with the baseline's fitted curve inverted,
-C_base(L) = ((L - E_base) / A_base)^(-1/alpha_base): how many times C the baseline needs to reach the loss X reaches at C. m = 1
-is no gain; m is infinite where X's fitted loss lies below the baseline's floor E_base. It is evaluated at every C
-of X's ladder and at a named target (by default GPT-2 124M at 10B tokens, an extrapolation). The wall-clock
-multiplier is m times X's throughput over the baseline's, a ratio given with its source. The trend is the slope of
-log m against log C over the ladder: > 0, X's gain grows with compute.
+C_base(L) = ((L - E_base) / A_base)^(-1/alpha_base): how many times C the baseline needs to reach the loss X reaches
+at C. m = 1 is no gain; m is infinite where X's fitted loss lies below the baseline's floor E_base. It is
+evaluated at every C of X's ladder and at a named target (by default GPT-2 124M at 10B tokens, an extrapolation).
+The wall-clock multiplier is m times X's throughput over the baseline's, a ratio given with its source. The trend
+is the slope of log m against log C over the ladder: > 0, X's gain grows with compute.
 
 Intervals: percentile bootstrap over seeds (scipy.stats.bootstrap): one resample of seed indices serves every arm
 and every size, since the arms share seeds and the seed fixes the data order (paired), then every fit and multiplier
