@@ -1,0 +1,108 @@
+"""Each arm at its best learning rate: the lr picker of a grid sweep, and the paired comparisons it allows.
+
+Input: {arm: {lr: {seed: final loss}}}, a log-spaced grid of learning rates per arm, the same seeds at every lr
+of every arm. The rule, stated in every output: an arm's best lr is the grid point with the lowest mean final loss
+over seeds; a point where any seed diverged (a non-finite loss) counts as worst. Where the best lr has a grid
+neighbour on each side, a parabola through those three means in log lr gives an interpolated optimum (reported,
+never used to pick: no run was trained there). A best lr at an end of the grid is flagged: the optimum may lie
+outside, and a comparison at it understates that arm.
+
+Comparisons are paired by seed (eval/stats.py's paired): each arm at its best lr against the baseline at its own
+best lr ("what is X worth, both tuned"), and at the baseline's best lr ("X dropped into the baseline's recipe").
+"""
+import math
+
+import numpy as np
+
+from errors import ConfigError
+from eval.stats import mean_std, paired
+
+RULE = ("best lr: the grid point with the lowest mean final loss over seeds (a point with a diverged seed counts "
+        "as worst); interpolated: the vertex of a parabola in log lr through the best point and its two neighbours")
+# consecutive log-lr steps may differ by this fraction: 3e-4, 6e-4, 1.2e-3 pass, and so do rounded grids
+# such as 1e-4, 3e-4, 1e-3 (steps ln 3 and ln 3.33)
+LOG_SPACING_TOLERANCE = 0.15
+
+
+def check_grid(arm, grid):
+    """Sorted lrs and sorted seeds of one arm's {lr: {seed: loss}}; a grid the picker cannot read is a ConfigError."""
+    lrs = sorted(grid)
+    if bad := [lr for lr in lrs if not lr > 0]:
+        raise ConfigError(f"{arm}: learning rate {bad[0]} is not positive; a grid holds lrs > 0")
+    if len(lrs) < 2:
+        raise ConfigError(f"{arm}: a grid of one learning rate ({lrs[0]:g}) picks nothing; run at least 3, "
+                          "log-spaced (e.g. 0.5x, 1x, 2x the recipe's lr)")
+    steps = np.diff(np.log(lrs))
+    if steps.max() > (1 + LOG_SPACING_TOLERANCE) * steps.min():
+        raise ConfigError(f"{arm}: the lrs {', '.join(f'{lr:g}' for lr in lrs)} are not log-spaced; use a constant "
+                          "ratio between neighbours (e.g. 3e-4, 6e-4, 1.2e-3), so that every lr is equally resolved")
+    seeds = sorted(set().union(*(grid[lr] for lr in lrs)), key=str)
+    for lr in lrs:
+        if missing := [s for s in seeds if s not in grid[lr]]:
+            raise ConfigError(f"{arm} at lr {lr:g}: no loss for seed {', '.join(map(str, missing))}; every lr needs "
+                              "the same seeds (run them, or drop those seeds from the whole grid)")
+    return lrs, seeds
+
+
+def pick(arm, grid):
+    """One arm's best lr by RULE: {"best_lr", "interpolated_lr" (None at an edge), "edge" ("low", "high" or None),
+    "grid": [{"lr", "n", "mean", "std", "diverged"}]}."""
+    lrs, seeds = check_grid(arm, grid)
+    rows = []
+    for lr in lrs:
+        losses = [grid[lr][s] for s in seeds]
+        diverged = not all(math.isfinite(x) for x in losses)
+        stats = {"n": len(losses), "mean": None, "std": None} if diverged else mean_std(losses)
+        rows.append({"lr": lr, **stats, "diverged": diverged})
+    score = [math.inf if r["diverged"] else r["mean"] for r in rows]
+    best = int(np.argmin(score))
+    edge = "low" if best == 0 else "high" if best == len(lrs) - 1 else None
+    interpolated = None
+    if edge is None and all(math.isfinite(s) for s in score[best - 1:best + 2]):
+        a, b, _ = np.polyfit(np.log(lrs[best - 1:best + 2]), score[best - 1:best + 2], 2)
+        interpolated = float(math.exp(-b / (2 * a))) if a > 0 else None
+    return {"best_lr": lrs[best], "interpolated_lr": interpolated, "edge": edge, "seeds": seeds, "grid": rows}
+
+
+def compare(grids, baseline):
+    """Every arm's pick, and each other arm against `baseline` paired by seed: at both best lrs ("at_best") and at
+    the baseline's best lr ("at_baseline_lr", None when the arm's grid lacks it). grids: {arm: {lr: {seed: loss}}}."""
+    if baseline not in grids:
+        raise ConfigError(f"baseline {baseline!r} has no grid; name one of {', '.join(grids)}")
+    picks = {arm: pick(arm, grid) for arm, grid in grids.items()}
+    for arm, p in picks.items():
+        if p["seeds"] != picks[baseline]["seeds"]:
+            raise ConfigError(f"{arm} has seeds {p['seeds']}, {baseline} {picks[baseline]['seeds']}; a paired "
+                              "comparison needs the same seeds in both arms")
+    base_lr = picks[baseline]["best_lr"]
+    pairs = {arm: {"at_best": paired(grids[baseline][base_lr], grids[arm][p["best_lr"]]), "baseline_lr": base_lr,
+                   "at_baseline_lr": paired(grids[baseline][base_lr], grids[arm][base_lr])
+                   if base_lr in grids[arm] else None}
+             for arm, p in picks.items() if arm != baseline}
+    return {"rule": RULE, "baseline": baseline, "picks": picks, "paired": pairs,
+            "best_lr": {arm: p["best_lr"] for arm, p in picks.items()},
+            "sentences": sentences(picks, pairs, baseline)}
+
+
+def _interval(p):
+    if p["ci95"] is None:
+        return f"{p['mean']:+.4f} (n={p['n']}, no interval)"
+    return f"{p['mean']:+.4f} nats (95% CI [{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}], {p['n']} seeds paired)"
+
+
+def sentences(picks, pairs, baseline):
+    out = []
+    for arm, p in picks.items():
+        text = f"{arm}: best lr {p['best_lr']:g} of {len(p['grid'])} grid points ({len(p['seeds'])} seeds)"
+        if p["interpolated_lr"] is not None:
+            text += f"; a parabola in log lr puts the optimum at {p['interpolated_lr']:.3g}"
+        if p["edge"]:
+            text += (f"; it is the grid's {'lowest' if p['edge'] == 'low' else 'highest'} lr, so the optimum may "
+                     f"lie outside: extend the grid {'down' if p['edge'] == 'low' else 'up'}ward")
+        out.append(text + ".")
+    for arm, pair in pairs.items():
+        text = (f"{arm} - {baseline}, each at its best lr: {_interval(pair['at_best'])}; at {baseline}'s best lr "
+                f"{pair['baseline_lr']:g}: ")
+        text += _interval(pair["at_baseline_lr"]) if pair["at_baseline_lr"] else "not in its grid"
+        out.append(text + ".")
+    return out
