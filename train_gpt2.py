@@ -85,9 +85,9 @@ class TrainConfig:
     init_from: str = ""
 
 
-# what --init-from takes from the source model (glu_hidden: absent from older sources, which are plain: 0); the
-# rest of the model section is the run's own
-ARCHITECTURE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias", "glu_hidden")
+# what --init-from takes from the source model (glu_hidden and norm: absent from older sources, which are plain
+# LayerNorm GPT-2s: 0, "layernorm"); the rest of the model section is the run's own
+ARCHITECTURE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias", "glu_hidden", "norm")
 
 
 def architecture(model_config):
