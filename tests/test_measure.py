@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from eval import signal, sparsity
+from eval.stats import paired
 from eval.measure import main as measure_main
 from model import GPT, GPTConfig
 
@@ -104,3 +105,32 @@ def test_the_command_measures_a_run_and_its_init(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "measure.json").read_text()).keys() == results.keys()
     assert (tmp_path / "out" / "signal_propagation.png").stat().st_size > 10_000
     assert "CETT@0.2" in capsys.readouterr().out
+
+
+def fake_run(act, seed, zeros, entropy):
+    from analysis.runs import Run
+    record = {"sparsity": {"h.0": {"zeros": zeros, "dead": 0.0}, "h.1": {"zeros": zeros, "dead": 0.0}},
+              "massive": [{"max": 4.0, "median": 1.0, "ratio": 4.0}],
+              "attention_entropy": [[entropy, entropy]], "signal": [{"variance": 1.0}, {"variance": 2.0}]}
+    return Run(path=None, label=f"{act}_seed{seed}", config={"model": {"act": act}, "run": {"seed": seed}},
+               measures=[(10, None, record)])
+
+
+def test_arms_differ_beyond_seed_noise_where_their_measures_do():
+    """relu has 0.5 zeros on every seed, gelu none: beyond noise; the entropies scatter around the same value:
+    within noise."""
+    from analysis import measures
+    from analysis.compare import table
+
+    runs = {"gelu": [fake_run("gelu", s, 0.0, 1.9 + 0.01 * s) for s in (1, 2, 3)],
+            "relu": [fake_run("relu", s, 0.5 + 0.01 * s, 1.9 + 0.01 * (4 - s)) for s in (1, 2, 3)]}
+    diffs = measures.paired_differences(runs, {"gelu": None, "relu": "gelu"})
+    assert diffs["relu"]["zeros"]["mean"] == pytest.approx(0.52)
+    assert measures.beyond_noise(diffs["relu"]["zeros"]) is True
+    assert measures.beyond_noise(diffs["relu"]["attention_entropy"]) is False
+    assert measures.beyond_noise(diffs["relu"]["massive"]) is False  # identical on every seed
+    assert measures.beyond_noise(paired({1: 0.0}, {1: 1.0})) is None  # one seed: no interval
+    (line,) = measures.sentences(diffs, {"relu": "gelu"})
+    assert "in zeros +0.52 [" in line and line.endswith("within noise: dead, massive, attention_entropy, stream_growth")
+    header, _, first = table(runs["relu"]).splitlines()[:3]
+    assert "| zeros " in header and "| 0.51 " in first  # analysis.compare's columns
