@@ -51,6 +51,7 @@ class GPTConfig:
     act_kwargs: dict = field(default_factory=dict)
     plain_top_k: int = 0  # ANAct's "NSwish + k Swish": the top k MLPs use the unnormalized activation
     glu_hidden: int = 0  # gated MLP's hidden width; 0: 2/3 of 4 n_embd rounded to 64 (as many weights as plain)
+    norm: str = "layernorm"  # every ln_1, ln_2, ln_f: layernorm (GPT-2's), rmsnorm, dyt or none (NORMS)
 
 
 # SDPA kernels by name for `attention_backend`; "auto" leaves the choice to PyTorch.
@@ -68,6 +69,38 @@ def sdpa_backends(name):
         raise ConfigError(f"unknown attention_backend {name!r}; choose auto or one or more (comma-separated, "
                           f"tried in order) of {', '.join(ATTENTION_BACKENDS)}")
     return [ATTENTION_BACKENDS[n] for n in names]
+
+
+class DyT(nn.Module):
+    """Dynamic Tanh, weight * tanh(alpha * x) + bias, a drop-in for LayerNorm (Zhu et al. 2025, "Transformers
+    without Normalization", Eq. 1): alpha one learnable scalar, init 0.5 (the paper's default alpha_0), weight and
+    bias per channel at 1 and 0 like LayerNorm's. alpha is 0-D, so the optimizer never decays it."""
+
+    def __init__(self, n_embd, bias=True, alpha=0.5):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(alpha)))
+        self.weight = nn.Parameter(torch.ones(n_embd))
+        self.bias = nn.Parameter(torch.zeros(n_embd)) if bias else None
+
+    def forward(self, x):
+        y = torch.tanh(self.alpha * x) * self.weight
+        return y + self.bias if self.bias is not None else y
+
+
+# The normalization of every ln_1, ln_2 and ln_f by GPTConfig.norm. RMSNorm keeps LayerNorm's eps (1e-5) and has
+# no bias by definition; "none" is the normalization-free GPT-2 (docs/training.md: why its init stays GPT-2's).
+NORMS = {
+    "layernorm": lambda c: nn.LayerNorm(c.n_embd, bias=c.bias),
+    "rmsnorm": lambda c: nn.RMSNorm(c.n_embd, eps=1e-5),
+    "dyt": lambda c: DyT(c.n_embd, bias=c.bias),
+    "none": lambda c: nn.Identity(),
+}
+
+
+def norm_layer(config):
+    if config.norm not in NORMS:
+        raise ConfigError(f"unknown norm {config.norm!r}; choose one of {', '.join(NORMS)}")
+    return NORMS[config.norm](config)
 
 
 class CausalSelfAttention(nn.Module):
@@ -130,9 +163,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config, layer, backends=None):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = norm_layer(config)
         self.attn = CausalSelfAttention(config, backends)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = norm_layer(config)
         self.mlp = MLP(config, layer)
 
     def forward(self, x, cache=None):
@@ -156,7 +189,7 @@ class GPT(nn.Module):
             wpe=nn.Embedding(config.block_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList(Block(config, i, backends) for i in range(config.n_layer)),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=norm_layer(config),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight

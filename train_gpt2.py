@@ -20,6 +20,7 @@ import torch
 from activations import mlp_activation, telemetry
 from data.loader import ShardLoader
 from data.tokenizer import VOCAB_SIZE, TokenizerError, gpt2_tokenizer
+from eval import signal, sparsity
 from eval.hellaswag import evaluate_model
 from model import GPT, GPTConfig, mlp_width, pretrained_gpt2
 from training import distributed
@@ -85,9 +86,9 @@ class TrainConfig:
     init_from: str = ""
 
 
-# what --init-from takes from the source model (glu_hidden: absent from older sources, which are plain: 0); the
-# rest of the model section is the run's own
-ARCHITECTURE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias", "glu_hidden")
+# what --init-from takes from the source model (glu_hidden and norm: absent from older sources, which are plain
+# LayerNorm GPT-2s: 0, "layernorm"); the rest of the model section is the run's own
+ARCHITECTURE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias", "glu_hidden", "norm")
 
 
 def architecture(model_config):
@@ -167,8 +168,11 @@ class GPTTrainer(Trainer):
         result = Evaluation({"val_loss": val}, f"val loss {val:.4f}", {"val": val})
         if d.master:
             self.val_loader.reset()
-            result.fields["telemetry"] = telemetry.collect(self.model, self.val_loader.next_batch()[0].to(d.device),
-                                                           self.ctx.autocast)
+            batch = self.val_loader.next_batch()[0][:telemetry.MAX_ROWS].to(d.device)
+            result.fields["telemetry"] = telemetry.collect(self.model, batch, self.ctx.autocast)
+            # the literature's one-batch measurements (eval/measure.py runs them all, CETT and PPL-p% included)
+            result.fields["measure"] = {"sparsity": sparsity.on_batch(self.model, batch, self.ctx.autocast),
+                                        **signal.measure(self.model, batch, self.ctx.autocast)}
         if e.hellaswag_interval and (step % e.hellaswag_interval == 0 or last):
             t0 = time.time()  # the whole call: the first one also tokenizes (then cached) and compiles
             # the final evaluation scores both ways and keeps every item's predictions for paired comparisons

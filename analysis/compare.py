@@ -3,6 +3,7 @@
     python -m analysis.compare log/gelu log/aglu -o compare.png
     python -m analysis.compare runs/sweep/* --x tokens --smooth 0.95
     python -m analysis.compare log/aglu --telemetry           # also compare_telemetry.png: kappa, lam, rho ... per layer
+                                                              # and compare_measures.png (analysis/measures.py)
     python analysis/compare.py ../build-nanogpt/log           # build-nanogpt's log.txt reads too
     python -m analysis.compare ../llm.c/log124M log/gelu      # llm.c's main.log too
 
@@ -18,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: works on headless machines
 import matplotlib.pyplot as plt
 
+from analysis import measures
 from analysis.runs import RunError, load_runs, markdown_table, summary
 
 PANELS = [("train", "train loss"), ("val", "val loss"), ("hella", "HellaSwag acc_norm"), ("bleu", "BLEU")]
@@ -57,10 +59,11 @@ def table(runs):
     run's hellaswag_*.json (which checkpoint step, how many items)."""
     headers = ["run", "act", "seed", "step", "tokens", "final val", "best val (step)", "hella acc % [95% CI]",
                "hella acc_norm %", "hellaswag.py (step, n)", "completion acc / acc_norm %",
-               "lm_eval acc / acc_norm %", "BLEU (best)", "tok/s", "ANAct score"]
+               "lm_eval acc / acc_norm %", "BLEU (best)", "tok/s", "ANAct score", "zeros", "massive",
+               "attn entropy", "stream growth"]
     rows = []
     for run in runs:
-        s = summary(run)
+        s, measured = summary(run), measures.summarize(run)
         ev = s["hella_eval"]
         step = "-" if s["step"] is None else (f"{s['step']}/{s['max_steps']}" if s["max_steps"] else str(s["step"]))
         rows.append([s["label"], s["act"] or "-", _fmt(s["seed"], "d"), step, _fmt(s["tokens"], ",d"),
@@ -70,7 +73,9 @@ def table(runs):
                      "-" if ev is None else f"{ev.get('step')}, {ev['n']}",
                      _hella_eval(ev, "completion"), _hella_eval(ev, "lm_eval"),
                      "-" if s["bleu"] is None else f"{s['bleu']:.2f} ({s['best_bleu']:.2f})",
-                     _fmt(s["tok_per_s"], ",.0f"), _fmt(s["anact_score"], ".3f")])
+                     _fmt(s["tok_per_s"], ",.0f"), _fmt(s["anact_score"], ".3f"),
+                     *(_fmt(measured.get(name), ".3g") for name in
+                       ("zeros", "massive", "attention_entropy", "stream_growth"))])
     keep = [i for i, h in enumerate(headers) if i < 6 or any(row[i] != "-" for row in rows)]  # no empty metric columns
     return markdown_table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows])
 
@@ -176,7 +181,8 @@ def parse_args(argv):
     p.add_argument("--smooth", type=float, default=0.9,
                    help="EMA factor for the train loss in [0, 1); 0 plots it raw (default: %(default)s)")
     p.add_argument("--telemetry", action="store_true",
-                   help="also plot per-layer activation telemetry to OUTPUT's name + _telemetry.png")
+                   help="also plot per-layer activation telemetry to OUTPUT's name + _telemetry.png, and the "
+                        "literature's measurements (signal propagation, zeros, attention entropy) to + _measures.png")
     args = p.parse_args(argv)
     if not 0 <= args.smooth < 1:
         p.error(f"--smooth {args.smooth}: must lie in [0, 1)")
@@ -192,6 +198,9 @@ def main(argv=None):
         if args.telemetry:
             out = Path(args.output)
             print(f"wrote {plot_telemetry(runs, out.with_name(out.stem + '_telemetry.png'), args.x)}")
+            if any(run.measures for run in runs):
+                measures.plot(runs, out.with_name(out.stem + "_measures.png"))
+                print(f"wrote {out.with_name(out.stem + '_measures.png')}")
     except RunError as e:
         raise SystemExit(f"error: {e}") from None
 

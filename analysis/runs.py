@@ -43,6 +43,7 @@ class Run:
     config: dict | None = None
     series: dict = field(default_factory=dict)  # name -> sorted [(step, value, tokens or None)]
     telemetry: list = field(default_factory=list)  # [(step, tokens or None, telemetry dict)]
+    measures: list = field(default_factory=list)  # [(step, tokens or None, measure dict)]: analysis/measures.py
     tok_per_s: list = field(default_factory=list)
     hellaswag_eval: dict | None = None  # the chosen hellaswag_*.json record, plus its "file"
     test: dict | None = None  # translation: the test-set BLEU record written after the last step
@@ -180,6 +181,8 @@ def load_run(path):
                 run.tok_per_s.append(float(r["tok_per_s"]))
             if isinstance(r.get("telemetry"), dict) and isinstance(r["telemetry"].get("layers"), list):
                 run.telemetry.append((step, tokens, r["telemetry"]))
+            if isinstance(r.get("measure"), dict):
+                run.measures.append((step, tokens, r["measure"]))
             if r.get("kind") == "test":
                 run.test = r
     for log, read in ((log_txt, read_log_txt), (main_log, read_main_log)):

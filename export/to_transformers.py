@@ -10,7 +10,8 @@
 
 Activations GPT-2 has (gelu -> "gelu_new", gelu_exact -> "gelu", relu, relu2, silu) export as a plain
 GPT2LMHeadModel: any GPT-2 tooling reads it. AGLU/APA/NSwish/NReLU (learned parameters, running
-statistics), any other registered activation, and every gated MLP (swiglu, aglu_glu ...) export with remote code copied from the real model.py and
+statistics), any other registered activation, every gated MLP (swiglu, aglu_glu ...) and every normalization but
+GPT-2's LayerNorm (--norm rmsnorm, dyt, none) export with remote code copied from the real model.py and
 activations/ at export time (export/remote_code.py), with the small wrapper export/transformers_wrapper.py.
 The vocabulary is cut back from 50304 to GPT-2's 50257. Every export holds GPT-2's tokenizer
 (export/tokenizer.py), built from tiktoken's gpt2 ranks, or from OpenAI's encoder.json + vocab.bpe with
@@ -78,7 +79,8 @@ def export(checkpoint, out_dir, tokenizer_dir=None):
     vocab, merges = bpe_from_openai_files(tokenizer_dir) if tokenizer_dir else bpe_from_tiktoken()
     gpt2_names = {GPT2_ACTIVATIONS.get(type(block.mlp.act)) for block in model.transformer.h}
     gated = any(block.mlp.c_up is not None for block in model.transformer.h)  # GPT2LMHeadModel has no gated MLP
-    plain = len(gpt2_names) == 1 and None not in gpt2_names and not gated  # one activation GPT-2 has, everywhere
+    # one activation GPT-2 has, everywhere, and GPT-2's LayerNorm (GPT2LMHeadModel has no other normalization)
+    plain = len(gpt2_names) == 1 and None not in gpt2_names and not gated and model.config.norm == "layernorm"
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     if plain:
         export_gpt2(model, out_dir, gpt2_names.pop())

@@ -221,8 +221,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     calls = {"n": 0}
     forward = GPT.forward
 
-    def poisoned(self, idx, targets=None):  # the 11th training forward (step 5, micro-step 0) returns a NaN loss
-        logits, loss = forward(self, idx, targets)
+    def poisoned(self, idx, targets=None, **kwargs):  # the 11th training forward (step 5, micro-step 0): a NaN loss
+        logits, loss = forward(self, idx, targets, **kwargs)
         if self.training:
             calls["n"] += 1
             if calls["n"] == 11:

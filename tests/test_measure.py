@@ -1,0 +1,136 @@
+"""The literature's measurements (eval/sparsity.py, eval/signal.py, eval/measure.py), each on a case whose answer
+is known."""
+import json
+import math
+
+import pytest
+import torch
+
+from eval import signal, sparsity
+from eval.stats import paired
+from eval.measure import main as measure_main
+from model import GPT, GPTConfig
+
+TINY = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=16)
+
+
+def test_planted_zeros_and_dead_neurons():
+    a = torch.rand(100, 8) + 0.1
+    a[:, [2, 5]] = 0  # two dead neurons
+    a[:50, 0] = 0  # half of another one
+    result = sparsity.dense_sparsity({"h.0": [a[:60], a[60:]]})["h.0"]
+    assert result["dead"] == 2 / 8
+    assert result["zeros"] == pytest.approx((200 + 50) / 800)
+
+
+def test_cett_of_a_known_output():
+    """W = identity: a token (3, 4, 0, 0) has output norm 5; dropping the neuron of size 3 leaves an error of 3."""
+    a, w = torch.tensor([[3.0, 4.0, 0.0, 0.0]]), torch.eye(4)
+    assert sparsity.cett(a, w, torch.tensor([[False, True, True, True]])) == pytest.approx(0.6)
+    eps, share = sparsity.cett_threshold(a, w, 0.61)
+    assert eps == 4 and share == 0.75  # the zeros and the 3 are dropped, not the 4
+    eps, share = sparsity.cett_threshold(a, w, 0.59)  # below 0.6: only the zeros can go
+    assert eps == 3 and share == 0.5
+    assert sparsity.topk_sparsity(a, w, 0.61) == 0.75  # k = 1 keeps the 4
+    assert sparsity.topk_sparsity(a, w, 0.59) == 0.5  # k = 2
+
+
+def test_ppl_sparsity_keeps_its_perplexity_and_grows_with_p():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY, act="relu")).eval()
+    batches = [(torch.randint(0, 64, (4, 16)), torch.randint(0, 64, (4, 16))) for _ in range(2)]
+    neurons = {}
+    with sparsity.captured(model, neurons), torch.no_grad():
+        for x, _ in batches:
+            model(x, head=False)
+    dense, _ = sparsity.mean_loss(model, batches)
+    small = sparsity.ppl_sparsity(model, batches, neurons, 0.1)
+    large = sparsity.ppl_sparsity(model, batches, neurons, 20.0)
+    assert 0 < small[1] <= large[1] < 1
+    thresholds = {n: sparsity.cett_threshold(torch.cat(a), model.transformer.h[int(n[2:])].mlp.c_proj.weight.float(),
+                                             small[0])[0] for n, a in neurons.items()}
+    assert sparsity.mean_loss(model, batches, thresholds)[0] <= dense + math.log1p(0.001) + 1e-6
+
+
+def test_signal_propagation_of_known_growth():
+    """A stream that each block adds independent N(0, v) noise to has variance 1 + l v after block l."""
+    torch.manual_seed(0)
+    v, streams = 0.5, [torch.randn(1, 20000, 64) + 2.0]
+    for _ in range(3):
+        streams.append(streams[-1] + v ** 0.5 * torch.randn_like(streams[-1]))
+    rows = signal.signal_propagation(streams)
+    for depth, row in enumerate(rows):
+        assert row["variance"] == pytest.approx(1 + depth * v, rel=0.03)
+        assert row["squared_mean"] == pytest.approx(4.0, rel=0.03)
+        if depth:
+            assert row["branch_variance"] == pytest.approx(v, rel=0.03)
+
+
+def test_silent_branches_uniform_attention_and_a_massive_activation():
+    """Zero output projections: the stream is the embeddings at every depth; zero queries and keys: every head
+    attends uniformly, entropy ln(t+1) at position t; one planted value: the massive-activation ratio."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**TINY))
+    C = model.config.n_embd
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_attn.weight[:2 * C].zero_()
+            block.attn.c_attn.bias[:2 * C].zero_()
+            block.attn.c_proj.weight.zero_(), block.mlp.c_proj.weight.zero_()
+            block.attn.c_proj.bias.zero_(), block.mlp.c_proj.bias.zero_()
+    x = torch.randint(0, 64, (3, 16))
+    result = signal.measure(model, x)
+    first = result["signal"][0]
+    for row in result["signal"][1:]:
+        assert row["variance"] == pytest.approx(first["variance"], rel=1e-6) and row["branch_variance"] == 0
+    uniform = sum(math.log(t + 1) for t in range(16)) / 16
+    assert result["attention_entropy"] == [[pytest.approx(uniform, rel=1e-5)] * 2] * 2
+    streams = [torch.ones(1, 10, 4), torch.ones(1, 10, 4)]
+    streams[1][0, 3, 2] = 500.0
+    assert signal.massive_activations(streams) == [{"max": 500.0, "median": 1.0, "ratio": 500.0}]
+
+
+@pytest.mark.long
+def test_the_command_measures_a_run_and_its_init(tmp_path, capsys):
+    from conftest import tiny_checkpoint
+    from test_train_gpt2 import write_corpus
+
+    data = write_corpus(tmp_path / "data")
+    ckpt = tiny_checkpoint(tmp_path, act="relu", block_size=16, vocab_size=64)
+    results = measure_main([str(ckpt), "--data", str(data), "--tokens", "256", "--out", str(tmp_path / "out")])
+    (result,) = results.values()
+    assert set(result) == {"step", "init", "trained"}
+    assert result["trained"]["model"]["zeros"] > 0.2  # ReLU: about half its inputs are below zero
+    assert len(result["init"]["signal"]) == 3 and len(result["trained"]["attention_entropy"]) == 2
+    assert json.loads((tmp_path / "out" / "measure.json").read_text()).keys() == results.keys()
+    assert (tmp_path / "out" / "signal_propagation.png").stat().st_size > 10_000
+    assert "CETT@0.2" in capsys.readouterr().out
+
+
+def fake_run(act, seed, zeros, entropy):
+    from analysis.runs import Run
+    record = {"sparsity": {"h.0": {"zeros": zeros, "dead": 0.0}, "h.1": {"zeros": zeros, "dead": 0.0}},
+              "massive": [{"max": 4.0, "median": 1.0, "ratio": 4.0}],
+              "attention_entropy": [[entropy, entropy]], "signal": [{"variance": 1.0}, {"variance": 2.0}]}
+    return Run(path=None, label=f"{act}_seed{seed}", config={"model": {"act": act}, "run": {"seed": seed}},
+               measures=[(10, None, record)])
+
+
+def test_arms_differ_beyond_seed_noise_where_their_measures_do():
+    """relu has 0.5 zeros on every seed, gelu none: beyond noise; the entropies scatter around the same value:
+    within noise."""
+    from analysis import measures
+    from analysis.compare import table
+
+    runs = {"gelu": [fake_run("gelu", s, 0.0, 1.9 + 0.01 * s) for s in (1, 2, 3)],
+            "relu": [fake_run("relu", s, 0.5 + 0.01 * s, 1.9 + 0.01 * (4 - s)) for s in (1, 2, 3)]}
+    diffs = measures.paired_differences(runs, {"gelu": None, "relu": "gelu"})
+    assert diffs["relu"]["zeros"]["mean"] == pytest.approx(0.52)
+    assert measures.beyond_noise(diffs["relu"]["zeros"]) is True
+    assert measures.beyond_noise(diffs["relu"]["attention_entropy"]) is False
+    assert measures.beyond_noise(diffs["relu"]["massive"]) is False  # identical on every seed
+    assert measures.beyond_noise(paired({1: 0.0}, {1: 1.0})) is None  # one seed: no interval
+    (line,) = measures.sentences(diffs, {"relu": "gelu"})
+    assert "in zeros +0.52 [" in line and line.endswith("within noise: dead, massive, attention_entropy, stream_growth")
+    header, _, first = table(runs["relu"]).splitlines()[:3]
+    assert "| zeros " in header and "| 0.51 " in first  # analysis.compare's columns
