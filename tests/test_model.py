@@ -123,17 +123,22 @@ def test_load_checkpoint_refuses_other_files_for_gpt2(tmp_path):
 
 
 def test_reference_gpt2_has_our_init_and_our_loss():
-    """bench/reference_gpt2.py is the yardstick of bench/train_step.py: the same seed gives it the same
-    weights as GPT with act gelu, and the same weights give the same logits, loss and gradients."""
+    """bench/reference_gpt2.py is the yardstick of bench/train_step.py: its init follows GPT's rule (it draws
+    from the global RNG in build order, GPT from a stream per parameter: other values, the same distribution),
+    and GPT's weights loaded into it give the same logits, loss and gradients."""
     from bench.reference_gpt2 import ReferenceConfig, ReferenceGPT
 
     torch.manual_seed(0)
     ref = ReferenceGPT(ReferenceConfig(**TINY))
-    torch.manual_seed(0)
     ours = GPT(GPTConfig(**TINY, dropout=0.0))
     ref_state = ref.state_dict()
     assert ref_state.keys() == ours.state_dict().keys()
-    assert all(torch.equal(ref_state[k], v) for k, v in ours.state_dict().items())  # same init, same names
+    for k, v in ours.state_dict().items():
+        if v.dim() == 1:  # zero biases, LayerNorms' ones and zeros
+            assert torch.equal(ref_state[k], v), k
+        else:  # 1024+ samples: sample stds within ~3% of each other; the residual projections' is half the others'
+            assert ref_state[k].std().item() == pytest.approx(v.std().item(), rel=0.15), k
+    ref.load_state_dict(ours.state_dict())
     idx, targets = torch.randint(0, 96, (3, 17)), torch.randint(0, 96, (3, 17))
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
         ref, ours = ref.to(dtype), ours.to(dtype)
