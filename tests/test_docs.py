@@ -32,7 +32,7 @@ EVERY_TEXT = [*DOCS, *SOURCES, *sorted((ROOT / "tests").glob("*.py")), *sorted((
 # a folder by its trailing slash: extension-less words such as data/tiny_shards (written by a run) or
 # eval/val_loss (a wandb key) are not taken for paths.
 PATH_PREFIXES = tuple(f"{d}/" for d in (*PACKAGES, "configs", "docs", "tests", "experiments", ".ci")) + (
-    "errors.py", "model.py", "sample.py", "train_gpt2.py", "train_translation.py", "requirements.txt", "pyproject.toml",
+    "errors.py", "init_streams.py", "model.py", "sample.py", "train_gpt2.py", "train_translation.py", "requirements.txt", "pyproject.toml",
     "BENCHMARKS.md", "README.md")
 OTHER_REPOSITORIES = ("data/*/prepare.py",)  # nanoGPT's, in docs/coming_from.md's table
 ISSUE = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)

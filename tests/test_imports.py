@@ -6,14 +6,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # room -> the rooms it may import, lowest first; a room not listed here (scripts, bench/) may import anything.
-# errors.py, the project's error types, is below every room.
+# errors.py, the project's error types, is below every room; init_streams.py, the models' seeded init, below them.
 BELOW = {
     "errors": set(),
+    "init_streams": set(),
     "activations": {"errors"},
     "data": {"errors"},
     "training": {"errors", "activations", "data"},
-    "model": {"errors", "activations"},
-    "translation": {"errors", "activations", "data"},
+    "model": {"errors", "activations", "init_streams"},
+    "translation": {"errors", "activations", "data", "init_streams"},
     "eval": {"errors", "activations", "data", "training", "model", "translation"},
     "export": {"errors", "activations", "data", "training", "model", "eval"},
     "analysis": {"errors", "activations", "eval"},
