@@ -3,8 +3,9 @@
 Models compared at one seed differ in a few modules: a gated MLP adds c_up, AGLU adds kappa and lam. Drawn in
 build order from torch's one global generator, every weight built after such a module would start elsewhere,
 and an activation pair would share its data order but not its starting point. Drawn from its own stream, a
-parameter's start depends only on the seed, its name and its shape: two models start equal on every parameter
-they share, one with the same qualified name and shape (docs/comparing_runs.md), whatever else either has.
+parameter's start depends only on the seed, its name, its shape and its init rule: two models start equal on
+every parameter they share, one with the same qualified name and shape (docs/comparing_runs.md, which names the
+one rule that depends on the MLP's width), whatever else either has.
 """
 import hashlib
 
