@@ -19,6 +19,7 @@ from activations import layer_activation, mlp_activation
 from activations.impl import model_identity
 from activations.gated import GatedProduct, hidden_width
 from errors import CheckpointError, CheckpointNotFound, ConfigError
+from activations.init_streams import init_parameters
 
 # Peak dense bf16 tensor throughput (FLOP/s, no sparsity) by device-name substring; first match wins.
 # Unknown devices get no MFU rather than a wrong one.
@@ -184,25 +185,30 @@ class GPT(nn.Module):
             raise ConfigError(f"loss_chunks={loss_chunks} must be >= 0 (0: off)")
         self.loss_chunks = loss_chunks
         backends = sdpa_backends(attention_backend)
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList(Block(config, i, backends) for i in range(config.n_layer)),
-            ln_f=norm_layer(config),
-        ))
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # the modules' own draws are overwritten below; forked, they leave the global RNG (dropout's) as the
+        # seed set it, whatever modules this MLP adds
+        with torch.random.fork_rng(devices=[]):
+            self.transformer = nn.ModuleDict(dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList(Block(config, i, backends) for i in range(config.n_layer)),
+                ln_f=norm_layer(config),
+            ))
+            self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
-        self.apply(self._init_weights)
+        # one stream per parameter name from the seed torch.manual_seed last set (the trainers: seed +
+        # init_seed_offset), so models that differ in their MLP start equal everywhere else (activations/init_streams.py)
+        init_parameters(self, torch.initial_seed(), self._init_weight)
 
-    def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
+    def _init_weight(self, name, module, parameter, generator):
+        """GPT-2's init: N(0, 0.02), residual projections N(0, 0.02 (2 n_layer)^-0.5), zero biases; the
+        norms keep their constructors' values (ones, zeros, DyT's alpha 0.5)."""
+        if isinstance(module, nn.Linear) and name.endswith(".bias"):
+            nn.init.zeros_(parameter)
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
             std = 0.02 * (2 * self.config.n_layer) ** -0.5 if getattr(module, "residual_scale", False) else 0.02
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(parameter, mean=0.0, std=std, generator=generator)
 
     def num_params(self, non_embedding=True):
         n = sum(p.numel() for p in self.parameters())

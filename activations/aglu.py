@@ -14,8 +14,6 @@ the paper's Eq. 8 for d/dlam misses the second term). With q = sigmoid(v) / lam 
     d ln eta / dlam   = -(q + ln eta) / lam      [= -q/lam + ln(1 + lam e^{-kappa z}) / lam^2]
 and d out / d ln eta = out (out = eta or z eta), plus eta for AGLU's own z factor.
 """
-import hashlib
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -76,18 +74,13 @@ class _APAFunction(torch.autograd.Function):
         return gz.to(z.dtype), gk, gl, None
 
 
-def _init(value, shape, salt):
-    """(lo, hi) -> U(lo, hi) as in the paper's Table 8; a number -> that constant.
-
-    The draw comes from a generator seeded by a hash of the global RNG's state (and `salt`, so that kappa and
-    lam differ), which leaves the global stream where it was: a model's weights are then the same at one seed
-    whatever its activation, and a sweep's aglu - gelu pair shares its init, not only its data order. Each
-    layer still draws its own values (the global state moves between layers as their weights are built)."""
+def _init(value, shape, generator=None):
+    """(lo, hi) -> U(lo, hi) as in the paper's Table 8; a number -> that constant. Built alone, the module draws
+    from the global RNG, as nn.Linear does; in a model, init_parameter draws each parameter again from the
+    model's stream for its name (activations/init_streams.py), so the draw shifts no other weight."""
     if isinstance(value, (int, float)):
         return torch.full(shape, float(value))
     lo, hi = value
-    state = hashlib.sha256(torch.get_rng_state().numpy().tobytes() + salt.encode()).digest()
-    generator = torch.Generator().manual_seed(int.from_bytes(state[:8], "little") >> 1)
     return torch.empty(shape).uniform_(lo, hi, generator=generator)
 
 
@@ -116,8 +109,14 @@ class APA(nn.Module):
             raise ConfigError("channelwise=True needs num_channels (the size of the last dim)")
         self.impl = check_impl(impl)
         shape = (num_channels,) if channelwise else ()
-        self.kappa = nn.Parameter(_init(kappa_init, shape, "kappa"))
-        self.lam = nn.Parameter(_init(lam_init, shape, "lam"))
+        self.inits = {"kappa": kappa_init, "lam": lam_init}
+        self.kappa = nn.Parameter(_init(kappa_init, shape))
+        self.lam = nn.Parameter(_init(lam_init, shape))
+
+    def init_parameter(self, name, generator):
+        """Draw kappa or lam again from `generator` (a model's stream for it: activations/init_streams.py)."""
+        parameter = getattr(self, name)
+        parameter.copy_(_init(self.inits[name], parameter.shape, generator))
 
     def forward(self, z):
         if self.kappa.dim() == 0 and use_kernels(self, z):

@@ -246,9 +246,9 @@ def control_verdict(control, base, pairs, metrics):
                        "capture the run-to-run noise (too few seeds for a heavy-tailed spread, nondeterminism, or a "
                        "difference that is not the variant's). Do not read the intervals below as evidence.**")
     return True, (f"{head}: {detail}: no metric differs from 0 ({family}), as it must. Its paired std is what a "
-                  "change of init alone moves the result; the other variants share the baseline's data order and "
-                  "its weights' init at each seed (AGLU's own kappa/lam draws included, which leave the weights' "
-                  "stream alone).")
+                  "change of init alone moves the result; the other variants share the baseline's data order and, "
+                  "at each seed, the start of every weight they have in common (same name and shape: each is drawn "
+                  "from its own stream, so a gated MLP's extra matrix or AGLU's kappa/lam shift no other).")
 
 
 def declared_sentence(pairs, baselines, metrics, control, size):

@@ -123,17 +123,22 @@ def test_load_checkpoint_refuses_other_files_for_gpt2(tmp_path):
 
 
 def test_reference_gpt2_has_our_init_and_our_loss():
-    """bench/reference_gpt2.py is the yardstick of bench/train_step.py: the same seed gives it the same
-    weights as GPT with act gelu, and the same weights give the same logits, loss and gradients."""
+    """bench/reference_gpt2.py is the yardstick of bench/train_step.py: its init follows GPT's rule (it draws
+    from the global RNG in build order, GPT from a stream per parameter: other values, the same distribution),
+    and GPT's weights loaded into it give the same logits, loss and gradients."""
     from bench.reference_gpt2 import ReferenceConfig, ReferenceGPT
 
     torch.manual_seed(0)
     ref = ReferenceGPT(ReferenceConfig(**TINY))
-    torch.manual_seed(0)
     ours = GPT(GPTConfig(**TINY, dropout=0.0))
     ref_state = ref.state_dict()
     assert ref_state.keys() == ours.state_dict().keys()
-    assert all(torch.equal(ref_state[k], v) for k, v in ours.state_dict().items())  # same init, same names
+    for k, v in ours.state_dict().items():
+        if v.dim() == 1:  # zero biases, LayerNorms' ones and zeros
+            assert torch.equal(ref_state[k], v), k
+        else:  # 1024+ samples: sample stds within ~3% of each other; the residual projections' is half the others'
+            assert ref_state[k].std().item() == pytest.approx(v.std().item(), rel=0.15), k
+    ref.load_state_dict(ours.state_dict())
     idx, targets = torch.randint(0, 96, (3, 17)), torch.randint(0, 96, (3, 17))
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
         ref, ours = ref.to(dtype), ours.to(dtype)
@@ -198,25 +203,3 @@ def test_head_on_the_scored_rows_equals_the_full_forwards_logits(act):
     assert greedy.tolist() == [bool((full[r, scored[r], :90].argmax(-1) == tgt[r, scored[r]]).all()) for r in range(3)]
     with pytest.raises(ValueError, match="head=False"):
         model(idx, idx, head=False)
-
-def test_one_seed_gives_the_same_weights_whatever_the_activation():
-    """AGLU draws kappa and lam while the model is built; the weights must not shift with those draws, or an
-    aglu - gelu pair at one seed would be paired on data order only (issue of the seed study)."""
-    def weights(act):
-        torch.manual_seed(3)
-        model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, act=act))
-        return model.state_dict(), torch.rand(4)  # and the stream after the build: dropout, data order
-
-    gelu, after_gelu = weights("gelu")
-    for act in ("aglu", "nswish", "relu"):
-        other, after = weights(act)
-        shared = [k for k in gelu if k in other]
-        assert len(shared) == len(gelu)
-        assert all(torch.equal(gelu[k], other[k]) for k in shared), act
-        assert torch.equal(after, after_gelu)
-    aglu_a, _ = weights("aglu")
-    torch.manual_seed(4)
-    aglu_b = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, act="aglu")).state_dict()
-    kappas = [k for k in aglu_a if k.endswith("kappa")]
-    assert len({aglu_a[k].item() for k in kappas}) == len(kappas)  # each layer draws its own
-    assert any(not torch.equal(aglu_a[k], aglu_b[k]) for k in kappas)  # and another seed draws others

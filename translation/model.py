@@ -22,6 +22,7 @@ from activations import layer_activation, mlp_activation
 from activations.impl import model_identity
 from activations.gated import GatedProduct, hidden_width
 from errors import ConfigError
+from activations.init_streams import init_parameters
 
 NORMS = ("deepnorm", "postln", "preln")
 
@@ -184,20 +185,23 @@ class Transformer(nn.Module):
             enc_alpha, self.enc_beta, dec_alpha, self.dec_beta = deepnorm_constants(cfg.enc_layers, cfg.dec_layers)
         else:
             enc_alpha, self.enc_beta, dec_alpha, self.dec_beta = 1.0, 1.0, 1.0, 1.0
-        self.embed_tgt = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
-        self.embed_src = self.embed_tgt if cfg.share_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model,
-                                                                                  padding_idx=cfg.pad_id)
-        if cfg.positions == "learned":
-            self.pos = nn.Embedding(cfg.max_positions, cfg.d_model)
-        else:
-            self.register_buffer("pos_table", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg, enc_alpha, i)
-                                     for i in range(cfg.enc_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg, dec_alpha, i)
-                                     for i in range(cfg.dec_layers))
-        self.output = None if cfg.tie_output else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.enc_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
-        self.dec_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
+        # the modules' own draws are overwritten below; forked, they leave the global RNG (dropout's) as the
+        # seed set it, whatever modules this FFN adds
+        with torch.random.fork_rng(devices=[]):
+            self.embed_tgt = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+            self.embed_src = self.embed_tgt if cfg.share_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model,
+                                                                                      padding_idx=cfg.pad_id)
+            if cfg.positions == "learned":
+                self.pos = nn.Embedding(cfg.max_positions, cfg.d_model)
+            else:
+                self.register_buffer("pos_table", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
+            self.encoder = nn.ModuleList(EncoderLayer(cfg, enc_alpha, i)
+                                         for i in range(cfg.enc_layers))
+            self.decoder = nn.ModuleList(DecoderLayer(cfg, dec_alpha, i)
+                                         for i in range(cfg.dec_layers))
+            self.output = None if cfg.tie_output else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            self.enc_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
+            self.dec_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
         self.reset_parameters()
 
@@ -218,7 +222,7 @@ class Transformer(nn.Module):
             raise ConfigError(f"unknown positions {cfg.positions!r}; choose sinusoidal or learned")
         if cfg.d_model % cfg.n_head:
             raise ConfigError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
-        with torch.random.fork_rng(devices=[]):  # a trial build: the init RNG stream stays as it was
+        with torch.random.fork_rng(devices=[]):  # a trial build: the global RNG (dropout's) stays as it was
             name, gated = mlp_activation(cfg.act)
             hidden_width(cfg.ffn_dim, gated, cfg.glu_hidden)
             for n in (cfg.enc_layers, cfg.dec_layers):
@@ -226,42 +230,46 @@ class Transformer(nn.Module):
                 layer_activation(name, cfg.act_kwargs, n - 1, n, cfg.plain_top_k)
 
     def reset_parameters(self):
-        if self.cfg.norm == "deepnorm":
-            self.deepnet_init()
-        else:
-            self.fairseq_init()
-        for emb in {self.embed_src, self.embed_tgt}:  # fairseq: N(0, d^-1/2), scaled by sqrt(d) on input
-            nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5)
-            nn.init.zeros_(emb.weight[self.cfg.pad_id])
-        if self.output is not None:  # torchscale's untied output init: logits start N(0, 1)
-            nn.init.normal_(self.output.weight, std=self.cfg.d_model ** -0.5)
-        if self.cfg.positions == "learned":
-            nn.init.normal_(self.pos.weight, std=self.cfg.d_model ** -0.5)
+        """Every parameter from its own stream of the seed torch.manual_seed last set (the trainer: seed +
+        init_seed_offset), so models that differ in their FFN start equal everywhere else (activations/init_streams.py)."""
+        init_parameters(self, torch.initial_seed(), self.init_weight)
 
-    def deepnet_init(self):
-        for layers, beta in ((self.encoder, self.enc_beta), (self.decoder, self.dec_beta)):
-            for name, p in layers.named_parameters():
-                if name.endswith("bias"):
-                    nn.init.zeros_(p)
-                elif p.dim() == 2:  # DeepNet: only q and k keep gain 1
-                    gain = 1.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else beta
-                    nn.init.xavier_normal_(p, gain=gain)
+    def init_weight(self, name, module, p, generator):
+        """Tables (fairseq: N(0, d^-1/2), scaled by sqrt(d) on input), the untied output (torchscale's: logits
+        start N(0, 1)) and learned positions N(0, d^-1/2); the layers' linears by the norm's init; LayerNorms
+        keep their ones and zeros."""
+        if isinstance(module, nn.Embedding) or module is self.output:
+            nn.init.normal_(p, std=self.cfg.d_model ** -0.5, generator=generator)
+            if getattr(module, "padding_idx", None) is not None:
+                nn.init.zeros_(p[module.padding_idx])
+        elif isinstance(module, nn.Linear):
+            (self.deepnet_init if self.cfg.norm == "deepnorm" else self.fairseq_init)(name, module, p, generator)
 
-    def fairseq_init(self):
+    def deepnet_init(self, name, module, p, generator):
+        if name.endswith(".bias"):
+            nn.init.zeros_(p)
+            return
+        beta = self.enc_beta if name.startswith("encoder.") else self.dec_beta
+        gain = 1.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else beta  # DeepNet: only q and k keep 1
+        nn.init.xavier_normal_(p, gain=gain, generator=generator)
+
+    def fairseq_init(self, name, module, p, generator):
         """fairseq 0.12's `transformer` (MultiheadAttention.reset_parameters; the FFN's nn.Linear is left alone).
         Gain 1/sqrt(2) on q, k and v gives each the xavier bound of the packed [3d, d] in-projection
         (sqrt(6 / 4d)) that tensor2tensor and nn.MultiheadAttention use. With xavier_normal on every matrix
         instead, post-LN trailed fairseq's by 0.33 nats at 500 updates
         (BENCHMARKS.md, "Translation baselines beside fairseq")."""
-        for layers in (self.encoder, self.decoder):
-            for module in layers.modules():
-                if isinstance(module, nn.Linear):
-                    module.reset_parameters()  # PyTorch's default: U(+-1/sqrt(fan_in)) weight and bias
-            for attn in (m for m in layers.modules() if isinstance(m, Attention)):
-                for proj in (attn.q_proj, attn.k_proj, attn.v_proj):  # their biases keep PyTorch's default
-                    nn.init.xavier_uniform_(proj.weight, gain=2 ** -0.5)
-                nn.init.xavier_uniform_(attn.out_proj.weight)
-                nn.init.zeros_(attn.out_proj.bias)
+        if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+            nn.init.xavier_uniform_(p, gain=2 ** -0.5, generator=generator)
+        elif name.endswith("out_proj.weight"):
+            nn.init.xavier_uniform_(p, generator=generator)
+        elif name.endswith("out_proj.bias"):
+            nn.init.zeros_(p)
+        elif name.endswith(".weight"):  # nn.Linear.reset_parameters: U(+-1/sqrt(fan_in)) weight and bias
+            nn.init.kaiming_uniform_(p, a=math.sqrt(5), generator=generator)
+        else:
+            bound = module.in_features ** -0.5
+            nn.init.uniform_(p, -bound, bound, generator=generator)
 
     def embed(self, table, tokens, offset=0):
         T = tokens.size(1)
