@@ -134,7 +134,7 @@ class GPTTrainer(Trainer):
         return Parts(model=self.model, loader=self.loader, max_steps=o.max_steps, model_config=to_dict(cfg.model),
                      optimizer=adamw(self.model, o.max_lr, o.weight_decay, o.betas, o.eps, d.device_type),
                      mlp_shape=(o.batch_size * o.seq_len, mlp_width(cfg.model)), origin=origin,
-                     params=self.model.param_counts(),
+                     params=self.model.param_counts(), accum=self.accum,
                      description=f"{param_line(self.model.param_counts())} | act {cfg.model.act} | "
                                  f"grad accum {self.accum}")
 

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 from analysis.compare import plot_telemetry, table
+from analysis.run_setup import flag_lines, kernel_text
 from analysis.runs import RunError, load_run, load_runs, markdown_table, summary
 from analysis.sweep_plot import plot_sweep
 from eval import hellaswag_items
@@ -170,12 +171,7 @@ def kernel_paths(runs):
     different paths is named MIXED with each seed's (its seeds then differ by more than the seed)."""
     per = {}
     for run in runs:
-        if run.kernels is None:
-            text = "not recorded"
-        else:
-            text = ", ".join(f"{family} {'Triton kernel' if r.get('impl') == 'triton' else 'PyTorch'}"
-                             for family, r in sorted(run.kernels.items())) or "PyTorch (no kernel family)"
-        per.setdefault(variant_of(run), {})[run.setting("seed")] = text
+        per.setdefault(variant_of(run), {})[run.setting("seed")] = kernel_text(run.kernels)
     return {a: next(iter(set(seeds.values()))) if len(set(seeds.values())) == 1 else
             "MIXED: " + "; ".join(f"seed {seed}: {text}" for seed, text in sorted(seeds.items(), key=str))
             for a, seeds in per.items()}
@@ -266,6 +262,7 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
             per["hella_acc_norm"]["item_level"] = item_interval(items, a, baselines[a])
     flags = spread_flags(per_act, baselines, metrics)
     paths = kernel_paths([r for r in done if variant_of(r) in rows])
+    setup_flags = flag_lines([r for r in done if variant_of(r) in rows])
     params = {}
     for run in done:
         if variant_of(run) in rows and run_params(run):
@@ -318,6 +315,9 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
         md.append("")
     md += ["Activation path of each variant (run.json's kernel decisions; every seed of a variant should run the "
            "same one):", "", *[f"- {a}: {paths[a]}" for a in order if a in paths], ""]
+    if setup_flags:
+        md += ["Settings besides the config that differ between runs or within one (run.json, analysis/run_setup.py):",
+               "", *setup_flags, ""]
     sources, pair_rows, sentences = set(), [], []
     for a, per in pairs.items():
         for k, name in metrics:
@@ -341,6 +341,7 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
                               pair_rows), "",
                "What these seeds can detect:", "", *sentences, ""]
     md += hellaswag_intervals(pairs, baselines)
+    result["setup_flags"] = setup_flags
     text = "\n".join(md)
     (out / "sweep.md").write_text(text)
     (out / "sweep.json").write_text(json.dumps(result, indent=2))

@@ -103,6 +103,7 @@ def test_tiny_model_learns_in_process(tmp_path):
     assert log_lines[0].startswith("0 val ") and sum(" train " in line for line in log_lines) == 40
     info = json.loads((tmp_path / "out" / "run.json").read_text())
     assert info["config"]["model"]["act"] == "aglu" and info["environment"]["world_size"] == 1
+    assert info["environment"]["grad_accum"] == 2  # 128 tokens a step of 4 x 16-token micro-batches
 
 
 @pytest.mark.long
