@@ -20,6 +20,7 @@ import torch
 from activations import mlp_activation, telemetry
 from data.loader import ShardLoader
 from data.tokenizer import VOCAB_SIZE, TokenizerError, gpt2_tokenizer
+from eval import hellaswag_items
 from eval.hellaswag import evaluate_model
 from model import GPT, GPTConfig, mlp_width, pretrained_gpt2
 from training import distributed
@@ -173,12 +174,12 @@ class GPTTrainer(Trainer):
             t0 = time.time()  # the whole call: the first one also tokenizes (then cached) and compiles
             # the final evaluation scores both ways and keeps every item's predictions for paired comparisons
             # (eval/compare_items.py, the sweep report); the ones before only the completion scoring they log
-            limit = f"_limit{e.hellaswag_limit}" if e.hellaswag_limit else ""
-            items = Path(self.cfg.run.out_dir) / f"hellaswag_items_{step:05d}{limit}.jsonl.gz" if last else None
+            items = hellaswag_items.run_items_file(self.cfg.run.out_dir, step, e.hellaswag_limit) if last else None
             hella = evaluate_model(model, device=d.device, data_path=e.hellaswag_data or None,
                                    limit=e.hellaswag_limit or None, scoring="both" if last else "completion",
                                    dist_info=d, autocast=self.ctx.autocast, progress=False, cache=True,
-                                   items_file=items, about={"run": self.cfg.run.out_dir, "step": step,
+                                   items_file=items, about={"scored_by": hellaswag_items.TRAINING,
+                                                            "run": self.cfg.run.out_dir, "step": step,
                                                             "act": self.cfg.model.act})["completion"]
             seconds = time.time() - t0
             result.scalars["hella"] = hella["acc_norm"]

@@ -69,15 +69,21 @@ ITEM_KEY = ("completion", "acc_norm")
 
 
 def items_of(runs):
-    """{(variant, seed): Items} of the finished runs' latest items files (the final evaluation writes one)."""
+    """{(variant, seed): Items} of the finished runs' own latest items files (their final evaluation's: the
+    scoring their logged acc_norm comes from, never eval/hellaswag.py's)."""
     found = {}
     for run in runs:
         path = hellaswag_items.newest(run.path)
         if path is not None and variant_of(run) is not None:
             try:
-                found[(variant_of(run), run.setting("seed"))] = hellaswag_items.read(path)
+                items = hellaswag_items.read(path)
             except ItemsError as e:
                 raise SystemExit(f"error: {e}") from None
+            if not hellaswag_items.from_training(items):
+                raise SystemExit(f"error: {path} holds eval/hellaswag.py's scoring, which an older nanoact wrote over "
+                                 "the run's own final evaluation; move it out of the run directory (the item-level "
+                                 "interval then leaves this run out)")
+            found[(variant_of(run), run.setting("seed"))] = items
     return found
 
 

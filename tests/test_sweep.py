@@ -559,3 +559,21 @@ def test_shipped_glu_plans_match_parameters(plan, config):
     assert {label for label, _, _ in args.variants} >= {"gelu", "swiglu", "relu2", "relu2_glu", "aglu", "aglu_glu",
                                                         "nswish", "nswish_glu"}
     assert all(abs(n / sizes["gelu"] - 1) < 0.005 for n in sizes.values()), sizes
+
+
+def test_sweep_refuses_eval_hellaswags_items_under_the_runs_own_name(tmp_path, write_items):
+    """An items file eval/hellaswag.py wrote over a run's own (an older nanoact used the same name) is a one-line
+    error, not a silent switch of scoring settings (compile, dtype, kernels) in the item-level interval."""
+    from eval import hellaswag_items
+
+    labels = [i % 4 for i in range(20)]
+    for act in ("gelu", "relu"):
+        for seed in (1, 2):
+            fake_run(tmp_path / f"{act}_seed{seed}", act, seed, 3.5, hella=0.5)
+            write_items(tmp_path / f"{act}_seed{seed}" / "hellaswag_items_00010.jsonl.gz", labels, labels, step=10)
+    hellaswag_items.write(tmp_path / "relu_seed2" / "hellaswag_items_00010.jsonl.gz",
+                          {"n": 20, "scorings": ["completion"], "checkpoint": "relu_seed2/model_00010.pt", "step": 10},
+                          [{"i": i, "label": x, "completion": hellaswag_items.scoring_record([0, -1, -2, -3], [1] * 4)}
+                           for i, x in enumerate(labels)])
+    with pytest.raises(SystemExit, match="relu_seed2/hellaswag_items_00010.jsonl.gz holds eval/hellaswag.py's scoring"):
+        sweep.report(tmp_path, acts=["gelu", "relu"])
