@@ -6,7 +6,8 @@ these seeds detect at 80% power and alpha 0.05, and the seeds a target differenc
 the final val loss, else the observed difference). A variant whose seed std is more than twice its
 baseline's is flagged. Each variant's parameter count (run.json's, from the model) is stated, and a variant
 whose count outside the embeddings differs from its baseline's by more than 0.5% is flagged: its comparison is
-then also one of model size (a gated MLP at the wrong width, say). An A/A control (the baseline again with another init stream) is reported first: if
+then also one of model size (a gated MLP at the wrong width, say). So is every setting besides the config that
+differs between any runs, or within one at a restart (analysis/run_setup.py). An A/A control (the baseline again with another init stream) is reported first: if
 its interval excludes 0, identical settings differ "significantly" and no interval of the sweep can be trusted.
 For HellaSwag, where every run is scored on the same items, each pair also gets the item-level interval of its
 difference (from the final evaluation's items files, eval/hellaswag_items.py): the per-seed interval answers

@@ -1,5 +1,6 @@
 """Run logs: the human stdout lines (their format is here, below), `log.txt` in build-nanogpt's `step kind value` format,
-`metrics.jsonl` with every record, and `run.json` with the resolved config, environment and git revision;
+`metrics.jsonl` with every record, and `run.json` with the resolved config and, per start of the run (`segments`),
+its environment, decisions and git revision (a dirty tree's diff in `source.diff`);
 optionally the same records as TensorBoard events (`tb/`) and as a Weights & Biases run (`wandb/`)."""
 import hashlib
 import json
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import torch
 
-from analysis.runs import segments_of
 from data.files import atomic_file
 from training import hardware
 from training.config import ConfigError
@@ -87,9 +87,12 @@ def recorded_kernels(run_dir):
 
 
 def previous_segments(path):
+    """The segments of an existing run.json (analysis/runs.py reads them too); one written before segments existed
+    gives its single environment as a start at a step it does not say (None)."""
     try:
-        return segments_of(json.loads(Path(path).read_text()))
-    except (OSError, ValueError, TypeError, AttributeError):
+        info = json.loads(Path(path).read_text())
+        return info["segments"] if "segments" in info else [{"start_step": None, "environment": info["environment"]}]
+    except (OSError, ValueError, TypeError, KeyError):
         return []
 
 
