@@ -61,13 +61,13 @@ def setup_flags(runs):
     values, within = {}, []
     for run in runs:
         per_start = [(s.get("start_step"), setup(s.get("environment") or {})) for s in run.segments]
-        for name in dict.fromkeys(k for _, values_ in per_start for k in values_):
+        for name in dict.fromkeys(k for _, start_values in per_start for k in start_values):
             seen = [(step, v[name]) for step, v in per_start if name in v]
             if len({value for _, value in seen}) > 1:
                 within.append((run.label, name, seen))
             values.setdefault(name, {}).setdefault(" / ".join(dict.fromkeys(v for _, v in seen)), []).append(run.label)
-        if kernel_changes(run):
-            within.append((run.label, "kernel path", kernel_changes(run)))
+        if changes := kernel_changes(run):
+            within.append((run.label, "kernel path", changes))
     across = [(name, by_value) for name, by_value in values.items() if len(by_value) > 1]
     return across, within
 
