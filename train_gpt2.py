@@ -21,6 +21,7 @@ from activations import mlp_activation, telemetry
 from data.loader import ShardLoader
 from data.tokenizer import VOCAB_SIZE, TokenizerError, gpt2_tokenizer
 from eval import signal, sparsity
+from eval import hellaswag_items
 from eval.hellaswag import evaluate_model
 from model import GPT, GPTConfig, mlp_width, pretrained_gpt2
 from training import distributed
@@ -135,7 +136,7 @@ class GPTTrainer(Trainer):
         return Parts(model=self.model, loader=self.loader, max_steps=o.max_steps, model_config=to_dict(cfg.model),
                      optimizer=adamw(self.model, o.max_lr, o.weight_decay, o.betas, o.eps, d.device_type),
                      mlp_shape=(o.batch_size * o.seq_len, mlp_width(cfg.model)), origin=origin,
-                     params=self.model.param_counts(),
+                     params=self.model.param_counts(), accum=self.accum,
                      description=f"{param_line(self.model.param_counts())} | act {cfg.model.act} | "
                                  f"grad accum {self.accum}")
 
@@ -177,12 +178,12 @@ class GPTTrainer(Trainer):
             t0 = time.time()  # the whole call: the first one also tokenizes (then cached) and compiles
             # the final evaluation scores both ways and keeps every item's predictions for paired comparisons
             # (eval/compare_items.py, the sweep report); the ones before only the completion scoring they log
-            limit = f"_limit{e.hellaswag_limit}" if e.hellaswag_limit else ""
-            items = Path(self.cfg.run.out_dir) / f"hellaswag_items_{step:05d}{limit}.jsonl.gz" if last else None
+            items = hellaswag_items.run_items_file(self.cfg.run.out_dir, step, e.hellaswag_limit) if last else None
             hella = evaluate_model(model, device=d.device, data_path=e.hellaswag_data or None,
                                    limit=e.hellaswag_limit or None, scoring="both" if last else "completion",
                                    dist_info=d, autocast=self.ctx.autocast, progress=False, cache=True,
-                                   items_file=items, about={"run": self.cfg.run.out_dir, "step": step,
+                                   items_file=items, about={"scored_by": hellaswag_items.TRAINING,
+                                                            "run": self.cfg.run.out_dir, "step": step,
                                                             "act": self.cfg.model.act})["completion"]
             seconds = time.time() - t0
             result.scalars["hella"] = hella["acc_norm"]

@@ -161,7 +161,7 @@ class TranslationTrainer(Trainer):
                      optimizer=adamw(self.model, o.lr, o.weight_decay, o.betas, o.eps, d.device_type),
                      max_steps=o.max_steps or o.epochs * self.loader.steps_per_epoch(),
                      mlp_shape=(cfg.data.max_tokens, self.model.encoder[0].ffn.fc1.out_features),
-                     batch_shapes=shapes, params=self.model.param_counts(),
+                     batch_shapes=shapes, params=self.model.param_counts(), accum=self.accum,
                      description=f"{param_line(self.model.param_counts())} | act {mcfg.act} (plain top "
                                  f"{mcfg.plain_top_k}) | {mcfg.norm} {mcfg.enc_layers}-{mcfg.dec_layers} | vocab "
                                  f"{mcfg.vocab_size} | {len(train_ids[0])} train pairs (of {len(train_src)}, max len "

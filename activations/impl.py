@@ -63,3 +63,10 @@ def use_kernels(module, x):
     if x.dtype not in kernels.DTYPES:
         raise RuntimeError(f"the Triton kernels take float32, bfloat16 or float16, got {x.dtype}; use impl='torch'")
     return True
+
+
+def model_paths(model, x):
+    """{family: "triton" | "torch"}: the path each parametric activation of `model` takes for an input like x (its
+    device and dtype), as use_kernels decides it: a record of how a model was run."""
+    return {family(m): "triton" if use_kernels(m, x) else "torch" for m in model.modules()
+            if getattr(m, "impl", None) in IMPLS}

@@ -9,7 +9,9 @@
 
 Each RUN_DIR is a trainer's --out-dir (log.txt / metrics.jsonl / run.json, and hellaswag_*.json from
 eval/hellaswag.py, whose numbers get their own columns), a build-nanogpt log directory or llm.c's -o directory.
-Runs still training, runs of different lengths and runs without HellaSwag or BLEU are fine.
+Runs still training, runs of different lengths and runs without HellaSwag or BLEU are fine. Below the table it names
+every setting besides the config (precision, compile, world size x grad accum, versions, GPU, code, a kernel path
+changed at a restart) that differs between the runs or within one (analysis/run_setup.py).
 """
 import argparse
 from pathlib import Path
@@ -20,6 +22,7 @@ matplotlib.use("Agg")  # files only: works on headless machines
 import matplotlib.pyplot as plt
 
 from analysis import measures
+from analysis.run_setup import flag_lines
 from analysis.runs import RunError, load_runs, markdown_table, summary
 
 PANELS = [("train", "train loss"), ("val", "val loss"), ("hella", "HellaSwag acc_norm"), ("bleu", "BLEU")]
@@ -194,6 +197,9 @@ def main(argv=None):
     try:
         runs = load_runs(args.runs)
         print(table(runs))
+        flags = flag_lines(runs)
+        if flags:
+            print("\nSettings besides the config that differ between runs or within one (run.json):", *flags, sep="\n")
         print(f"wrote {plot(runs, args.output, args.x, args.smooth)}")
         if args.telemetry:
             out = Path(args.output)

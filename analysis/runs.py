@@ -7,7 +7,8 @@ A run directory holds any of:
                  val lines and `s:STEP eval:ACC` HellaSwag lines (acc_norm: the lowest mean token loss wins)
   metrics.jsonl  one JSON object per line with "step" and "kind": train records (loss, tok_per_s, tokens)
                  and eval records (val_loss, hellaswag_acc, hellaswag_acc_norm, bleu, telemetry, tokens)
-  run.json       {"config": ..., "environment": ...}: activation, seed, max_steps, tokens per step
+  run.json       {"config": ..., "environment": ..., "segments": ...}: activation, seed, max_steps, tokens per
+                 step; per start of the run (segments) its versions, precision, compile, kernels and source
   hellaswag_*.json  results of eval/hellaswag.py on the run's checkpoints (both scorings); the full one
                  (no --limit) of the latest step is shown, else the largest limited one
 metrics.jsonl wins for every series it has; log.txt, then main.log fill in the rest (build-nanogpt and llm.c
@@ -48,6 +49,7 @@ class Run:
     hellaswag_eval: dict | None = None  # the chosen hellaswag_*.json record, plus its "file"
     test: dict | None = None  # translation: the test-set BLEU record written after the last step
     kernels: dict | None = None  # run.json's activation kernel decisions {family: {impl, reason, ...}}
+    segments: list = field(default_factory=list)  # run.json's starts: [{"start_step", "environment"}]
 
     def setting(self, name):
         """A config leaf by name (config option names are unique across sections), or None."""
@@ -149,6 +151,14 @@ def read_hellaswag_results(run_dir):
     return max(records, key=lambda r: (r.get("limit") is None, r["n"] if r.get("limit") else 0, r.get("step") or 0))
 
 
+def segments_of(info):
+    """run.json's starts, each {"start_step", "environment"}; a run.json written before segments existed holds
+    the environment of its latest start only, at a step it does not say (None)."""
+    if isinstance(info.get("segments"), list):
+        return info["segments"]
+    return [{"start_step": None, "environment": info.get("environment") or {}}]
+
+
 def load_run(path):
     path = Path(path)
     if path.is_file():  # `compare log/log.txt` works like `compare log`
@@ -168,7 +178,8 @@ def load_run(path):
         except (ValueError, KeyError, TypeError, OSError):
             raise RunError(f"{run_json}: not a run.json with a \"config\" object") from None
         kernels = ((info.get("environment") or {}).get("decisions") or {}).get("activations")
-    run = Run(path=path, label=path.name, config=config, hellaswag_eval=read_hellaswag_results(path), kernels=kernels)
+    run = Run(path=path, label=path.name, config=config, hellaswag_eval=read_hellaswag_results(path), kernels=kernels,
+              segments=segments_of(info) if run_json.is_file() else [])
 
     per_step = {}  # series -> {step: (value, tokens)}
     if metrics.is_file():

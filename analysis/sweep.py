@@ -31,9 +31,11 @@ test BLEU where logged), and for each variant the paired difference to its basel
 --baseline) over the seeds both finished: mean, std, t = mean / (std/sqrt n), the 95% interval
 mean ± t_{0.975, n-1} std/sqrt(n), the difference those seeds detect with 80% power and the seeds
 --target-diff (default: the observed difference) needs; and each variant's parameter count, flagged where it
-differs from its baseline's by more than 0.5%. Each pair and metric also gets the paired t-test's p and its Holm
-adjustment over the sweep's claims: the report declares a difference at family-wise error rate 0.05 (the A/A
-control likewise over its own metrics). Negative val-loss differences favour the variant.
+differs from its baseline's by more than 0.5%, and every setting besides the config (precision, compile, world
+size x grad accum, versions, code) that differs between any runs or changed within one (analysis/run_setup.py).
+Each pair and metric also gets the paired t-test's p and its Holm adjustment over the sweep's claims: the report
+declares a difference at family-wise error rate 0.05 (the A/A control likewise over its own metrics). Negative
+val-loss differences favour the variant.
 HellaSwag pairs also get the item-level interval of their difference, from the runs' final items files
 (train with --hellaswag-interval): another sample of items, beside the seeds' another seed of training.
 """

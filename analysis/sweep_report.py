@@ -6,8 +6,9 @@ these seeds detect at 80% power and alpha 0.05, and the seeds a target differenc
 the final val loss, else the observed difference). A variant whose seed std is more than twice its
 baseline's is flagged. Each variant's parameter count (run.json's, from the model) is stated, and a variant
 whose count outside the embeddings differs from its baseline's by more than 0.5% is flagged: its comparison is
-then also one of model size (a gated MLP at the wrong width, say). The claims "this pair differs on this metric"
-form one family whose error rate is held at ALPHA (Holm-adjusted p per pair and metric, holm_family). An A/A
+then also one of model size (a gated MLP at the wrong width, say). So is every setting besides the config that
+differs between any runs, or within one at a restart (analysis/run_setup.py). The claims "this pair differs on this
+metric" form one family whose error rate is held at ALPHA (Holm-adjusted p per pair and metric, holm_family). An A/A
 control (the baseline again with another init stream) is reported first: if one of its metrics differs at that
 family-wise rate (Holm over its own metrics), identical settings differ and no interval of the sweep can be
 trusted.
@@ -21,6 +22,7 @@ import re
 from pathlib import Path
 
 from analysis.compare import plot_telemetry, table
+from analysis.run_setup import flag_lines, kernel_text
 from analysis.runs import RunError, load_run, load_runs, markdown_table, summary
 from analysis.sweep_plot import plot_sweep
 from eval import hellaswag_items
@@ -72,15 +74,21 @@ ITEM_KEY = ("completion", "acc_norm")
 
 
 def items_of(runs):
-    """{(variant, seed): Items} of the finished runs' latest items files (the final evaluation writes one)."""
+    """{(variant, seed): Items} of the finished runs' own latest items files (their final evaluation's: the
+    scoring their logged acc_norm comes from, never eval/hellaswag.py's)."""
     found = {}
     for run in runs:
         path = hellaswag_items.newest(run.path)
         if path is not None and variant_of(run) is not None:
             try:
-                found[(variant_of(run), run.setting("seed"))] = hellaswag_items.read(path)
+                items = hellaswag_items.read(path)
             except ItemsError as e:
                 raise SystemExit(f"error: {e}") from None
+            if not hellaswag_items.from_training(items):
+                raise SystemExit(f"error: {path} holds eval/hellaswag.py's scoring, which an older nanoact wrote over "
+                                 "the run's own final evaluation; move it out of the run directory (the item-level "
+                                 "interval then leaves this run out)")
+            found[(variant_of(run), run.setting("seed"))] = items
     return found
 
 
@@ -174,12 +182,7 @@ def kernel_paths(runs):
     different paths is named MIXED with each seed's (its seeds then differ by more than the seed)."""
     per = {}
     for run in runs:
-        if run.kernels is None:
-            text = "not recorded"
-        else:
-            text = ", ".join(f"{family} {'Triton kernel' if r.get('impl') == 'triton' else 'PyTorch'}"
-                             for family, r in sorted(run.kernels.items())) or "PyTorch (no kernel family)"
-        per.setdefault(variant_of(run), {})[run.setting("seed")] = text
+        per.setdefault(variant_of(run), {})[run.setting("seed")] = kernel_text(run.kernels)
     return {a: next(iter(set(seeds.values()))) if len(set(seeds.values())) == 1 else
             "MIXED: " + "; ".join(f"seed {seed}: {text}" for seed, text in sorted(seeds.items(), key=str))
             for a, seeds in per.items()}
@@ -316,6 +319,7 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
         holm_family(pairs, [control], metrics)
     flags = spread_flags(per_act, baselines, metrics)
     paths = kernel_paths([r for r in done if variant_of(r) in rows])
+    setup_flags = flag_lines([r for r in done if variant_of(r) in rows])
     params = {}
     for run in done:
         if variant_of(run) in rows and run_params(run):
@@ -369,6 +373,9 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
         md.append("")
     md += ["Activation path of each variant (run.json's kernel decisions; every seed of a variant should run the "
            "same one):", "", *[f"- {a}: {paths[a]}" for a in order if a in paths], ""]
+    if setup_flags:
+        md += ["Settings besides the config that differ between runs or within one (run.json, analysis/run_setup.py):",
+               "", *setup_flags, ""]
     pair_rows, sentences = [], []
     for a, per in pairs.items():
         for k, name in metrics:
@@ -396,6 +403,7 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
                declared_sentence(pairs, baselines, metrics, control, family_size), "",
                "What these seeds can detect:", "", *sentences, ""]
     md += hellaswag_intervals(pairs, baselines)
+    result["setup_flags"] = setup_flags
     text = "\n".join(md)
     (out / "sweep.md").write_text(text)
     (out / "sweep.json").write_text(json.dumps(result, indent=2))

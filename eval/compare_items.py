@@ -1,13 +1,14 @@
 """Two models on the same HellaSwag items: each accuracy, the paired difference, its exact McNemar p-value, its
 95% interval and the number of items on which they disagree.
 
-    python -m eval.compare_items log/aglu log/gelu        # run directories: their latest step's items files
+    python -m eval.compare_items log/aglu log/gelu        # run directories: their final evaluation's items files
     python -m eval.compare_items A.jsonl.gz B.jsonl.gz --scoring completion --metric acc_norm
-    python -m eval.compare_items log/aglu/hellaswag_items_19073.jsonl.gz results/nanoact/samples_hellaswag_X.jsonl
+    python -m eval.compare_items log/aglu/hellaswag_19073_items.jsonl.gz results/nanoact/samples_hellaswag_X.jsonl
 
-Inputs: the items files eval/hellaswag.py writes (hellaswag_items_*.jsonl.gz beside the checkpoint, or in the run
-directory from the trainer's final evaluation), lm-eval's `--log_samples` hellaswag file (the lm_eval scoring),
-or a run directory. Both must hold the same items with the same labels.
+Inputs: the items files eval/hellaswag.py writes (hellaswag_<step>_items.jsonl.gz beside the checkpoint), the one a
+training run's final evaluation writes into its run directory (hellaswag_items_<step>.jsonl.gz), lm-eval's
+`--log_samples` hellaswag file (the lm_eval scoring), or a run directory (its final evaluation's file). Both must
+hold the same items with the same labels.
 
 Why paired: two accuracies of ~30% on 10,042 items each carry a Wilson interval of about ±0.9 points, but the
 two models answer most items alike, and only the items they answer differently (the discordant ones) say
@@ -28,13 +29,14 @@ from eval.stats import mcnemar_exact, paired_difference_ci
 
 
 def load(path):
-    """Items of a file, or of a run directory's latest items file."""
+    """Items of a file, or of a run directory's own latest items file (its final evaluation's)."""
     path = Path(path)
     if path.is_dir():
         found = hellaswag_items.newest(path)
         if found is None:
-            raise ItemsError(f"{path}: no hellaswag_items_*.jsonl.gz here; run eval/hellaswag.py on a checkpoint, "
-                            "or train with --hellaswag-interval (its final evaluation writes one)")
+            raise ItemsError(f"{path}: no hellaswag_items_*.jsonl.gz here (a training run's final evaluation writes "
+                            "one with --hellaswag-interval); pass the items file eval/hellaswag.py wrote instead "
+                            "(hellaswag_<step>_items.jsonl.gz)")
         path = found
     return hellaswag_items.read(path)
 
@@ -101,8 +103,8 @@ def report(a, b, rows):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("a", help="items file (hellaswag_items_*.jsonl.gz or lm-eval's samples_hellaswag_*.jsonl) or run "
-                             "directory")
+    p.add_argument("a", help="items file (hellaswag_items_*.jsonl.gz, hellaswag_*_items.jsonl.gz or lm-eval's "
+                             "samples_hellaswag_*.jsonl) or run directory")
     p.add_argument("b", help="the same for the model it is compared with (the difference is A - B)")
     p.add_argument("--scoring", choices=("completion", "lm_eval"), help="only this scoring (default: all both have)")
     p.add_argument("--metric", choices=tuple(METRICS), help="only this metric (default: acc and acc_norm)")

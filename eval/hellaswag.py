@@ -15,9 +15,11 @@ lm_eval (lm-evaluation-harness 0.4 `hellaswag` task, lm_eval/tasks/hellaswag/uti
     ConfigurableTask.process_results divides by the length of the choice, without the leading space).
 Intervals are 95% Wilson score intervals (at n = 10,042 and 30% about +-0.9 points): the noise of one
 accuracy. Two models scored on the same items differ by much less noise than two such intervals suggest: each
-score comes with its items file (hellaswag_items_<step>.jsonl.gz, eval/hellaswag_items.py: every item's label,
-per-ending log-likelihoods and predictions, both scorings), and `python -m eval.compare_items A B` gives the
-paired difference, its exact McNemar p-value and 95% interval.
+score comes with its items file (hellaswag_<step>_items.jsonl.gz, eval/hellaswag_items.py: every item's label,
+per-ending log-likelihoods and predictions, both scorings, and a header saying how they were computed), and
+`python -m eval.compare_items A B` gives the paired difference, its exact McNemar p-value and 95% interval. A
+training run's final evaluation writes its own items file under another name (hellaswag_items_<step>.jsonl.gz):
+this command never overwrites it.
 
 Both scorings come from ONE pass: every (context, continuation) row either needs, de-duplicated (the two
 scorings' contexts differ from the first token, `ctx` vs `activity_label: ...`, so they share no row; a
@@ -43,7 +45,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from activations.impl import model_identity
+from activations.impl import model_identity, model_paths
 from data import DataError
 from data.files import atomic_file, cache_root
 from data.tokenizer import gpt2_tokenizer
@@ -320,8 +322,19 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
                          "interval": "wilson", "seconds": seconds, "scored_with": "+".join(scorings),
                          "rows": plan.n_rows, "forwards": len(plan.batches)}
     if items_file is not None and rank == 0:
-        write_items(items_file, plan, ll, scorings, data_path or download(), limit, about)
+        setup = scoring_setup(model, device, autocast, 4 * batch_items, world)
+        write_items(items_file, plan, ll, scorings, data_path or download(), limit, {**(about or {}), "setup": setup})
     return results
+
+
+def scoring_setup(model, device, autocast, batch_rows, world_size):
+    """How the log-likelihoods were computed, for the items file's header: two scorings of the same weights under
+    other settings differ in the last bits, and a near tie between two endings can flip."""
+    dtype = autocast.fast_dtype if isinstance(autocast, torch.autocast) else torch.float32
+    return {"compile": hasattr(model, "_orig_mod"), "dtype": str(dtype).removeprefix("torch."),
+            "kernels": model_paths(model, torch.ones(1, device=device, dtype=dtype)), "batch_rows": batch_rows,
+            "length_step": length_step(model), "world_size": world_size,
+            "padding": "rows sorted by length, right-padded with EOT to the batch length"}
 
 
 def write_items(path, plan, ll, scorings, data_path, limit, about=None):
@@ -367,7 +380,7 @@ def main(argv=None):
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model first (pays for itself only over many items: 3 graphs to compile)")
     p.add_argument("--out", help="result JSON (default: hellaswag_<step>.json beside the checkpoint); the items "
-                                 "file goes beside it (hellaswag_items_<step>.jsonl.gz)")
+                                 "file goes beside it (hellaswag_<step>_items.jsonl.gz)")
     args = p.parse_args(argv)
     if (args.checkpoint is None) == (args.hf is None):
         p.error("give either a checkpoint (file or run directory) or --hf DIR")
@@ -389,7 +402,8 @@ def main(argv=None):
             if args.compile:
                 model = torch.compile(model, dynamic=False)  # one static graph per length bucket (3)
             out = result_path(args, ckpt)
-            about = {"checkpoint": ckpt and ckpt["path"], "hf": args.hf, "step": ckpt and ckpt["step"],
+            about = {"scored_by": "eval/hellaswag.py", "checkpoint": ckpt and ckpt["path"], "hf": args.hf,
+                     "step": ckpt and ckpt["step"],
                      "act": ckpt["model_config"].get("act") if ckpt else "gelu"}
             results = evaluate_model(model, d.device, data, args.limit, args.scoring, d, autocast, True,
                                      args.batch_items, cache=True, items_file=hellaswag_items.items_file(out),

@@ -2,10 +2,21 @@
 `--log_samples` output read as the same kind of thing, so that two models can be compared on the very items
 both answered (eval/compare_items.py, the sweep report).
 
-The file, `hellaswag_items_<step>[_limit<N>].jsonl.gz`, is gzip'd JSON lines (about 1.1 MB for 10,042 items and
-both scorings). Line 1 is a header:
+Two writers, two names that never collide: a training run's final evaluation (train_gpt2.py) writes
+`hellaswag_items_<step>[_limit<N>].jsonl.gz` into the run directory (`run_items_file`): the run's own scoring, the
+one its logged HellaSwag numbers come from and the one the sweep report pairs; eval/hellaswag.py writes its items
+beside its result JSON, `hellaswag_<step>[_limit<N>]_items.jsonl.gz` (`items_file`). The two score the same weights
+under different settings (the run's precision, compile and kernel path against the CLI's), so their
+log-likelihoods differ in the last bits and a near tie can flip (docs/evaluation.md).
+
+The file is gzip'd JSON lines (about 1.1 MB for 10,042 items and both scorings). Line 1 is a header:
     {"format": "nanoact-hellaswag-items", "version": 1, "n": 10042, "scorings": ["completion", "lm_eval"],
-     "checkpoint": ..., "step": ..., "act": ..., "data": path, "data_sha256": ..., "limit": null}
+     "scored_by": "train_gpt2.py final evaluation" | "eval/hellaswag.py", "run" or "checkpoint": ..., "step": ...,
+     "act": ..., "setup": {"compile", "dtype", "kernels", "batch_rows", "length_step", "world_size", "padding"},
+     "data": path, "data_sha256": ..., "limit": null}
+setup says how the scores were computed: compiled or eager, the autocast dtype, each activation family's path
+(Triton kernel or PyTorch), rows per forward, the multiple batch lengths round up to, the ranks the rows were
+split over, and how rows are padded.
 then one line per item, in the data file's order:
     {"i": 0, "label": 3,
      "completion": {"ll": [4 summed log-likelihoods], "div": [4 acc_norm divisors], "pred": 1, "pred_norm": 3},
@@ -159,18 +170,29 @@ def read(path):
 
 
 def items_file(result_json):
-    """The items file written beside a result JSON `hellaswag_<...>.json`: `hellaswag_items_<...>.jsonl.gz`."""
+    """eval/hellaswag.py's items file, beside its result JSON `X.json`: `X_items.jsonl.gz` (never a run's own name)."""
     result_json = Path(result_json)
-    stem = result_json.stem.removeprefix("hellaswag_").removeprefix("hellaswag")
-    return result_json.with_name(f"hellaswag_items{'_' if stem else ''}{stem}.jsonl.gz")
+    return result_json.with_name(f"{result_json.stem}_items.jsonl.gz")
 
 
-NAME = re.compile(r"hellaswag_items_(\d+)(?:_limit(\d+))?\.jsonl\.gz")
+def run_items_file(run_dir, step, limit=None):
+    """The items file of a training run's final evaluation at `step`."""
+    return Path(run_dir) / f"hellaswag_items_{step:05d}{f'_limit{limit}' if limit else ''}.jsonl.gz"
+
+
+NAME = re.compile(r"hellaswag_items_(\d+)(?:_limit(\d+))?\.jsonl\.gz")  # run_items_file's names
+TRAINING = "train_gpt2.py final evaluation"
+
+
+def from_training(items):
+    """Whether the scores are a training run's own: a header written before scored_by existed has "run" then,
+    "checkpoint" when eval/hellaswag.py wrote it (under the run's name, which it then overwrote)."""
+    return items.about.get("scored_by", TRAINING if "checkpoint" not in items.about else None) == TRAINING
 
 
 def newest(run_dir):
-    """A run directory's items file of its latest step, scored on every item if there is such a file for
-    that step (else on the most items); None if it has none."""
+    """A run directory's own items file (its final evaluation's) of its latest step, scored on every item if there
+    is such a file for that step (else on the most items); None if it has none."""
     found = [(int(m[1]), m[2] is None, int(m[2] or 0), p) for p in Path(run_dir).glob("hellaswag_items_*.jsonl.gz")
              if (m := NAME.fullmatch(p.name))]
     return max(found)[3] if found else None

@@ -294,16 +294,24 @@ def test_cli_writes_json_and_rejects_wrong_checkpoints(make_checkpoint, hellaswa
         hellaswag.main([str(ckpt), "--data", str(tmp_path / "nope.jsonl")])
 
 
-def test_items_file_holds_every_prediction_of_both_scorings(tiny, make_checkpoint, gpt2_enc):
+def test_items_file_holds_every_prediction_of_both_scorings(tiny, make_checkpoint, gpt2_enc, write_items):
     """The CLI writes, beside its result JSON, each item's label, per-ending log-likelihoods and divisors and both
-    predictions of both scorings: they equal the per-item reference loop and add up to the reported counts."""
+    predictions of both scorings: they equal the per-item reference loop and add up to the reported counts. Its
+    header says how they were scored, and the run's own items file (its final evaluation's) is left alone."""
     model, path, items = tiny
     ckpt = make_checkpoint()  # the checkpoint `tiny` loaded
+    own = write_items(hellaswag_items.run_items_file(ckpt.parent, 7), [0] * len(items), [1] * len(items), step=7)
+    own_bytes = own.read_bytes()
     hellaswag.main([str(ckpt), "--data", str(path), "--device", "cpu", "--batch-items", "3"])
     record = json.loads((ckpt.parent / "hellaswag_00007.json").read_text())
-    assert record["items"] == str(ckpt.parent / "hellaswag_items_00007.jsonl.gz")
+    assert record["items"] == str(ckpt.parent / "hellaswag_00007_items.jsonl.gz")
+    assert own.read_bytes() == own_bytes and hellaswag_items.newest(ckpt.parent) == own
     read = hellaswag_items.read(record["items"])
     assert read.about["format"] == "nanoact-hellaswag-items" and read.about["step"] == 7
+    assert read.about["scored_by"] == "eval/hellaswag.py" and not hellaswag_items.from_training(read)
+    assert read.about["setup"] == {"compile": False, "dtype": "float32", "kernels": {}, "batch_rows": 12,
+                                   "length_step": 8, "world_size": 1,
+                                   "padding": "rows sorted by length, right-padded with EOT to the batch length"}
     assert read.about["n"] == len(items) and read.about["scorings"] == list(SCORINGS)
     assert read.about["data_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert read.labels == {i: item["label"] for i, item in enumerate(items)}

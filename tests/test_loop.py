@@ -112,6 +112,8 @@ def test_resume_of_the_new_trainer_is_exact(tmp_path):
     assert torch.equal(resumed.weight, straight.weight) and torch.equal(resumed.bias, straight.bias)
     steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps) and len(steps) == 60 + 4  # no step logged twice
+    segments = json.loads((tmp_path / "resumed" / "run.json").read_text())["segments"]  # each start's environment
+    assert [s["start_step"] for s in segments] == [0, 20] and segments[1]["environment"]["grad_accum"] == 1
 
 
 class FailingTrainer(LinearTrainer):

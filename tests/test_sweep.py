@@ -5,6 +5,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -33,6 +34,11 @@ def fake_run(path, act, seed, final, max_steps=10, stop_at=None, hella=None, par
             log.record(step, kind="eval", val_loss=val, tokens=step * 64, **extra)
             log.scalar(step, "val", val)
     log.close()
+
+
+def launches(monkeypatch, fake):
+    """The sweep's subprocess.run replaced by `fake`; the rest (run.json's git calls) keeps the real one."""
+    monkeypatch.setattr(sweep, "subprocess", SimpleNamespace(run=fake, STDOUT=subprocess.STDOUT))
 
 
 def t_ci(diffs, q):
@@ -131,7 +137,7 @@ def test_sweep_skips_finished_runs_and_launches_the_rest(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(cmd, 0)
 
     fake_run(tmp_path / "s" / "gelu_seed1", "gelu", 1, 3.5)
-    monkeypatch.setattr(sweep.subprocess, "run", fake_subprocess_run)
+    launches(monkeypatch, fake_subprocess_run)
     sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu", "--seeds", "1,2",
                 "--out-dir", str(tmp_path / "s"), "--nproc-per-node", "2", "--max-steps", "10"])
     launched = [(c[c.index("--act") + 1], c[c.index("--seed") + 1]) for c in calls]
@@ -155,7 +161,7 @@ def test_failed_run_is_a_clear_error(tmp_path, monkeypatch):
         stdout.write("Traceback ...\nerror: data dir not found\n")
         return subprocess.CompletedProcess(cmd, 1)
 
-    monkeypatch.setattr(sweep.subprocess, "run", failing)
+    launches(monkeypatch, failing)
     with pytest.raises(SystemExit, match=r"gelu seed 1 stopped \(exit code 1\): error: data dir not found.*train.out"):
         sweep.main(["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", str(tmp_path)])
 
@@ -168,7 +174,7 @@ def test_failed_run_is_a_clear_error(tmp_path, monkeypatch):
     (["--config", "c.toml", "--acts", "gelu", "--seeds", "1,two", "--out-dir", "x"], "comma-separated integers"),
 ])
 def test_bad_arguments(argv, message, capsys, monkeypatch):
-    monkeypatch.setattr(sweep.subprocess, "run", lambda *a, **k: pytest.fail("launched a run on bad arguments"))
+    launches(monkeypatch, lambda *a, **k: pytest.fail("launched a run on bad arguments"))
     with pytest.raises(SystemExit):
         sweep.main(argv)
     assert message in capsys.readouterr().err
@@ -248,7 +254,7 @@ def test_translation_plan_runs_variants_per_corpus_and_reports_bleu(tmp_path, mo
         train_translation.main(cmd[2:] + ["--spm-dir", str(tmp_path / "spm")])
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(sweep.subprocess, "run", in_process)
+    launches(monkeypatch, in_process)
     out = tmp_path / "sweep"
     sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out)])
     assert len(commands) == 4
@@ -300,7 +306,7 @@ def test_plan_corpora_are_separate_sweeps(tmp_path, monkeypatch):
     (tmp_path / "plan.toml").write_text('config = "c.toml"\nseeds = [1]\n[variants.gelu]\nact = "gelu"\n'
                                         '[variants.swish_bf16]\nact = "silu"\ndtype = "bfloat16"\n'
                                         '[corpora.a]\ntrain_prefix = "x/a"\n[corpora.bb]\ntrain_prefix = "x/b"\n')
-    monkeypatch.setattr(sweep.subprocess, "run", fake_subprocess_run)
+    launches(monkeypatch, fake_subprocess_run)
     sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--max-steps", "10"])
     assert [(c[1].rsplit("/", 1)[-1], Path(c[c.index("--out-dir") + 1]).relative_to(tmp_path / "s").as_posix())
             for c in calls] == [("train_gpt2.py", "a/gelu_seed1"), ("train_gpt2.py", "a/swish_bf16_seed1"),
@@ -335,7 +341,7 @@ def test_shipped_translation_plan():
     ('config = "c.toml"\nseeds = [1]\nsteps = 3\n[variants.a]\nact = "relu"\n', "unknown ['steps']"),
 ])
 def test_bad_plans(tmp_path, plan, message, capsys, monkeypatch):
-    monkeypatch.setattr(sweep.subprocess, "run", lambda *a, **k: pytest.fail("launched a run on a bad plan"))
+    launches(monkeypatch, lambda *a, **k: pytest.fail("launched a run on a bad plan"))
     (tmp_path / "plan.toml").write_text(plan)
     with pytest.raises(SystemExit):
         sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
@@ -438,7 +444,7 @@ def test_control_from_the_cli_and_a_plan(tmp_path, monkeypatch):
         fake_run(path, cmd[cmd.index("--act") + 1], int(cmd[cmd.index("--seed") + 1]), 3.0)
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(sweep.subprocess, "run", fake_subprocess_run)
+    launches(monkeypatch, fake_subprocess_run)
     sweep.main(["--config", "c.toml", "--acts", "gelu,relu", "--seeds", "1,2", "--control", "--out-dir",
                 str(tmp_path / "cli")])
     launched = [Path(c[c.index("--out-dir") + 1]).name for c in calls]
@@ -485,7 +491,7 @@ def test_later_seeds_reuse_the_first_seeds_kernel_path_and_the_report_names_it(t
         (path / "run.json").write_text(json.dumps(info))
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(sweep.subprocess, "run", fake_subprocess_run)
+    launches(monkeypatch, fake_subprocess_run)
     sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu,nswish", "--seeds", "1,2",
                 "--out-dir", str(tmp_path / "s"), "--max-steps", "10"])
     reused = {(c[c.index("--act") + 1], c[c.index("--seed") + 1]): c[c.index("--kernels-from") + 1]
@@ -542,3 +548,21 @@ def test_shipped_glu_plans_match_parameters(plan, config):
     assert {label for label, _, _ in args.variants} >= {"gelu", "swiglu", "relu2", "relu2_glu", "aglu", "aglu_glu",
                                                         "nswish", "nswish_glu"}
     assert all(abs(n / sizes["gelu"] - 1) < 0.005 for n in sizes.values()), sizes
+
+
+def test_sweep_refuses_eval_hellaswags_items_under_the_runs_own_name(tmp_path, write_items):
+    """An items file eval/hellaswag.py wrote over a run's own (an older nanoact used the same name) is a one-line
+    error, not a silent switch of scoring settings (compile, dtype, kernels) in the item-level interval."""
+    from eval import hellaswag_items
+
+    labels = [i % 4 for i in range(20)]
+    for act in ("gelu", "relu"):
+        for seed in (1, 2):
+            fake_run(tmp_path / f"{act}_seed{seed}", act, seed, 3.5, hella=0.5)
+            write_items(tmp_path / f"{act}_seed{seed}" / "hellaswag_items_00010.jsonl.gz", labels, labels, step=10)
+    hellaswag_items.write(tmp_path / "relu_seed2" / "hellaswag_items_00010.jsonl.gz",
+                          {"n": 20, "scorings": ["completion"], "checkpoint": "relu_seed2/model_00010.pt", "step": 10},
+                          [{"i": i, "label": x, "completion": hellaswag_items.scoring_record([0, -1, -2, -3], [1] * 4)}
+                           for i, x in enumerate(labels)])
+    with pytest.raises(SystemExit, match="relu_seed2/hellaswag_items_00010.jsonl.gz holds eval/hellaswag.py's scoring"):
+        sweep.report(tmp_path, acts=["gelu", "relu"])

@@ -103,6 +103,7 @@ def test_tiny_model_learns_in_process(tmp_path):
     assert log_lines[0].startswith("0 val ") and sum(" train " in line for line in log_lines) == 40
     info = json.loads((tmp_path / "out" / "run.json").read_text())
     assert info["config"]["model"]["act"] == "aglu" and info["environment"]["world_size"] == 1
+    assert info["environment"]["grad_accum"] == 2  # 128 tokens a step of 4 x 16-token micro-batches
 
 
 @pytest.mark.long
@@ -262,7 +263,7 @@ def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc,
     hella = hellaswag_file(8)
     monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "cache"))  # the token cache
     train_in_process(args(data, tmp_path / "out", vocab_size=50304, block_size=128, max_steps=2, eval_interval=2,
-                          hellaswag_interval=2, hellaswag_data=hella))
+                          hellaswag_interval=2, hellaswag_data=hella, act="aglu"))
     printed = [line for line in capsys.readouterr().out.splitlines() if "| val loss " in line]
     assert len(printed) == 2 and all(re.search(r"\| hellaswag acc \d\.\d{4} acc_norm \d\.\d{4} \(\d+\.\ds\)$", line)
                                      for line in printed), printed  # on stdout, next to the val loss
@@ -278,6 +279,8 @@ def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc,
     assert [p.name for p in (tmp_path / "out").glob("hellaswag_items_*")] == ["hellaswag_items_00002.jsonl.gz"]
     items = hellaswag_items.read(tmp_path / "out" / "hellaswag_items_00002.jsonl.gz")
     assert items.about["step"] == 2 and items.about["scorings"] == ["completion", "lm_eval"] and len(items.labels) == 8
+    assert hellaswag_items.from_training(items) and items.about["setup"]["compile"] is False
+    assert items.about["setup"]["dtype"] == "float32" and items.about["setup"]["kernels"] == {"aglu": "torch"}
     for metric, key in (("acc", "hellaswag_acc"), ("acc_norm", "hellaswag_acc_norm")):
         assert sum(items.correct("completion", metric, range(8))) / 8 == evals[-1][key]
 

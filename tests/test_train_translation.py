@@ -57,6 +57,8 @@ def test_resume_is_exact(runs):
     a, b = load_checkpoint(straight, kind="translation"), load_checkpoint(split, kind="translation")
     assert a["step"] == b["step"] == 8 and a["loader"][0]["epoch"] >= 1  # the run crossed an epoch
     assert a["loader"][0]["accum"] == 2
+    segments = json.loads((split / "run.json").read_text())["segments"]  # the start and the resume
+    assert [(s["start_step"], s["environment"]["grad_accum"]) for s in segments] == [(0, 2), (4, 2)]
     assert a["model"].keys() == b["model"].keys()
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key

@@ -29,16 +29,21 @@ class Platform:
         return f"sm_{self.capability[0]}{self.capability[1]}" if self.capability else self.device_type
 
 
+def triton_version():
+    """Triton's version when it imports, else None."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        import triton
+    except ImportError:  # installed but broken (a driver/ABI mismatch): as good as missing
+        return None
+    return triton.__version__
+
+
 def detect(device):
     """The Platform of torch device `device` (a string or torch.device)."""
     device = torch.device(device)
-    triton = None
-    if importlib.util.find_spec("triton") is not None:
-        try:
-            import triton as triton_module
-            triton = triton_module.__version__
-        except ImportError:  # installed but broken (a driver/ABI mismatch): as good as missing
-            pass
+    triton = triton_version()
     if device.type == "cuda":
         return Platform("cuda", torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device),
                         torch.cuda.is_bf16_supported(including_emulation=False), triton)
@@ -113,5 +118,6 @@ def decide(run, dist_info):
         print(f"precision: {precision} ({precision_why})\ncompile: {'on' if use_compile else 'off'} ({compile_why})",
               flush=True)
     record = {"platform": dataclasses.asdict(p), "precision": {"value": precision, "reason": precision_why},
-              "compile": {"value": use_compile, "reason": compile_why}}
+              "compile": {"value": use_compile, "reason": compile_why,
+                          "mode": run.compile_mode if use_compile else None}}
     return p, precision, use_compile, record

@@ -71,6 +71,7 @@ class Parts:
     origin: str = "starting from scratch"  # or which weights the model was initialised from
     batch_shapes: int | None = 1  # distinct batch shapes, each compiled once; None: free (compiled dynamic)
     params: dict = field(default_factory=dict)  # parameter counts (the model's param_counts()), for run.json
+    accum: int = 1  # micro-batches each rank accumulates per optimizer step, for run.json
 
 
 @dataclass
@@ -179,7 +180,8 @@ class Trainer:
             log = RunLog(run_cfg.out_dir, d.master, resume_step=start if ckpt else None,
                          tensorboard=run_cfg.tensorboard, wandb_project=run_cfg.wandb_project,
                          wandb_run_name=run_cfg.wandb_run_name)
-            log.write_run_info(to_dict(cfg), {**environment(d), "decisions": decisions, "params": parts.params})
+            log.write_run_info(to_dict(cfg), {**environment(d), "grad_accum": parts.accum, "decisions": decisions,
+                                              "params": parts.params})
             if d.master:
                 if d.restart:
                     print(runlog.restart_line(d.restart, ckpt and ckpt["path"], start), flush=True)

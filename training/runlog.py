@@ -1,6 +1,8 @@
 """Run logs: the human stdout lines (their format is here, below), `log.txt` in build-nanogpt's `step kind value` format,
-`metrics.jsonl` with every record, and `run.json` with the resolved config, environment and git revision;
+`metrics.jsonl` with every record, and `run.json` with the resolved config and, per start of the run (`segments`),
+its environment, decisions and git revision (a dirty tree's diff in `source.diff`);
 optionally the same records as TensorBoard events (`tb/`) and as a Weights & Biases run (`wandb/`)."""
+import hashlib
 import json
 import platform
 import subprocess
@@ -11,26 +13,64 @@ from pathlib import Path
 import torch
 
 from data.files import atomic_file
+from training import hardware
 from training.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def git_state(root=ROOT):
+    """(commit, `git status` lines of uncommitted changes and untracked files) of the tree at root, or (None, why)
+    when git is missing or root is no repository: one git call."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain=v2", "--branch"], cwd=root, capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"git did not run ({e.__class__.__name__})"
+    if out.returncode != 0:
+        return None, (out.stderr.strip().splitlines() or ["git status failed"])[0]
+    lines = out.stdout.splitlines()
+    commit = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), "(initial)")
+    return (None if commit == "(initial)" else commit), [line for line in lines if not line.startswith("#")]
 
 
 def git_revision():
-    root = Path(__file__).resolve().parents[1]
+    """The commit, with +dirty when the tree has changes; None outside a repository."""
+    commit, changes = git_state()
+    return commit and commit + ("+dirty" if changes else "")
+
+
+def record_source(out_dir, start_step, root=ROOT):
+    """The code a run segment runs: {"commit", "dirty"}, and for a dirty tree the diff against the commit (plus the
+    untracked files' names) written into out_dir (source.diff; a resume at step N: source_N.diff) with its sha256,
+    as modded-nanogpt's logs carry their source. Without git or a repository it says why; the run goes on."""
+    commit, changes = git_state(root)
+    if commit is None:
+        return {"commit": None, "why": changes if isinstance(changes, str) else "a repository without commits"}
+    if not changes:
+        return {"commit": commit, "dirty": False}
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return (rev + ("+dirty" if dirty else "")) if rev else None
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=root, capture_output=True, text=True,
+                              timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        diff = f"(git diff did not run: {e.__class__.__name__})\n"
+    untracked = [line[2:] for line in changes if line.startswith("? ")]
+    text = "".join(f"# untracked: {name}\n" for name in untracked) + diff  # git apply skips lines before a diff
+    name = "source.diff" if start_step == 0 else f"source_{start_step:05d}.diff"
+    with atomic_file(Path(out_dir) / name, "w") as f:
+        f.write(text)
+    return {"commit": commit, "dirty": True, "diff": name, "diff_sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
 def environment(dist_info):
-    env = {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
-           "hostname": platform.node(), "argv": sys.argv, "world_size": dist_info.world_size,
-           "device": dist_info.device, "git": git_revision(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    """What can change a result besides the config: versions, world size, device (the trainer adds its decisions,
+    gradient accumulation and the source)."""
+    env = {"python": sys.version.split()[0], "torch": torch.__version__, "triton": hardware.triton_version(),
+           "cuda": torch.version.cuda, "platform": platform.platform(), "hostname": platform.node(),
+           "argv": sys.argv, "world_size": dist_info.world_size, "device": dist_info.device,
+           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if dist_info.device_type == "cuda":
         env["device_name"] = torch.cuda.get_device_name()
-        env["cuda"] = torch.version.cuda
     return env
 
 
@@ -44,6 +84,16 @@ def recorded_kernels(run_dir):
         raise ConfigError(f"--kernels-from {run_dir}: no run.json with kernel decisions there; name the directory "
                           "of a run that has started (its run.json)") from None
     return decisions.get("activations") or {}
+
+
+def previous_segments(path):
+    """The segments of an existing run.json (analysis/runs.py reads them too); one written before segments existed
+    gives its single environment as a start at a step it does not say (None)."""
+    try:
+        info = json.loads(Path(path).read_text())
+        return info["segments"] if "segments" in info else [{"start_step": None, "environment": info["environment"]}]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
 
 
 def _truncate_after(path, keep):
@@ -114,6 +164,7 @@ class RunLog:
         self.master = master
         self.tb = self.wandb = None
         self.finished = False
+        self.resume_step = resume_step
         if not master:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -134,9 +185,18 @@ class RunLog:
             self.wandb = start_wandb(self.dir, wandb_project, wandb_run_name, resuming=resume_step is not None)
 
     def write_run_info(self, config, env):
+        """run.json: the config, this start's environment, and `segments`: the environment of every start whose
+        steps the logs keep (a resume at step N drops those from N on, as the logs do), so that a restart on
+        other hardware or code, which may decide other kernels, shows. Records this start's source first."""
         if self.master:
+            start = self.resume_step or 0
+            env = {**env, "source": record_source(self.dir, start)}
+            segments = [s for s in previous_segments(self.dir / "run.json") if self.resume_step is not None and
+                        (s["start_step"] is None or s["start_step"] < start)]
+            segments.append({"start_step": start, "environment": env})
             with atomic_file(self.dir / "run.json", "w") as f:
-                f.write(json.dumps({"config": config, "environment": env}, indent=2, default=str))
+                f.write(json.dumps({"config": config, "environment": env, "segments": segments}, indent=2,
+                                   default=str))
             if self.wandb is not None:  # a resumed run changes options such as `resume` itself
                 self.wandb.config.update({**config, "environment": env}, allow_val_change=True)
 
