@@ -71,7 +71,8 @@ def gate_reference(act, z):
     raise AssertionError(name)
 
 
-GATED = ["swiglu", "geglu", "reglu", "relu2_glu", "leaky_relu2_glu", "aglu_glu", "mish_glu", "xatlu_glu", "polynorm_glu"]
+GATED = ["swiglu", "geglu", "reglu", "relu2_glu", "leaky_relu2_glu", "aglu_glu", "mish_glu", "xatlu_glu",
+         "polynorm_glu"]
 
 
 @pytest.mark.parametrize("act", GATED)
