@@ -4,8 +4,8 @@
     act = build("aglu", kappa_init=(0.8, 1.2))
 
 See activations/README.md for each formula and its options. Parametric modules (AGLU, APA,
-NSwish, NReLU) also have `telemetry() -> dict[str, float]` (learned values, running statistics)
-for logging at evaluation time.
+NSwish, NReLU, xATLU/xGELU/xSiLU, PolyReLU/PolyNorm) also have `telemetry() -> dict[str, float]` (learned
+values, running statistics) for logging at evaluation time.
 
 An MLP/FFN `act` setting also names the MLP's form: a registry name is the plain MLP, down(act(x W)); a gated
 (GLU) name, `NAME_glu` for any registered NAME or Shazeer's swiglu / geglu / reglu, is down(act(x W_gate) * (x W_up))
@@ -15,7 +15,9 @@ import inspect
 
 from activations.aglu import AGLU, APA
 from activations.anact import NReLU, NSwish
-from activations.basic import GELU, GELUExact, LeakyReLU2, ReLU, ReLU2, SiLU
+from activations.basic import GELU, GELUExact, LeakyReLU2, Mish, ReLU, ReLU2, SiLU
+from activations.expanded import XATLU, XGELU, XSiLU
+from activations.polycom import PolyNorm, PolyReLU
 from errors import ConfigError
 
 _REGISTRY = {
@@ -30,6 +32,12 @@ _REGISTRY = {
     "apa": APA,
     "nswish": NSwish,
     "nrelu": NReLU,
+    "mish": Mish,
+    "xatlu": XATLU,
+    "xgelu": XGELU,
+    "xsilu": XSiLU,
+    "polyrelu": PolyReLU,
+    "polynorm": PolyNorm,
 }
 
 # ANAct's "NSwish + k Swish": the unnormalized activation kept in the top k layers.

@@ -1,4 +1,4 @@
-"""Fixed (parameter-free) activations: GPT-2's tanh GELU, exact GELU, ReLU, squared ReLU and LeakyReLU, SiLU."""
+"""Fixed (parameter-free) activations: GPT-2's tanh GELU, exact GELU, ReLU, squared ReLU and LeakyReLU, SiLU, Mish."""
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -40,3 +40,11 @@ class SiLU(nn.Module):
 
     def forward(self, x):
         return F.silu(x)
+
+
+class Mish(nn.Module):
+    """Mish (Misra 2019, "Mish: A Self Regularized Non-Monotonic Activation Function", its definition in the
+    abstract and §3): x tanh(softplus(x)), softplus(x) = ln(1 + e^x)."""
+
+    def forward(self, x):
+        return F.mish(x)

@@ -290,7 +290,7 @@ def test_anact_function_gradcheck(kind):
 # CPU-ISA probes: compiles and child processes) once, and its kernel cache serves kernels two tests share.
 @pytest.mark.long
 @pytest.mark.xdist_group("inductor")
-@pytest.mark.parametrize("name", ["aglu", "nswish"])
+@pytest.mark.parametrize("name", ["aglu", "nswish", "polynorm"])
 def test_compile_matches_eager(name):
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -312,7 +312,7 @@ def test_compile_matches_eager(name):
         torch.testing.assert_close(bc, be)
 
 
-@pytest.mark.parametrize("name", ["aglu", "apa", "nswish", "nrelu"])
+@pytest.mark.parametrize("name", ["aglu", "apa", "nswish", "nrelu", "xgelu", "polyrelu", "polynorm"])
 def test_bf16_autocast(name):
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 128)

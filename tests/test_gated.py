@@ -60,10 +60,19 @@ def gate_reference(act, z):
     if name == "AGLU":  # Eq. 6 as printed
         kappa, lam = act.kappa.double(), act.lam.double()
         return z * (lam * torch.exp(-kappa * z) + 1) ** (-1 / lam)
+    if name == "Mish":
+        return z * torch.tanh(torch.log1p(torch.exp(z)))
+    if name == "XATLU":  # the expanded gate (1 + 2 alpha) g - alpha, g = arctan / pi + 1/2
+        alpha = act.alpha.double()
+        return z * ((1 + 2 * alpha) * (torch.atan(z) / math.pi + 0.5) - alpha)
+    if name == "PolyNorm":  # a_0 + sum a_i x^i / rms(x^i), the RMS over the gate's hidden units
+        a = act.coeffs.double()
+        return a[0] + sum(a[i] * z ** i / ((z ** i).square().mean(-1, keepdim=True) + 1e-6).sqrt() for i in (1, 2, 3))
     raise AssertionError(name)
 
 
-GATED = ["swiglu", "geglu", "reglu", "relu2_glu", "leaky_relu2_glu", "aglu_glu"]
+GATED = ["swiglu", "geglu", "reglu", "relu2_glu", "leaky_relu2_glu", "aglu_glu", "mish_glu", "xatlu_glu",
+         "polynorm_glu"]
 
 
 @pytest.mark.parametrize("act", GATED)
@@ -86,7 +95,7 @@ def test_gated_mlp_is_the_formula_in_float64(act, model):
     torch.testing.assert_close(mlp(x).double(), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("act", ["swiglu", "aglu_glu", "nswish_glu", "leaky_relu2_glu"])
+@pytest.mark.parametrize("act", ["swiglu", "aglu_glu", "nswish_glu", "leaky_relu2_glu", "xsilu_glu", "polyrelu_glu"])
 def test_gated_mlp_gradcheck(act):
     """Input, the three matrices and the gate activation's own parameters (NSwish: eval mode, running statistics)."""
     torch.manual_seed(0)
