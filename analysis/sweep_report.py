@@ -21,6 +21,7 @@ import json
 import re
 from pathlib import Path
 
+from analysis import measures
 from analysis.compare import plot_telemetry, table
 from analysis.run_setup import flag_lines, kernel_text
 from analysis.runs import RunError, load_run, load_runs, markdown_table, summary
@@ -403,6 +404,14 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
                declared_sentence(pairs, baselines, metrics, control, family_size), "",
                "What these seeds can detect:", "", *sentences, ""]
     md += hellaswag_intervals(pairs, baselines)
+    measured = measures.paired_differences({a: [r for r in done if variant_of(r) == a] for a in order},
+                                           {a: baselines[a] for a in pairs})
+    result["measures"] = measured
+    if measures.sentences(measured, baselines):
+        md += ["The literature's measurements at each run's last evaluation (analysis/measures.py: "
+               + "; ".join(f"{name}: {what}" for name, (what, _) in measures.SUMMARIES.items())
+               + "), paired by seed; each measure's own 95% interval, outside the Holm family of the claims above:",
+               "", *measures.sentences(measured, baselines), ""]
     result["setup_flags"] = setup_flags
     text = "\n".join(md)
     (out / "sweep.md").write_text(text)
@@ -411,6 +420,8 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
         plot_sweep({a: [r for r in done if variant_of(r) == a] for a in order}, result, out / "compare.png")
         if any(r.telemetry for r in runs):
             plot_telemetry(runs, out / "compare_telemetry.png")
+        if any(r.measures for r in done):
+            measures.plot(done, out / "compare_measures.png")
     except RunError as e:  # nothing logged yet: the tables still stand
         text += f"\n(no plot: {e})"
     return text

@@ -134,3 +134,24 @@ def test_arms_differ_beyond_seed_noise_where_their_measures_do():
     assert "in zeros +0.52 [" in line and line.endswith("within noise: dead, massive, attention_entropy, stream_growth")
     header, _, first = table(runs["relu"]).splitlines()[:3]
     assert "| zeros " in header and "| 0.51 " in first  # analysis.compare's columns
+
+
+def test_the_sweep_report_says_which_measures_differ_between_arms(tmp_path):
+    from analysis import sweep
+    from training.runlog import RunLog
+
+    for act, zeros in (("gelu", 0.0), ("relu", 0.5)):
+        for seed in (1, 2, 3):
+            log = RunLog(tmp_path / f"{act}_seed{seed}")
+            log.write_run_info({"model": {"act": act}, "optim": {"max_steps": 2, "total_batch_size": 64},
+                                "run": {"seed": seed}}, {})
+            for step in (0, 2):
+                log.record(step, kind="eval", val_loss=3.0 + seed / 10, tokens=step * 64,
+                           measure=fake_run(act, seed, zeros + 0.01 * seed, 1.9 + 0.01 * seed * (act == "gelu"))
+                           .measures[0][2])
+            log.record(1, kind="train", loss=3.0, tok_per_s=1.0, tokens=64)
+            log.close()
+    text = sweep.report(tmp_path, acts=["gelu", "relu"])
+    assert "- relu - gelu: differs beyond seed noise (95% interval over 3 seeds excludes 0) in zeros +0.5 [" in text
+    assert json.loads((tmp_path / "sweep.json").read_text())["measures"]["relu"]["zeros"]["seeds"] == [1, 2, 3]
+    assert (tmp_path / "compare_measures.png").is_file()
