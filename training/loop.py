@@ -164,12 +164,13 @@ class Trainer:
             self.waiting = (0, "the checkpoint to resume from")
             ckpt = self.checkpoint_to_resume(d)
             start = ckpt["step"] if ckpt else 0
-            changes = resumed_changes(ckpt, cfg) if ckpt else {}
             self.waiting = (start, "the trainer's setup (data, tokenizer)")
             parts = self.build(ctx, ckpt)
+            changes = {}
             if ckpt is not None:
                 resume_training(ckpt, parts.model_config, d.world_size, d.rank, parts.model, parts.optimizer,
                                 parts.loader)
+                changes = resumed_changes(ckpt, cfg)
                 if ckpt.get("scaler"):
                     ctx.scaler.load_state_dict(ckpt["scaler"])
             # before compile and DDP: the kernels checked and timed on this GPU, at this run's shape and dtype, or
