@@ -180,7 +180,8 @@ class Trainer:
                 recorded = runlog.recorded_kernels(run_cfg.kernels_from)
             decisions["activations"] = policy.select(
                 parts.model, parts.mlp_shape, platform, d.device, PRECISIONS[ctx.precision], ctx.compile, d,
-                recorded=recorded, cache=run_cfg.kernel_cache or None, reprobe=run_cfg.kernel_reprobe)
+                recorded=recorded, cache=run_cfg.kernel_cache or None, reprobe=run_cfg.kernel_reprobe,
+                timeout=policy.probe_bound(run_cfg.dist_timeout))
             log = RunLog(run_cfg.out_dir, d.master, resume_step=start if ckpt else None,
                          tensorboard=run_cfg.tensorboard, wandb_project=run_cfg.wandb_project,
                          wandb_run_name=run_cfg.wandb_run_name)
