@@ -17,9 +17,10 @@ DDP. For each kernel family of the model (aglu, apa, nswish, nrelu, their per-in
      exception, wrong values, death by a signal or no answer in time is a "no": the PyTorch path, and
      one line naming the activation, the GPU and what happened. In time: PROBE_TIMEOUT, and all of a rank's
      probes together within probe_bound(--dist-timeout), since the vote's collective (below) waits that long
-     for a rank still probing; a probe that this bound cut short is not cached. A kernel that has not passed never runs in this
-     process: an out-of-bounds access leaves a sticky CUDA error that no fallback survives. The ranks of a node
-     probe one at a time (a file lock beside the verdict), so each finds the first one's verdict in the cache.
+     for a rank still probing; a probe that this bound cut short is not cached. A kernel that has not passed
+     never runs in this process: an out-of-bounds access leaves a sticky CUDA error that no fallback survives.
+     The ranks of a node probe one at a time (a file lock beside the verdict), so each finds the first one's
+     verdict in the cache.
 
 The key is what a verdict depends on: GPU name and capability, driver, torch, Triton, the hash of the kernels'
 and the check's source, dtype, the MLP shape and whether the run compiles. The ranks then agree with one

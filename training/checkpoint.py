@@ -239,9 +239,10 @@ def resumed_changes(ckpt, cfg):
     refused = {path: change for path, change in changes.items() if path not in allowed}
     if refused:
         names = ",".join(path.rsplit(".", 1)[-1] for path in refused)
-        raise CheckpointError(f"{ckpt.get('path', 'the checkpoint')} was trained with other options ({listed_changes(refused)}); "
-                              f"resume with its values, name the deliberate changes with --resume-changes {names} "
-                              "(recorded in run.json and metrics.jsonl), or use a new --out-dir")
+        raise CheckpointError(f"{ckpt.get('path', 'the checkpoint')} was trained with other options "
+                              f"({listed_changes(refused)}); resume with its values, name the deliberate changes "
+                              f"with --resume-changes {names} (recorded in run.json and metrics.jsonl), or use a new "
+                              "--out-dir")
     return changes
 
 
