@@ -95,7 +95,10 @@ def exclusive(data_dir):
         except OSError:
             continue
         with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the process dies
+            # released when the file closes, also when the process dies; a filesystem without locks (NFS mounted
+            # nolock: ENOLCK) leaves every rank to read for itself, as before the lock
+            with contextlib.suppress(OSError):
+                fcntl.flock(lock, fcntl.LOCK_EX)
             yield
         return
     yield
