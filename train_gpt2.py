@@ -13,6 +13,7 @@ shards, the evaluations (the contract: training/loop.py's docstring).
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 from pathlib import Path
 
 import torch
@@ -62,6 +63,9 @@ class GPTEvalConfig(EvalConfig):
     hellaswag_limit: int = 0  # 0: all 10,042 items
     sample_interval: int = 0  # 0: off; else print 2 samples every N steps, between evaluations too (always at the end)
 
+    # when, not what (samples draw from their own generator: the training RNG streams are untouched)
+    resume_may_change: ClassVar[tuple] = (*EvalConfig.resume_may_change, "hellaswag_interval", "sample_interval")
+
 
 @dataclass
 class SpeedConfig:
@@ -70,6 +74,8 @@ class SpeedConfig:
     DDP safety: README. (torch.compile's mode is --compile-mode, shared with the translation trainer.)"""
     loss_chunks: int = 0  # 0: off; else LM head + cross-entropy in N row chunks, never the full fp32 logits
     attention_backend: str = "auto"  # SDPA kernel(s) on CUDA: auto, flash, cudnn, efficient, math or e.g. cudnn,flash
+
+    resume_may_change: ClassVar[tuple] = ("loss_chunks", "attention_backend")
 
 
 @dataclass
@@ -85,6 +91,9 @@ class TrainConfig:
     # Its architecture replaces the model section's; act, act_kwargs, plain_top_k and dropout stay this run's (a
     # gated act needs a gated source: the MLP's form is architecture too).
     init_from: str = ""
+
+    # model: resume_training compares the model's config itself; init_from: a resume does not read it
+    resume_may_change: ClassVar[tuple] = ("model", "init_from")
 
 
 # what --init-from takes from the source model (glu_hidden and norm: absent from older sources, which are plain

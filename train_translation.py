@@ -18,6 +18,7 @@ train_gpt2.py; this file holds what is the translation model's own: the model, t
 import dataclasses
 import sys
 from dataclasses import dataclass, field
+from typing import ClassVar
 from pathlib import Path
 
 import torch
@@ -86,6 +87,10 @@ class TranslationEvalConfig(EvalConfig):
     test_at_end: bool = True  # greedy and beam BLEU on the test split after the last step
     test_sentences: int = 0  # final greedy/beam BLEU (and --eval-only) on the first N sentences; 0: all
 
+    # when, and how fast: decode_batch groups the same sentences; eval_only and split do not train
+    resume_may_change: ClassVar[tuple] = (*EvalConfig.resume_may_change, "test_at_end", "decode_batch", "eval_only",
+                                          "split")
+
 
 @dataclass
 class TrainConfig:
@@ -95,6 +100,8 @@ class TrainConfig:
     eval: TranslationEvalConfig = field(default_factory=TranslationEvalConfig)
     run: RunConfig = field(default_factory=lambda: RunConfig(out_dir="log/translation", checkpoint_interval=2000,
                                                             log_interval=50))
+
+    resume_may_change: ClassVar[tuple] = ("model",)  # resume_training compares the model's config itself
 
 
 def split_lines(data, split):

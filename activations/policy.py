@@ -14,10 +14,13 @@ DDP. For each kernel family of the model (aglu, apa, nswish, nrelu, their per-in
      --kernel-reprobe ignores verdicts written before this run started, and recorded decisions;
   4. a child process (forked from multiprocessing's fork server, which never touches CUDA: its own CUDA context)
      runs selfcheck.probe: the check, then both paths at the run's shape, values compared, then timed. An
-     exception, wrong values, death by a signal or no answer within `timeout` is a "no": the PyTorch path, and
-     one line naming the activation, the GPU and what happened. A kernel that has not passed never runs in this
-     process: an out-of-bounds access leaves a sticky CUDA error that no fallback survives. The ranks of a node
-     probe one at a time (a file lock beside the verdict), so each finds the first one's verdict in the cache.
+     exception, wrong values, death by a signal or no answer in time is a "no": the PyTorch path, and
+     one line naming the activation, the GPU and what happened. In time: PROBE_TIMEOUT, and all of a rank's
+     probes together within probe_bound(--dist-timeout), since the vote's collective (below) waits that long
+     for a rank still probing; a probe that this bound cut short is not cached. A kernel that has not passed
+     never runs in this process: an out-of-bounds access leaves a sticky CUDA error that no fallback survives.
+     The ranks of a node probe one at a time (a file lock beside the verdict), so each finds the first one's
+     verdict in the cache.
 
 The key is what a verdict depends on: GPU name and capability, driver, torch, Triton, the hash of the kernels'
 and the check's source, dtype, the MLP shape and whether the run compiles. The ranks then agree with one
@@ -30,6 +33,7 @@ import datetime
 import fcntl
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -46,6 +50,14 @@ from activations.aglu import APA
 from activations.anact import _NormalizedActivation
 
 PROBE_TIMEOUT = 600.0  # seconds for one family's child: Python and torch start-up, check, compiling both paths, timing
+# the share of --dist-timeout a rank's probes may take together: the others enter the vote's all_reduce at once
+# (their verdicts cached) and wait at most --dist-timeout; the rest is for waiting on a lock and reading verdicts
+PROBE_SHARE = 0.8
+
+
+def probe_bound(dist_timeout):
+    """Seconds all of a rank's probes may take, so that the vote's collective never times out on the others."""
+    return min(PROBE_TIMEOUT, PROBE_SHARE * dist_timeout)
 HASHED = ("kernels.py", "selfcheck.py")  # a change to the kernels or to what proves them invalidates every verdict
 
 
@@ -98,7 +110,8 @@ def _child(work, args, send):
 
 def run_child(work, args, timeout):
     """work(*args) in a child process (work module-level, picklable): (its result, None), or (None, one line
-    saying what happened: the exception, the signal that killed it, its exit code, or the timeout)."""
+    saying what happened: the exception, the signal that killed it, its exit code, or the timeout). `timeout`
+    bounds the whole: an answering child that does not exit is killed at it."""
     # fork would share this process's CUDA state, and spawn pays Python's and torch's start-up per family: the fork
     # server is a fresh process that imports torch and the kernels once, then forks one clean child per family (it
     # lives as long as this process). It preloads no more than that: the run's main script, which each child still
@@ -108,19 +121,22 @@ def run_child(work, args, timeout):
     context.set_forkserver_preload(["activations.policy"])
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(work, args, send), name="nanoact-kernel-probe")
+    deadline = time.monotonic() + timeout
     child.start()
     send.close()
     message = None
     try:
-        if not wait([receive], timeout):  # readable on an answer, and on EOF when the child died
+        # readable on an answer, and on EOF when the child died; the fork server's first start (torch's import)
+        # took part of the time
+        if not wait([receive], max(0.0, deadline - time.monotonic())):
             child.kill()
             child.join()
-            return None, f"no answer within {timeout:g} s (the probe was killed)"
+            return None, f"no answer within {math.ceil(timeout)} s (the probe was killed)"
         with contextlib.suppress(EOFError):
             message = receive.recv()
     finally:
         receive.close()
-    child.join(timeout=60)
+    child.join(timeout=max(0.0, deadline - time.monotonic()))
     if child.is_alive():  # answered but does not exit (a driver stuck in teardown): its answer stands
         child.kill()
         child.join()
@@ -169,20 +185,23 @@ def _lock(path):
         yield True
 
 
-def verdict(name, args, key, directory, since, timeout, work):
+def verdict(name, args, key, directory, since, deadline, work):
     """The cached verdict of family `name` under `key` (none older than `since`), else a new one from a child
-    running work(*args), cached: {ok, reason, triton_ms, torch_ms, date, time, cached}."""
+    running work(*args) until PROBE_TIMEOUT or the `deadline` (time.monotonic()), cached unless the deadline cut
+    it short (a longer --dist-timeout may see it pass): {ok, reason, triton_ms, torch_ms, date, time, cached}."""
     path = verdict_path(directory, name, key)
     with _lock(path) as writable:
         cached = _read_verdict(path, key, since)
         if cached is not None:
             return {**cached, "cached": True}
+        timeout = min(PROBE_TIMEOUT, max(0.0, deadline - time.monotonic()))
         ms, failure = run_child(work, args, timeout)
+        cut_short = failure is not None and timeout < PROBE_TIMEOUT and time.monotonic() >= deadline
         now = time.time()
         new = {"family": name, "key": key, "ok": failure is None, "reason": failure,
                "triton_ms": ms["triton"] if ms else None, "torch_ms": ms["torch"] if ms else None, "time": now,
                "date": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-        if writable:
+        if writable and not cut_short:
             with contextlib.suppress(OSError):
                 tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
                 tmp.write_text(json.dumps(new, indent=1))
@@ -200,9 +219,9 @@ def _local(name, module, key, old, where, probe_args, master):
         if master:
             print(f"{name}: the recorded kernel decision was made for another setting "
                   f"({key_change(old.get('key'), key)}); deciding again", flush=True)
-    shape, device, dtype, compiled, directory, since, timeout, work = probe_args
+    shape, device, dtype, compiled, directory, since, deadline, work = probe_args
     state = {k: v.tolist() for k, v in module.state_dict().items()}  # plain data: the child rebuilds the module
-    v = verdict(name, (name, state, shape, str(device), dtype, compiled), key, directory, since, timeout, work)
+    v = verdict(name, (name, state, shape, str(device), dtype, compiled), key, directory, since, deadline, work)
     source = f"cached {v['date']}" if v["cached"] else "probed"
     if not v["ok"]:
         return f"the Triton kernel failed its check on {where}: {v['reason']}", None, source
@@ -217,7 +236,8 @@ def select(model, shape, platform, device, dtype, compiled, dist_info=None, reco
     """Fix impl on every impl="auto" parametric activation of `model`: the Triton kernels where they pass on
     every rank and are faster at `shape` = (rows, width) of the MLP, else the PyTorch path. `recorded`: the
     decisions of a checkpoint or an earlier run, reused where their key is this run's; `cache`: the verdict
-    directory (default cache_dir()); `reprobe`: ignore both; `work`: what the child runs (selfcheck.probe).
+    directory (default cache_dir()); `reprobe`: ignore both; `timeout`: seconds all its probes may take together
+    (the trainers': probe_bound(--dist-timeout)); `work`: what the child runs (selfcheck.probe).
     Prints one line per family on a CUDA platform; returns {family: {"impl", "reason", "triton_ms",
     "torch_ms", "key", "source"}} for run.json and checkpoints. Every rank must call it (one all_reduce under
     DDP, whatever the platform, so ranks on different hardware still agree)."""
@@ -232,7 +252,8 @@ def select(model, shape, platform, device, dtype, compiled, dist_info=None, reco
     where = f"{platform.name}, {str(dtype).replace('torch.', '')}"
     key = decision_key(platform, dtype, shape, compiled)
     since, recorded = (time.time(), {}) if reprobe else (None, recorded or {})
-    probe_args = (tuple(shape), device, dtype, compiled, cache_dir(cache), since, timeout, work or selfcheck.probe)
+    deadline = time.monotonic() + timeout
+    probe_args = (tuple(shape), device, dtype, compiled, cache_dir(cache), since, deadline, work or selfcheck.probe)
     local = {}  # family -> (reason it cannot use the kernels here or None, timings or None, source)
     for name, modules in groups.items():
         reason, ms, source = blocked, None, "platform"

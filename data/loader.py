@@ -18,7 +18,8 @@ between ranks, and a whole epoch is covered with each sequence used once.
 
 Start-up checks every shard (token count, largest token id) without reading it once its statistics are
 recorded: data/fineweb.py writes them into manifest.json, and shards from elsewhere are read whole once
-and recorded beside them (data/shard_stats.py). A record counts for a file of the byte size it names (a
+and recorded beside them (data/shard_stats.py), by one rank of those starting together (a file lock), the
+others finding its records. A record counts for a file of the byte size it names (a
 stat); the rest of its fingerprint is compared when the shard is first opened, and a shard that no longer
 matches is read whole then, before any of its tokens are used, failing as a start-up check would.
 
@@ -56,19 +57,18 @@ class ShardLoader:
             raise DataNotFound(f"{problem}; prepare the shards with `python data/fineweb.py --out {data_dir}` "
                                "(add --input FILES for local text)")
         recorded = _check_manifest(data_dir, split)
-        cache, new = shard_stats.cached(data_dir), {}
+        cache = shard_stats.cached(data_dir)
         self.data_dir, self.vocab_size, self.names = data_dir, vocab_size, [p.name for p in paths]
         self.shards, self.sizes, self._unverified = [], [], {}
         for k, path in enumerate(paths):
             listed, cached = recorded.get(path.name), cache.get(path.name)
             known = shard_stats.recorded_size(path, listed) or shard_stats.recorded_size(path, cached)
-            tokens = None if known else _open_shard(path, T, vocab_size, listed, (), new)
+            tokens = None if known else _open_shard(data_dir, path, T, vocab_size, listed, ())
             if known:  # its entry answers start-up; the file is compared with it when first opened (_tokens)
                 _check_shard(path, known["tokens"], known["max_token"], T, vocab_size)
                 self._unverified[k] = (listed, (listed, cached))
             self.shards.append(tokens)
             self.sizes.append(known["tokens"] if known else tokens.size)
-        shard_stats.remember(data_dir, new)
         self.n_windows = [(n - 1) // T for n in self.sizes]
         self._perm_key, self._perm = None, None
         self.reset()
@@ -106,10 +106,9 @@ class ShardLoader:
         tokens are used, and fails with the same error a start-up check would give."""
         if k in self._unverified:
             listed, entries = self._unverified[k]
-            new = {}
-            self.shards[k] = _open_shard(self.data_dir / self.names[k], self.T, self.vocab_size, listed, entries, new)
+            self.shards[k] = _open_shard(self.data_dir, self.data_dir / self.names[k], self.T, self.vocab_size, listed,
+                                         entries)
             del self._unverified[k]
-            shard_stats.remember(self.data_dir, new)
         return self.shards[k]
 
     def _shard_order(self, epoch):
@@ -165,24 +164,29 @@ def _check_manifest(data_dir, split):
     return recorded
 
 
-def _open_shard(path, T, vocab_size, listed, entries, new):
+def _open_shard(data_dir, path, T, vocab_size, listed, entries):
     """Memory-map one shard after checking it can feed the model: uint16, 1-D, >= T+1 tokens, ids < vocab.
     The largest id comes from one of `entries` (its manifest.json entry, an earlier start's record) whose
-    fingerprint matches the file (data/shard_stats.py); otherwise the shard is read whole and its entry added
-    to `new` for the next start."""
+    fingerprint matches the file (data/shard_stats.py); otherwise the shard is read whole and recorded for the
+    next start, by one process at a time: every rank starts here at once, and all but the first find its record."""
     tokens = read_tokens(path)
     if listed is not None and tokens.size != listed["tokens"]:
         raise DataError(f"{path}: {tokens.size:,} tokens but manifest.json records {listed['tokens']:,}; "
                         f"{PREPARE_AGAIN}")
     _check_shard(path, tokens.size, None, T, vocab_size)
-    known = next((e for e in entries if shard_stats.trusted(path, e) and e["tokens"] == tokens.size), None)
-    if known:
-        top = known["max_token"]
-    else:
-        top = int(tokens.max())  # reads the whole shard once, so a bad file fails before it is used
-        new[path.name] = shard_stats.record(path, tokens.size, top)
-    _check_shard(path, tokens.size, top, T, vocab_size)
+    known = _trusted_entry(path, tokens.size, entries)
+    if known is None:
+        with shard_stats.exclusive(data_dir):
+            known = _trusted_entry(path, tokens.size, [shard_stats.cached(data_dir).get(path.name)])
+            if known is None:  # reads the whole shard once, so a bad file fails before it is used
+                known = shard_stats.record(path, tokens.size, int(tokens.max()))
+                shard_stats.remember(data_dir, {path.name: known})
+    _check_shard(path, tokens.size, known["max_token"], T, vocab_size)
     return tokens
+
+
+def _trusted_entry(path, size, entries):
+    return next((e for e in entries if shard_stats.trusted(path, e) and e["tokens"] == size), None)
 
 
 def _check_shard(path, size, top, T, vocab_size):

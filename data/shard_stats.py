@@ -8,13 +8,17 @@ a hash of a few sampled blocks, some KiB) and trusted while the fingerprint matc
 - data/fineweb.py writes the record of each shard it writes into manifest.json;
 - shards without one (build-nanogpt, llm.c, nanoGPT files, or a manifest from before this) are read once and
   their records kept in .nanoact_shard_stats.json beside them, or, where that directory is read-only, in
-  $NANOACT_CACHE/shards/ (default ~/.cache/nanoact).
+  $NANOACT_CACHE/shards/ (default ~/.cache/nanoact). Once, not once per rank: the ranks starting together take
+  turns behind a file lock beside the records (exclusive), so the first reads a shard and the others find its
+  record; no collective, since every rank builds its own loader.
 
 Start-up trusts a record whose size matches the file (a stat: data/loader.py reads nothing of a 100-shard
 corpus); the loader compares the rest of the fingerprint when it first opens the shard. A fingerprint samples
 the file: a shard rewritten in place with the same size and the same sampled blocks would be trusted; a new
 preparation, a truncated or another copy changes it.
 """
+import contextlib
+import fcntl
 import hashlib
 import json
 from pathlib import Path
@@ -78,6 +82,28 @@ def cached(data_dir):
     return entries
 
 
+@contextlib.contextmanager
+def exclusive(data_dir):
+    """Held while a process reads a shard whole and records it: the ranks of a node (of every node, where the
+    records are on a shared filesystem) take turns, so the first reads it and the others find its record, and no
+    two rewrite the records at once (an update lost). The lock file is beside the records: in the shard
+    directory, else in the user's cache; where neither can be written there is no lock (and no record)."""
+    for path in (Path(data_dir) / SIDECAR, _user_cache(data_dir)):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(path.with_name(path.name + ".lock"), "a")
+        except OSError:
+            continue
+        with lock:
+            # released when the file closes, also when the process dies; a filesystem without locks (NFS mounted
+            # nolock: ENOLCK) leaves every rank to read for itself, as before the lock
+            with contextlib.suppress(OSError):
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+        return
+    yield
+
+
 def remember(data_dir, new):
     """Add {file: entry} to the records beside the shards, or to the user's cache where the directory is read-only.
     Returns where they went, or None when neither could be written (the next start reads them again)."""
@@ -89,7 +115,7 @@ def remember(data_dir, new):
             if path.exists():
                 entries = json.loads(path.read_text()).get("shards", {})
             path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_file(path, "w") as f:  # ranks write the same entries: whichever rename lands last
+            with atomic_file(path, "w") as f:  # under exclusive(): no other process rewrites it meanwhile
                 f.write(json.dumps({"shards": {**entries, **new}}, indent=1) + "\n")
             return path
         except (OSError, ValueError, AttributeError):

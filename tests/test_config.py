@@ -4,7 +4,7 @@ import typing
 
 import pytest
 
-from training.config import ConfigError, from_dict, help_text, load_config, to_dict
+from training.config import ConfigError, from_dict, help_text, load_config, result_changes, to_dict
 
 
 @dataclasses.dataclass
@@ -113,3 +113,33 @@ def test_sample_interval_help_says_when_samples_come():
 
     line = next(line for line in help_text(train_gpt2.TrainConfig).splitlines() if "--sample-interval" in line)
     assert "every N steps, between evaluations too" in line
+
+
+def _sections(cls):
+    yield cls
+    for f in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(hint):
+            yield from _sections(hint)
+
+
+@pytest.mark.parametrize("trainer", ["train_gpt2", "train_translation"])
+def test_a_resume_may_change_only_what_its_section_lists(trainer):
+    """What --resume compares (training/checkpoint.py): every option but those listed in resume_may_change, which
+    name real options; an option the checkpoint predates compares at its default."""
+    import importlib
+
+    cls = importlib.import_module(trainer).TrainConfig
+    for section in _sections(cls):
+        assert set(getattr(section, "resume_may_change", ())) <= {f.name for f in dataclasses.fields(section)}
+    stored = to_dict(cls())
+    neutral = ["--out-dir", "elsewhere", "--compile", "true", "--eval-interval", "7", "--dist-timeout", "30",
+               "--log-interval", "3", "--checkpoint-interval", "9", "--act", "relu", "--resume-changes", "seed"]
+    assert result_changes(load_config(cls, neutral), stored) == {}
+    cfg = load_config(cls, neutral + ["--seed", "2", "--grad-clip", "0.5", "--dtype", "float32"])
+    clip = stored["optim"]["grad_clip"]
+    assert result_changes(cfg, stored) == {"run.seed": (1337, 2), "optim.grad_clip": (clip, 0.5),
+                                           "run.dtype": ("auto", "float32")}
+    del stored["optim"]["grad_clip"]  # a checkpoint from before the option: it ran at the default
+    assert "optim.grad_clip" in result_changes(cfg, stored)
+    assert "optim.grad_clip" not in result_changes(load_config(cls, ["--seed", "2"]), stored)

@@ -1,7 +1,9 @@
 """data/fineweb.py (local files -> shards, resume) and data/loader.py (order, ranks, exact resume, validation)."""
 import gzip
 import json
+import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -478,3 +480,38 @@ def test_a_read_only_shard_directory_keeps_its_statistics_in_the_cache(tmp_path,
     assert len(list((cache / "shards").glob("*.json"))) == 1
     ShardLoader(data, "train", B=2, T=8)
     assert len(max_calls) == 2
+
+
+def _start_loader(barrier, data, split):
+    barrier.wait()
+    ShardLoader(data, split, B=2, T=8)
+
+
+def test_ranks_starting_together_read_each_shard_whole_once(tmp_path, monkeypatch):
+    """Four processes (ranks) start at once on shards without records: one reads each shard whole and records it,
+    the others wait for the lock beside the records and find them (each read is slowed, so that without the lock
+    every process would read every shard). The records hold every shard of both splits: no update is lost."""
+    data = write_shards(tmp_path / "data", [100, 120])
+    write_shards(data, [90], split="val")
+    reads, real = tmp_path / "reads", np.memmap.max
+
+    def counted(self, *args, **kwargs):
+        with open(reads, "a") as f:
+            f.write(Path(self.filename).name + "\n")
+        time.sleep(0.3)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(np.memmap, "max", counted)
+    context = multiprocessing.get_context("fork")  # the children inherit the counting max
+    barrier = context.Barrier(4)
+    ranks = [context.Process(target=_start_loader, args=(barrier, data, split))
+             for split in ("train", "train", "val", "train")]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join(timeout=60)
+    assert [rank.exitcode for rank in ranks] == [0, 0, 0, 0]
+    names = ["syn_train_000000.npy", "syn_train_000001.npy", "syn_val_000000.npy"]
+    assert sorted(reads.read_text().split()) == names
+    from data import shard_stats
+    assert sorted(json.loads((data / shard_stats.SIDECAR).read_text())["shards"]) == names

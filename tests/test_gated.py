@@ -172,7 +172,7 @@ def test_gated_resume_is_exact_and_old_checkpoints_still_resume(tmp_path):
     ckpt = torch.load(path, weights_only=True)
     del ckpt["model_config"]["glu_hidden"]
     save_checkpoint(ckpt, tmp_path / "old", 4)
-    model = train_in_process(args(data, tmp_path / "old", resume="true"))
+    model = train_in_process(args(data, tmp_path / "old", resume="true", resume_changes="max_steps"))  # 4 -> 8
     assert model.transformer.h[0].mlp.c_up is None and len(train_losses(tmp_path / "old")[0]) == 8
 
 

@@ -5,6 +5,7 @@ The child's work is injected from tests/probe_work.py (or is the real probe, the
 "auto" is let consider CPU tensors (impl.KERNEL_DEVICES), and the platform is named like a GPU, as a real run's is."""
 import json
 import shutil
+import time
 
 import pytest
 import torch
@@ -61,6 +62,19 @@ def test_a_child_that_fails_is_a_no_with_one_line(children, capsys, work, what, 
     x = torch.randn(4, 64)
     assert torch.equal(model(x), plain(x))
     assert impl.TRUSTED == {("aglu", "cpu", torch.float32): False}
+
+
+def test_a_ranks_probes_end_before_the_votes_collective_gives_up(children, capsys, tmp_path):
+    """The vote's all_reduce waits --dist-timeout for a rank still probing: all of that rank's probes, hanging here
+    (two families), end within probe_bound(--dist-timeout), and a verdict it cut short is not cached."""
+    dist_timeout = 5.0  # the probes get 4 s, the hanging ones 8 s before
+    model = torch.nn.Sequential(activations.build("aglu"), activations.build("nswish"))
+    start = time.monotonic()
+    decisions = policy.select(model, (8, 64), GPU, "cpu", torch.float32, False, work=probe_work.hanging,
+                              timeout=policy.probe_bound(dist_timeout))
+    assert time.monotonic() - start < dist_timeout and children == ["hanging", "hanging"]
+    assert {d["impl"] for d in decisions.values()} == {"torch"} and "no answer within" in decisions["aglu"]["reason"]
+    assert policy.probe_bound(600.0) < 600.0 and not list((tmp_path / "cache" / "kernels").glob("*.json"))
 
 
 def test_the_real_probe_passes_and_its_verdict_is_cached(children, capsys, tmp_path):

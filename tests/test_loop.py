@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from errors import DataError
+from errors import CheckpointError, DataError
 from training.checkpoint import load_checkpoint
 from training.config import EvalConfig, RunConfig, run_cli
 from training.loop import Evaluation, Parts, Trainer
@@ -79,8 +79,8 @@ class LinearConfig:
 
 
 def config(out_dir, **run):
-    return LinearConfig(run=RunConfig(out_dir=str(out_dir), device="cpu", checkpoint_interval=20, log_interval=10,
-                                      **run))
+    return LinearConfig(run=RunConfig(**{"out_dir": str(out_dir), "device": "cpu", "checkpoint_interval": 20,
+                                         "log_interval": 10, **run}))
 
 
 def test_a_new_trainer_needs_only_its_own_hooks(tmp_path, capsys):
@@ -152,3 +152,58 @@ def test_the_file_the_closing_line_names_holds_the_numbers_it_prints(tmp_path, c
              if json.loads(line)["kind"] == "eval"]
     assert ckpt["step"] == evals[-1]["step"] == 60 and ckpt["val_loss"] == evals[-1]["val_loss"]
     assert f"{ckpt['val_loss']:.4f}" == f"{printed_val:.4f}" and ckpt["val_loss"] != evals[-2]["val_loss"]
+
+
+def stopped_at(out_dir, step):
+    """As if the run had been killed before the checkpoints after `step`."""
+    for path in out_dir.glob("model_*.pt*"):
+        if int(path.name[6:11]) > step:
+            path.unlink()
+
+
+def test_a_resume_that_changes_the_result_is_refused_unless_named(tmp_path, capsys):
+    """A resume is the same run: another lr is refused in one line naming it, old -> new; named with
+    --resume-changes it proceeds, printed, in metrics.jsonl at its step, in run.json and in the later checkpoints.
+    Options that change no weight (intervals, logging) may differ without it."""
+    LinearTrainer(config(tmp_path)).fit()
+    stopped_at(tmp_path, 20)
+    changed = config(tmp_path, resume=True, log_interval=5, checkpoint_interval=10)
+    changed.optim.lr = 0.02
+    with pytest.raises(CheckpointError) as refused:
+        LinearTrainer(changed).fit()
+    assert "(optim.lr 0.05 -> 0.02)" in str(refused.value) and "--resume-changes lr " in str(refused.value)
+    assert len(str(refused.value).splitlines()) == 1
+
+    changed.run.resume_changes = "lr"
+    LinearTrainer(changed).fit()
+    assert "changed from step 20 on (--resume-changes): optim.lr 0.05 -> 0.02" in capsys.readouterr().out
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    resume, = [r for r in records if r["kind"] == "resume"]
+    assert resume["step"] == 20 and resume["changes"] == {"optim.lr": {"from": 0.05, "to": 0.02}}
+    assert {r["lr"] for r in records if r["kind"] == "train" and r["step"] >= 20} == {0.02}
+    history = [{"step": 20, "changes": {"optim.lr": {"from": 0.05, "to": 0.02}}}]
+    run_json = json.loads((tmp_path / "run.json").read_text())
+    assert run_json["environment"]["decisions"]["config_changes"] == history
+    assert load_checkpoint(tmp_path, kind="linear")["config_changes"] == history
+
+
+class UpAfter30(LinearTrainer):
+    """Descends until step 30, then ascends the loss: the run's best evaluation comes before its end."""
+
+    def learning_rate(self, step):
+        return self.cfg.optim.lr if step < 30 else -self.cfg.optim.lr
+
+
+def test_the_best_val_loss_after_a_resume_is_the_whole_runs(tmp_path, capsys):
+    UpAfter30(config(tmp_path / "straight", log_interval=100)).fit()
+    evals = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "eval"]
+    best = min(evals, key=lambda r: r["val_loss"])
+    assert best["step"] < 40  # before the resume below: its evaluation is not repeated after it
+    UpAfter30(config(tmp_path / "resumed")).fit()
+    stopped_at(tmp_path / "resumed", 40)
+    capsys.readouterr()
+    UpAfter30(config(tmp_path / "resumed", resume=True, log_interval=100)).fit()
+    closing = capsys.readouterr().out.strip().splitlines()[-1]
+    assert f"(best {best['val_loss']:.4f} at step {best['step']})" in closing, closing
+    assert load_checkpoint(tmp_path / "resumed", kind="linear")["best_val"] == (best["val_loss"], best["step"])

@@ -187,7 +187,7 @@ def test_resume_needs_a_checkpoint_and_auto_resume_does_not(tmp_path, capsys):
     first = capsys.readouterr().out
     assert "starting from scratch" in first and "step     3/4" in first and "eta" in first
     assert "done: steps 0-4" in first and "final val loss" in first
-    train_in_process(args(data, tmp_path / "out", auto_resume="true", max_steps=6))
+    train_in_process(args(data, tmp_path / "out", auto_resume="true", max_steps=6, resume_changes="max_steps"))
     again = capsys.readouterr().out
     assert "resuming" in again and "model_00004.pt" in again and "done: steps 4-6" in again
     # a run of N steps ends on model_N, N a multiple of --checkpoint-interval (4) or not

@@ -29,6 +29,7 @@ from activations.impl import model_identity
 from data.files import atomic_file, fsync_dir, remove_temporaries
 from errors import CheckpointError, CheckpointNotFound
 from training import distributed
+from training.config import listed_changes, option_paths, result_changes
 from training.foreign_checkpoints import nanogpt_checkpoint_in, read_foreign_checkpoint
 
 NAME = re.compile(r"^model_(\d+)\.pt$")
@@ -228,6 +229,21 @@ def save_training_checkpoint(state, loader, d, out_dir, step, keep_last=None):
     if distributed.any_rank(error is not None, d):
         raise error or CheckpointError(f"saving {checkpoint_path(out_dir, step)} failed on rank 0 (its log says why)")
     return path
+
+
+def resumed_changes(ckpt, cfg):
+    """The options this run changes from the checkpoint's, {dotted path: (old, new)}: only those named in
+    --resume-changes. A resume is the same run: any other change its result depends on is refused in one line."""
+    changes = result_changes(cfg, ckpt["config"])
+    allowed = option_paths(type(cfg), cfg.run.resume_changes, "--resume-changes")
+    refused = {path: change for path, change in changes.items() if path not in allowed}
+    if refused:
+        names = ",".join(path.rsplit(".", 1)[-1] for path in refused)
+        raise CheckpointError(f"{ckpt.get('path', 'the checkpoint')} was trained with other options "
+                              f"({listed_changes(refused)}); resume with its values, name the deliberate changes "
+                              f"with --resume-changes {names} (recorded in run.json and metrics.jsonl), or use a new "
+                              "--out-dir")
+    return changes
 
 
 def resume_training(ckpt, model_config, world_size, rank, model, optimizer, loader):

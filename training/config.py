@@ -167,6 +167,40 @@ def to_dict(cfg):
     return dataclasses.asdict(cfg)
 
 
+def result_changes(cfg, stored):
+    """{dotted path: (stored value, cfg's value)} of the options that differ from `stored` (to_dict of the config a
+    checkpoint was made with) and that the run's result depends on: every option but those its section (dataclass)
+    lists in `resume_may_change`. An option added since the checkpoint was written compares at its default, what
+    the code that wrote it did."""
+    changes = {}
+
+    def walk(section, old, default, prefix):
+        for f in dataclasses.fields(section):
+            if f.name in getattr(type(section), "resume_may_change", ()):
+                continue
+            value, default_value = getattr(section, f.name), getattr(default, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, old.get(f.name) or {}, default_value, f"{prefix}{f.name}.")
+                continue
+            before = old.get(f.name, default_value)
+            if json.dumps(before, sort_keys=True, default=str) != json.dumps(value, sort_keys=True, default=str):
+                changes[prefix + f.name] = (before, value)
+
+    walk(cfg, stored, type(cfg)(), "")
+    return changes
+
+
+def listed_changes(changes):
+    """{path: (old, new)} as one line's `optim.max_lr 0.0006 -> 0.0003, ...`."""
+    return ", ".join(f"{path} {old!r} -> {new!r}" for path, (old, new) in changes.items())
+
+
+def option_paths(cls, names, source):
+    """Comma-separated option names (a leaf's name or its dotted path, as on the command line) -> dotted paths."""
+    leaves = _leaves(cls)
+    return {_resolve(name.strip(), leaves, source) for name in names.split(",") if name.strip()}
+
+
 def from_dict(cls, data):
     """Rebuild a config saved with to_dict (used when resuming and loading checkpoints)."""
     hints = typing.get_type_hints(cls)
@@ -249,12 +283,31 @@ class RunConfig:
     tensorboard: bool = False
     wandb_project: typing.Optional[str] = None  # also log to this Weights & Biases project (pip install wandb)
     wandb_run_name: typing.Optional[str] = None  # None: the out_dir's name
+    # options this resume changes on purpose, e.g. max_steps,max_lr: printed, kept in run.json and metrics.jsonl;
+    # a resume that changes any other option its result depends on is refused
+    resume_changes: str = ""
+
+    # What a resume may change without --resume-changes (training/checkpoint.py compares every other option of a
+    # config with the checkpoint's, so a new option is checked unless listed here): where the files go and how the
+    # run is logged, how often it saves, how long a collective waits, how fast it runs (torch.compile, its mode;
+    # the translation loader refuses a resume whose batch padding, which compile picks by default, differs) and
+    # how the kernels are chosen (a resume reuses its checkpoint's kernel decisions). seed, device and dtype are
+    # not here: they choose the RNG streams and the precision.
+    resume_may_change: typing.ClassVar[tuple] = (
+        "out_dir", "compile", "compile_mode", "resume", "auto_resume", "log_interval", "checkpoint_interval",
+        "keep_checkpoints", "dist_timeout", "kernel_cache", "kernel_reprobe", "kernels_from", "tensorboard",
+        "wandb_project", "wandb_run_name", "resume_changes")
 
 
 @dataclasses.dataclass
 class EvalConfig:
     """The evaluation section both trainers share; each trainer extends it with its own evaluations."""
     eval_interval: int = 250  # validation loss (and the trainer's evaluations) every N steps and at the end
+
+    # when evaluations run, not what they measure: the weights never depend on it, and every evaluation of the run
+    # measures the same thing (what they measure, e.g. val_tokens, is checked: a best val loss over two validation
+    # sets means nothing)
+    resume_may_change: typing.ClassVar[tuple] = ("eval_interval",)
 
 
 def run_cli(doc, cls, argv, run):

@@ -37,8 +37,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from activations import policy
 from activations.impl import model_identity
 from training import distributed, hardware, runlog
-from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resume_training,
-                                 save_training_checkpoint)
+from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resumed_changes,
+                                 resume_training, save_training_checkpoint)
 from training.config import ConfigError, to_dict
 from training.precision import PRECISIONS, autocast_context, grad_scaler
 from training.runlog import RunLog, environment
@@ -96,6 +96,9 @@ class Run:
     started: float = field(default_factory=time.time)
     first_step_done: tuple | None = None  # (time, step) after the first, compiling, step: the ETA's origin
     kernels: dict = field(default_factory=dict)  # the activation kernel decisions, kept in checkpoints for a resume
+    # what the closing line and wandb's summary report, and checkpoints keep: over the whole run, resumes included
+    best_val: tuple | None = None  # (lowest val loss, its step)
+    config_changes: list = field(default_factory=list)  # [{step, changes: {option: {from, to}}}] (--resume-changes)
 
 
 def param_line(counts):
@@ -164,9 +167,11 @@ class Trainer:
             start = ckpt["step"] if ckpt else 0
             self.waiting = (start, "the trainer's setup (data, tokenizer)")
             parts = self.build(ctx, ckpt)
+            changes = {}
             if ckpt is not None:
                 resume_training(ckpt, parts.model_config, d.world_size, d.rank, parts.model, parts.optimizer,
                                 parts.loader)
+                changes = resumed_changes(ckpt, cfg)
                 if ckpt.get("scaler"):
                     ctx.scaler.load_state_dict(ckpt["scaler"])
             # before compile and DDP: the kernels checked and timed on this GPU, at this run's shape and dtype, or
@@ -176,21 +181,31 @@ class Trainer:
                 recorded = runlog.recorded_kernels(run_cfg.kernels_from)
             decisions["activations"] = policy.select(
                 parts.model, parts.mlp_shape, platform, d.device, PRECISIONS[ctx.precision], ctx.compile, d,
-                recorded=recorded, cache=run_cfg.kernel_cache or None, reprobe=run_cfg.kernel_reprobe)
+                recorded=recorded, cache=run_cfg.kernel_cache or None, reprobe=run_cfg.kernel_reprobe,
+                timeout=policy.probe_bound(run_cfg.dist_timeout))
             log = RunLog(run_cfg.out_dir, d.master, resume_step=start if ckpt else None,
                          tensorboard=run_cfg.tensorboard, wandb_project=run_cfg.wandb_project,
                          wandb_run_name=run_cfg.wandb_run_name)
+            history = list(ckpt.get("config_changes", [])) if ckpt else []
+            if changes:  # a deliberate change (--resume-changes): the run's record says from which step on
+                history.append({"step": start, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}})
+            decisions["config_changes"] = history
             log.write_run_info(to_dict(cfg), {**environment(d), "grad_accum": parts.accum, "decisions": decisions,
                                               "params": parts.params})
+            if changes:
+                log.record(start, kind="resume", changes=history[-1]["changes"])
             if d.master:
                 if d.restart:
                     print(runlog.restart_line(d.restart, ckpt and ckpt["path"], start), flush=True)
                 where = f"resuming {ckpt['path']} at step {start}" if ckpt else parts.origin
                 print(runlog.start_line(parts.description, parts.max_steps, d.world_size, ctx.precision, ctx.compile,
                                         where), flush=True)
+                if changes:
+                    print(runlog.changes_line(start, changes), flush=True)
             eval_model, train_model = self.wrap(ctx, parts, start)
             run = Run(ctx, parts, log, eval_model, train_model, step=start, tokens=ckpt.get("tokens", 0) if ckpt else 0,
-                      kernels=decisions["activations"])
+                      kernels=decisions["activations"], best_val=ckpt and ckpt.get("best_val"),
+                      config_changes=history)
             stop = GracefulStop()
             self.loop(run, stop)
             if not stop.requested:
@@ -288,6 +303,9 @@ class Trainer:
         self.waiting = (run.step, "the evaluation (validation loss all-reduce)")
         result = self.evaluate(run.step, last, run.eval_model)
         run.evals.append(result.fields)
+        val = result.fields.get("val_loss")
+        if val is not None and (run.best_val is None or val < run.best_val[0]):
+            run.best_val = (val, run.step)
         for kind, value in result.scalars.items():
             run.log.scalar(run.step, kind, value)
         run.log.record(run.step, kind="eval", tokens=run.tokens, **result.fields)
@@ -339,22 +357,26 @@ class Trainer:
         state = {"kind": self.kind, "model": parts.model.state_dict(),
                  "model_config": model_identity(parts.model_config),
                  "config": to_dict(cfg), "optimizer": parts.optimizer.state_dict(), "tokens": run.tokens,
-                 "val_loss": run.evals[-1].get("val_loss") if run.evals else None,
+                 "val_loss": run.evals[-1].get("val_loss") if run.evals else None, "best_val": run.best_val,
+                 "config_changes": run.config_changes,
                  "scaler": run.ctx.scaler.state_dict(), "kernels": run.kernels,
                  **self.checkpoint_state(run.evals[-1] if run.evals else None)}
         self.waiting = (run.step, f"checkpoint model_{run.step:05d}.pt (gathering states, then rank 0 saving it)")
         save_training_checkpoint(state, parts.loader, run.ctx.dist, cfg.run.out_dir, run.step, cfg.run.keep_checkpoints)
 
     def close(self, run, start_step):
-        """The finished run's numbers for wandb's summary, and the closing stdout line."""
+        """The finished run's numbers for wandb's summary, and the closing stdout line: the best val loss is the
+        whole run's (a resumed run's earlier evaluations are in its checkpoint's best_val)."""
         val = [e["val_loss"] for e in run.evals if e.get("val_loss") is not None]
+        best, best_step = run.best_val or (None, None)
         ckpt = latest_checkpoint(self.cfg.run.out_dir)
         seconds = time.time() - run.started
         run.log.summary(start_step=start_step, final_step=run.step, tokens=run.tokens, wall_time_s=seconds,
-                        final_val_loss=val[-1] if val else None, best_val_loss=min(val) if val else None,
+                        final_val_loss=val[-1] if val else None, best_val_loss=best, best_val_step=best_step,
                         checkpoint=str(ckpt) if ckpt else None)
         if run.ctx.dist.master:
-            print(runlog.summary_line(start_step, run.step, seconds, val, Path(self.cfg.run.out_dir), ckpt), flush=True)
+            print(runlog.summary_line(start_step, run.step, seconds, val[-1], run.best_val, Path(self.cfg.run.out_dir),
+                                      ckpt), flush=True)
 
 
 def stop_if_not_finite(step, loss, grad_norm, lr, model, out_dir, lr_flag):

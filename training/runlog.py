@@ -14,7 +14,7 @@ import torch
 
 from data.files import atomic_file
 from training import hardware
-from training.config import ConfigError
+from training.config import ConfigError, listed_changes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -245,6 +245,11 @@ def start_line(description, max_steps, world_size, precision, compiled, where):
     return f"{description} | {max_steps} steps | world {world_size} | {precision} | compile {compiled} | {where}"
 
 
+def changes_line(step, changes):
+    """A resume that changes options on purpose (--resume-changes): which, from what to what."""
+    return f"changed from step {step} on (--resume-changes): {listed_changes(changes)}"
+
+
 def eval_line(step, max_steps, text):
     return f"step {step:5d}/{max_steps} | {text}"
 
@@ -257,10 +262,11 @@ def step_line(step, max_steps, loss, lr, norm, seconds, token_unit, tok_per_s, e
             f"{token_unit}/s {tok_per_s:,.0f}{extra_text} | eta {clock(eta)}")
 
 
-def summary_line(start_step, step, seconds, val_losses, out_dir, checkpoint):
-    """The closing line: what ran, how long, the final validation, where the files are."""
-    best = f" (best {min(val_losses):.4f})" if len(val_losses) > 1 else ""
-    return (f"done: steps {start_step}-{step} in {clock(seconds)} | final val loss {val_losses[-1]:.4f}{best} | "
+def summary_line(start_step, step, seconds, final_val, best_val, out_dir, checkpoint):
+    """The closing line: what ran, how long, the final validation and the run's best (val loss, step) where it is
+    another, where the files are."""
+    best = f" (best {best_val[0]:.4f} at step {best_val[1]})" if best_val and best_val[1] != step else ""
+    return (f"done: steps {start_step}-{step} in {clock(seconds)} | final val loss {final_val:.4f}{best} | "
             f"{out_dir}/: log.txt, metrics.jsonl, run.json" + (f", {Path(checkpoint).name}" if checkpoint else ""))
 
 
