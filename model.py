@@ -50,7 +50,7 @@ class GPTConfig:
     act: str = "gelu"  # a registry name (plain MLP) or a gated one: swiglu, geglu, reglu, NAME_glu
     act_kwargs: dict = field(default_factory=dict)
     plain_top_k: int = 0  # ANAct's "NSwish + k Swish": the top k MLPs use the unnormalized activation
-    glu_hidden: int = 0  # gated MLP's hidden width; 0: 2/3 of 4 n_embd rounded to 64 (as many weights as plain)
+    glu_hidden: int = 0  # gated MLP's hidden width; 0: the plain MLP's parameters (activations/gated.py)
 
 
 # SDPA kernels by name for `attention_backend`; "auto" leaves the choice to PyTorch.
@@ -100,9 +100,14 @@ class CausalSelfAttention(nn.Module):
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
+def mlp_width_args(config):
+    """activations/gated.py's hidden_width and width_note arguments for GPT-2's MLP."""
+    return config.n_embd, 4 * config.n_embd, mlp_activation(config.act)[1], config.glu_hidden, config.bias
+
+
 def mlp_width(config):
     """The MLP's hidden width: 4 n_embd, or the gated MLP's (activations/gated.py)."""
-    return hidden_width(4 * config.n_embd, mlp_activation(config.act)[1], config.glu_hidden)
+    return hidden_width(*mlp_width_args(config))
 
 
 class MLP(nn.Module):
