@@ -54,6 +54,22 @@ def test_linear_cross_entropy_equals_autograd_in_float64():
         torch.testing.assert_close(linear_cross_entropy(h, w, t, 4), ref.detach(), rtol=1e-13, atol=1e-13)
 
 
+def test_chunked_fp16_gradient_stays_finite_on_large_hidden_states():
+    """The chunk's fp16 products are scaled up only as far as they stay finite: 1024 rows of hidden states
+    40 x N(0, 1) and four targets make weight-gradient entries in the thousands before any scale (2^14 overflowed
+    them), so the scale goes below 1 (1/8)."""
+    g = torch.Generator().manual_seed(0)
+    h, w = 40 * torch.randn(1024, 8, generator=g), 0.01 * torch.randn(64, 8, generator=g)
+    t = torch.randint(0, 4, (1024,), generator=g)
+    h64, w64 = h.double().requires_grad_(), w.double().requires_grad_()
+    ref = torch.autograd.grad(F.cross_entropy(h64 @ w64.t(), t), (h64, w64))
+    h, w = h.requires_grad_(), w.requires_grad_()
+    with torch.autocast("cpu", dtype=torch.float16):
+        grads = torch.autograd.grad(linear_cross_entropy(h, w, t, 1), (h, w))
+    for grad, r in zip(grads, ref):
+        assert (grad.double() - r).norm() / r.norm() <= 4 * torch.finfo(torch.float16).eps / 2
+
+
 def test_chunked_loss_equals_plain_path_fp32():
     plain, fast, idx, targets = pair()
     loss, grads = loss_and_grads(plain, idx, targets)
