@@ -216,6 +216,28 @@ def test_gated_resume_is_exact_and_old_checkpoints_still_resume(tmp_path):
     assert model.transformer.h[0].mlp.c_up is None and len(train_losses(tmp_path / "old")[0]) == 8
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "translation"])
+def test_gated_checkpoints_of_the_old_width_rule_still_load(tmp_path, kind):
+    """glu_hidden 0 meant 2/3 rounded to 64 until the rule matched the plain MLP's parameters: at d 32 that was 64
+    wide, now 85 (GPT-2, 4 d) and 42 (ffn_dim 64). The checkpoint's weights say which: it loads at its width."""
+    if kind == "gpt2":
+        cls, config = GPT, GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32, act="swiglu")
+    else:
+        cls, config = Transformer, TranslationConfig(vocab_size=20, enc_layers=1, dec_layers=1, d_model=32, ffn_dim=64,
+                                                     act="swiglu")
+    old = cls(dataclasses.replace(config, glu_hidden=64))
+    save_checkpoint({"kind": kind, "model": old.state_dict(), "model_config": dataclasses.asdict(config), "step": 1},
+                    tmp_path / "old", 1)
+    ckpt = load_checkpoint(tmp_path / "old", kind)
+    assert ckpt["model_config"]["glu_hidden"] == 64
+    assert all(torch.equal(a, b) for a, b in zip(cls.from_checkpoint(ckpt).state_dict().values(),
+                                                 old.state_dict().values()))
+    today = cls(config)  # today's rule: glu_hidden stays 0
+    save_checkpoint({"kind": kind, "model": today.state_dict(), "model_config": dataclasses.asdict(config), "step": 1},
+                    tmp_path / "today", 1)
+    assert load_checkpoint(tmp_path / "today", kind)["model_config"]["glu_hidden"] == 0
+
+
 def test_init_from_needs_the_same_mlp_form(tmp_path, capsys):
     data = write_corpus(tmp_path / "data")
     train_in_process(args(data, tmp_path / "plain", max_steps=2))
