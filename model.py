@@ -307,8 +307,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     every probability under n_valid * 6e-8 there (at 16,384 rows and 50,304 tokens: 6% error on the LM head's
     gradient, 10% on the hidden states', against 0.03% for the plain path and for this cast). It is
     cast as softmax - onehot, within [-1, 1], times the largest power of two (at most 2^14) that keeps each
-    product's largest possible entry finite, and the fp32 product is divided back: a power of two adds no
-    rounding, and in bf16 and fp32, whose range is fp32's, it changes nothing.
+    product's largest possible entry finite, and the fp32 product is divided back (a power of two: no rounding).
     """
 
     @staticmethod
