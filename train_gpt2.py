@@ -19,12 +19,13 @@ from pathlib import Path
 import torch
 
 from activations import mlp_activation, telemetry
+from activations.gated import width_note
 from data.loader import ShardLoader
 from data.tokenizer import VOCAB_SIZE, TokenizerError, gpt2_tokenizer
 from eval import signal, sparsity
 from eval import hellaswag_items
 from eval.hellaswag import evaluate_model
-from model import GPT, GPTConfig, mlp_width, pretrained_gpt2
+from model import GPT, GPTConfig, mlp_width, mlp_width_args, pretrained_gpt2
 from training import distributed
 from training.checkpoint import load_checkpoint
 from training.config import ConfigError, EvalConfig, RunConfig, run_cli, to_dict
@@ -146,7 +147,8 @@ class GPTTrainer(Trainer):
                      optimizer=adamw(self.model, o.max_lr, o.weight_decay, o.betas, o.eps, d.device_type),
                      mlp_shape=(o.batch_size * o.seq_len, mlp_width(cfg.model)), origin=origin,
                      params=self.model.param_counts(), accum=self.accum,
-                     description=f"{param_line(self.model.param_counts())} | act {cfg.model.act} | "
+                     description=f"{param_line(self.model.param_counts())}{width_note(*mlp_width_args(cfg.model))} | "
+                                 f"act {cfg.model.act} | "
                                  f"grad accum {self.accum}")
 
     def learning_rate(self, step):

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from activations import telemetry
+from activations.gated import width_note
 from data import DataError
 from data.parallel_corpus import TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model
 from eval.bleu import decode_cost, split_bleu, translate_and_score
@@ -35,7 +36,7 @@ from training.loop import Evaluation, Parts, Trainer, no_sync_unless, param_line
 from training.precision import autocast_for
 from training.optimizer import adamw
 from training.schedule import inverse_sqrt
-from translation.model import Transformer, TranslationConfig
+from translation.model import Transformer, TranslationConfig, ffn_width_args
 
 
 @dataclass
@@ -169,7 +170,8 @@ class TranslationTrainer(Trainer):
                      max_steps=o.max_steps or o.epochs * self.loader.steps_per_epoch(),
                      mlp_shape=(cfg.data.max_tokens, self.model.encoder[0].ffn.fc1.out_features),
                      batch_shapes=shapes, params=self.model.param_counts(), accum=self.accum,
-                     description=f"{param_line(self.model.param_counts())} | act {mcfg.act} (plain top "
+                     description=f"{param_line(self.model.param_counts())}{width_note(*ffn_width_args(mcfg))} | "
+                                 f"act {mcfg.act} (plain top "
                                  f"{mcfg.plain_top_k}) | {mcfg.norm} {mcfg.enc_layers}-{mcfg.dec_layers} | vocab "
                                  f"{mcfg.vocab_size} | {len(train_ids[0])} train pairs (of {len(train_src)}, max len "
                                  f"{cfg.data.max_len}) | step: {step} | {self.loader.steps_per_epoch()} steps/epoch | "

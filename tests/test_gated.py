@@ -1,19 +1,26 @@
 """The gated (GLU) MLP, down(act(x W_gate) * (x W_up)) (activations/gated.py), in GPT-2 and the translation FFN:
 the formula against float64, gradcheck, parameter matching, telemetry, and gated checkpoints through training,
 resume, --init-from, HellaSwag and sample.py (export and lm-eval's hf model: tests/test_export.py, test_lm_eval.py)."""
+import dataclasses
 import json
 import math
 import shutil
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
 
 import activations
-from activations.gated import hidden_width
+import train_gpt2
+import train_translation
+from activations.gated import MATCH, hidden_width, mismatch, width_note
+from analysis.sweep import read_plan
 from activations.telemetry import collect
 from model import GPT, MLP, GPTConfig
 from test_train_gpt2 import VOCAB, args, cli_error, final_weights, train_in_process, train_losses, write_corpus
 from training.checkpoint import load_checkpoint, save_checkpoint
+from training.config import load_config
 from translation.model import FFN, Transformer, TranslationConfig
 
 
@@ -31,17 +38,59 @@ def test_gated_names_split_into_gate_and_form():
 
 
 def test_gated_hidden_width_matches_the_plain_mlps_parameters():
-    assert hidden_width(3072, gated=False) == 3072 and hidden_width(3072, gated=True) == 2048
-    assert hidden_width(512, gated=True) == 320 and hidden_width(512, gated=True, override=341) == 341
+    assert hidden_width(768, 3072, gated=False) == 3072 and hidden_width(768, 3072, gated=True) == 2048
+    assert hidden_width(768, 3072, gated=True, bias=False) == 2048 and hidden_width(128, 512, True, override=300) == 300
     with pytest.raises(ValueError, match="this MLP is plain"):
-        hidden_width(512, gated=False, override=341)
+        hidden_width(128, 512, gated=False, override=341)
     # GPT-2 124M: the same 4.72M weights per MLP; only the biases differ (2 x 2048 + 768 against 3072 + 768)
     plain, gated = MLP(GPTConfig(), 0), MLP(GPTConfig(act="swiglu"), 0)
     assert (gated.c_fc.out_features, gated.c_up.out_features, gated.c_proj.in_features) == (2048, 2048, 2048)
     assert n_params(gated) - n_params(plain) == 1024 and n_params(plain) == 4_722_432
-    # the translation FFN of configs/translation_6l.toml: ffn_dim 1024 -> 2/3 is 682.7 -> 704
-    ffn = FFN(TranslationConfig(act="swiglu"), 0, 6)
-    assert ffn.fc1.out_features == 704 and abs(n_params(ffn) / n_params(FFN(TranslationConfig(), 0, 6)) - 1) < 0.035
+    # the translation FFN of configs/translation_6l.toml, d 512 and ffn_dim 1024: no multiple of 64, 32 or 16 is
+    # within 0.5% (704, the nearest multiple of 64, is +3.16%), 680 is (-0.36%)
+    ffn, plain_ffn = FFN(TranslationConfig(act="swiglu"), 0, 6), FFN(TranslationConfig(), 0, 6)
+    assert ffn.fc1.out_features == 680 and n_params(ffn) / n_params(plain_ffn) - 1 == pytest.approx(-0.00358, abs=1e-5)
+    assert n_params(ffn) / n_params(plain_ffn) - 1 == pytest.approx(mismatch(512, 1024, 680), rel=1e-12)
+    # d 128 (the CPU configs): 341, the nearest integer, as no multiple of 8 is within 0.5% (344 is +0.9%)
+    assert hidden_width(128, 512, gated=True) == 341
+
+
+def test_start_line_says_when_a_gated_mlp_does_not_match():
+    assert width_note(512, 1024, gated=True) == "" and width_note(512, 1024, gated=False) == ""
+    assert width_note(512, 1024, True, override=704) == " | gated MLP 704 wide: +3.16% parameters against the plain 1024"
+    assert width_note(32, 64, True) == " | gated MLP 42 wide: -1.05% parameters against the plain 64"  # tiny: 43 is +1.3%
+
+
+TRAINERS = {"gpt2": train_gpt2.TrainConfig, "translation": train_translation.TrainConfig}
+
+
+def shipped_runs(path):
+    """(trainer, argv) of a configs/ file: a sweep plan's variants, or the trainer config itself."""
+    table = tomllib.loads(path.read_text())
+    if "trainer" in table:
+        trainer, config, _, variants, _, _ = read_plan(path)
+        return [(trainer, ["--config", str(ROOT / config), *options]) for _, options, _ in variants]
+    return [("gpt2" if "n_embd" in table["model"] else "translation", ["--config", str(path)])]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_config_has_gated_mlps_within_half_a_percent(path):
+    """Each trainer config and sweep variant as shipped when it is gated, its activation's gated form (NAME_glu)
+    when it is plain: the gated MLP (built on the meta device) holds the plain MLP's parameters within 0.5%."""
+    for trainer, argv in shipped_runs(path):
+        cfg = load_config(TRAINERS[trainer], argv).model
+        gate, gated = activations.mlp_activation(cfg.act)
+        plain = dataclasses.replace(cfg, act=gate, glu_hidden=0)
+        cfg = cfg if gated else dataclasses.replace(cfg, act=f"{gate}_glu")
+        with torch.device("meta"):
+            if trainer == "gpt2":
+                counts = [n_params(MLP(c, 0)) for c in (cfg, plain)]
+            else:
+                counts = [n_params(FFN(c, 0, c.enc_layers)) for c in (cfg, plain)]
+        assert abs(counts[0] / counts[1] - 1) <= MATCH, (argv, cfg.act, counts)
 
 
 def gate_reference(act, z):
@@ -176,6 +225,28 @@ def test_gated_resume_is_exact_and_old_checkpoints_still_resume(tmp_path):
     assert model.transformer.h[0].mlp.c_up is None and len(train_losses(tmp_path / "old")[0]) == 8
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "translation"])
+def test_gated_checkpoints_of_the_old_width_rule_still_load(tmp_path, kind):
+    """glu_hidden 0 meant 2/3 rounded to 64 until the rule matched the plain MLP's parameters: at d 32 that was 64
+    wide, now 85 (GPT-2, 4 d) and 42 (ffn_dim 64). The checkpoint's weights say which: it loads at its width."""
+    if kind == "gpt2":
+        cls, config = GPT, GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32, act="swiglu")
+    else:
+        cls, config = Transformer, TranslationConfig(vocab_size=20, enc_layers=1, dec_layers=1, d_model=32, ffn_dim=64,
+                                                     act="swiglu")
+    old = cls(dataclasses.replace(config, glu_hidden=64))
+    save_checkpoint({"kind": kind, "model": old.state_dict(), "model_config": dataclasses.asdict(config), "step": 1},
+                    tmp_path / "old", 1)
+    ckpt = load_checkpoint(tmp_path / "old", kind)
+    assert ckpt["model_config"]["glu_hidden"] == 64
+    assert all(torch.equal(a, b) for a, b in zip(cls.from_checkpoint(ckpt).state_dict().values(),
+                                                 old.state_dict().values()))
+    today = cls(config)  # today's rule: glu_hidden stays 0
+    save_checkpoint({"kind": kind, "model": today.state_dict(), "model_config": dataclasses.asdict(config), "step": 1},
+                    tmp_path / "today", 1)
+    assert load_checkpoint(tmp_path / "today", kind)["model_config"]["glu_hidden"] == 0
+
+
 def test_init_from_needs_the_same_mlp_form(tmp_path, capsys):
     data = write_corpus(tmp_path / "data")
     train_in_process(args(data, tmp_path / "plain", max_steps=2))
@@ -219,9 +290,9 @@ def test_gated_translation_model_learns():
     assert losses[0] > 2.5 and sum(losses[-10:]) / 10 < 0.5, (losses[0], losses[-10:])
 
 
-def test_translation_trainer_runs_a_gated_ffn(tmp_path):
-    """NSwish on the gate, per-token statistics, plain SiLU gate in the top FFN: the checkpoint and run.json say so."""
-    import train_translation
+def test_translation_trainer_runs_a_gated_ffn(tmp_path, capsys):
+    """NSwish on the gate, per-token statistics, plain SiLU gate in the top FFN: the checkpoint and run.json say so,
+    and the start line that d 32 is too small for a gated FFN of the plain one's parameters within 0.5%."""
     from test_parallel_data import write_corpus as write_parallel
     from test_train_translation import args as translation_args
 
@@ -231,7 +302,8 @@ def test_translation_trainer_runs_a_gated_ffn(tmp_path):
     ckpt = load_checkpoint(out, kind="translation")
     model = Transformer.from_checkpoint(ckpt)
     ffn, top = model.encoder[0].ffn, model.encoder[-1].ffn
-    assert ckpt["model_config"]["act"] == "nswish_glu" and ffn.fc_up.out_features == 64  # 2/3 of ffn_dim 64 -> 64
+    assert ckpt["model_config"]["act"] == "nswish_glu" and ffn.fc_up.out_features == 42  # d 32, ffn_dim 64
+    assert " | gated MLP 42 wide: -1.05% parameters against the plain 64 | act nswish_glu" in capsys.readouterr().out
     assert (type(ffn.act).__name__, type(top.act).__name__) == ("NSwish", "SiLU")
     params = json.loads((out / "run.json").read_text())["environment"]["params"]
     assert params == model.param_counts() and params["mlp_per_layer"] == n_params(ffn)

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from activations import mlp_activation
+from activations.gated import hidden_width
 from activations.impl import model_identity
 from data.files import atomic_file, fsync_dir, remove_temporaries
 from errors import CheckpointError, CheckpointNotFound
@@ -181,7 +183,24 @@ def load_checkpoint(path, kind=None, map_location="cpu"):
         raise CheckpointError(f"{path}: not a nanoact checkpoint (no {', '.join(map(repr, missing))} "
                               "entries); for transformers GPT-2 weights use --hf DIR")
     state["path"] = str(path)
+    pin_gated_width(state)
     return state
+
+
+def pin_gated_width(ckpt):
+    """glu_hidden 0 means the width rule's, and the rule changed (2/3 rounded to 64, then the plain MLP's parameters
+    within 0.5%: activations/gated.py). A gated checkpoint whose weights are not today's rule's width gets theirs
+    as glu_hidden: it loads, and a resume or --init-from that would build another width says so in one line."""
+    config = ckpt["model_config"]
+    if config.get("glu_hidden") or not mlp_activation(config.get("act", "gelu"))[1]:
+        return
+    if ckpt["kind"] == "gpt2":
+        up, shape = "transformer.h.0.mlp.c_up.weight", (config["n_embd"], 4 * config["n_embd"], config.get("bias", True))
+    else:
+        up, shape = "encoder.0.ffn.fc_up.weight", (config["d_model"], config["ffn_dim"], True)
+    width = ckpt["model"][up].shape[0]
+    if width != hidden_width(shape[0], shape[1], True, bias=shape[2]):
+        config["glu_hidden"] = width
 
 
 def newest_good_checkpoint(out_dir, kind, d):

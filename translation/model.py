@@ -9,7 +9,7 @@ beta is the xavier_normal gain of the FFN weights and of the attention value/out
 fairseq's `transformer` is (Transformer.fairseq_init).
 The FFN activation comes from the `activations` registry; ANAct's "NSwish + k Swish" keeps the plain
 activation in the top `plain_top_k` FFNs of both the encoder and the decoder. A gated name (swiglu, aglu_glu ...)
-makes the FFN fc2(act(fc1(x)) * fc_up(x)) at 2/3 of ffn_dim (activations/gated.py).
+makes the FFN fc2(act(fc1(x)) * fc_up(x)), as many parameters as the plain one (activations/gated.py).
 """
 import math
 from dataclasses import dataclass, field
@@ -40,7 +40,7 @@ class TranslationConfig:
     act_dropout: float = 0.0
     act: str = "relu"  # a registry name (plain FFN) or a gated one: swiglu, geglu, reglu, NAME_glu
     act_kwargs: dict = field(default_factory=dict)
-    glu_hidden: int = 0  # gated FFN's hidden width; 0: 2/3 of ffn_dim rounded to 64 (as many weights as plain)
+    glu_hidden: int = 0  # gated FFN's hidden width; 0: the plain FFN's parameters (activations/gated.py)
     plain_top_k: int = 0  # the top k FFNs of encoder and decoder use the unnormalized activation (activations.layer_activation)
     norm: str = "deepnorm"
     share_embeddings: bool = True  # one joint-vocabulary table for encoder and decoder input
@@ -93,13 +93,18 @@ class Attention(nn.Module):
         return self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
 
 
+def ffn_width_args(cfg):
+    """activations/gated.py's hidden_width and width_note arguments for the FFN (whose layers have biases)."""
+    return cfg.d_model, cfg.ffn_dim, mlp_activation(cfg.act)[1], cfg.glu_hidden
+
+
 class FFN(nn.Module):
     """fc2(act(fc1(x))), or gated: fc2(act(fc1(x)) * fc_up(x)), fc1 being the gate."""
 
     def __init__(self, cfg, layer, n_layers):
         super().__init__()
         name, gated = mlp_activation(cfg.act)
-        hidden = hidden_width(cfg.ffn_dim, gated, cfg.glu_hidden)
+        hidden = hidden_width(*ffn_width_args(cfg))
         self.fc1 = nn.Linear(cfg.d_model, hidden)
         self.act = layer_activation(name, cfg.act_kwargs, layer, n_layers, cfg.plain_top_k)
         self.fc_up = nn.Linear(cfg.d_model, hidden) if gated else None
@@ -223,8 +228,8 @@ class Transformer(nn.Module):
         if cfg.d_model % cfg.n_head:
             raise ConfigError(f"d_model {cfg.d_model} is not divisible by n_head {cfg.n_head}")
         with torch.random.fork_rng(devices=[]):  # a trial build: the global RNG (dropout's) stays as it was
-            name, gated = mlp_activation(cfg.act)
-            hidden_width(cfg.ffn_dim, gated, cfg.glu_hidden)
+            name = mlp_activation(cfg.act)[0]
+            hidden_width(*ffn_width_args(cfg))
             for n in (cfg.enc_layers, cfg.dec_layers):
                 layer_activation(name, cfg.act_kwargs, 0, n, cfg.plain_top_k)
                 layer_activation(name, cfg.act_kwargs, n - 1, n, cfg.plain_top_k)
