@@ -81,7 +81,8 @@ def test_aglu_telemetry_is_the_parameters():
 def test_nswish_telemetry_is_the_running_state_and_collect_has_no_side_effects():
     model = tiny_gpt("nswish", plain_top_k=1)
     model.train()
-    model(torch.randint(0, 64, (4, 16)))  # one training batch initialises the running statistics
+    model(torch.randint(0, 64, (4, 16)))  # one training step initialises the running statistics
+    activations.step_statistics(model)
     with torch.no_grad():
         model.transformer.h[0].mlp.act.alpha.fill_(0.3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
