@@ -91,7 +91,7 @@ class _NormalizedActivation(nn.Module):
     never on how the others are grouped over ranks and accumulation; with one micro-batch per step on
     one process it is exactly the paper's. Evaluation uses the running values, like BatchNorm.
     Modules trained without step_statistics (a bare module in a test) keep their initial buffers.
-        """
+    """
 
     kind = None
 
