@@ -155,9 +155,10 @@ class GPTTrainer(Trainer):
         o = self.cfg.optim
         return warmup_cosine(step, o.warmup_steps, o.max_steps, o.max_lr, o.min_lr)
 
-    def forward_backward(self, model):
+    def forward_backward(self, model, seed_micro_batch):
         device, loss_sum = self.ctx.dist.device, torch.zeros((), device=self.ctx.dist.device)
         for micro in range(self.accum):
+            seed_micro_batch(micro)
             x, y = self.loader.next_batch()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with no_sync_unless(micro == self.accum - 1, model):

@@ -180,7 +180,7 @@ class TranslationTrainer(Trainer):
     def learning_rate(self, step):
         return inverse_sqrt(step, self.cfg.optim.warmup_steps, self.cfg.optim.lr)
 
-    def forward_backward(self, model):
+    def forward_backward(self, model, seed_micro_batch):
         """The step's loss is sum(token losses) / (target tokens of every batch of the step, all ranks): each
         target token weighs the same whichever batch or rank it is in (fairseq), so the gradient is that of
         one batch holding them all. DDP averages the ranks' gradients, hence the factor world_size."""
@@ -193,6 +193,7 @@ class TranslationTrainer(Trainer):
         scale = d.world_size / total
         loss_sum = torch.zeros((), device=d.device)
         for micro, (batch, count) in enumerate(zip(batches, counts)):
+            seed_micro_batch(micro)
             x, y_in, y_out = (t.to(d.device, non_blocking=True) for t in batch)
             with no_sync_unless(micro == self.accum - 1, model):
                 with self.ctx.autocast:

@@ -5,7 +5,9 @@
 
 See activations/README.md for each formula and its options. Parametric modules (AGLU, APA,
 NSwish, NReLU, xATLU/xGELU/xSiLU, PolyReLU/PolyNorm) also have `telemetry() -> dict[str, float]` (learned
-values, running statistics) for logging at evaluation time.
+values, running statistics) for logging at evaluation time. A training loop calls `step_statistics(model)` once per
+optimizer step, after its backward passes: NSwish/NReLU update their running statistics there, from the whole
+step's batch.
 
 An MLP/FFN `act` setting also names the MLP's form: a registry name is the plain MLP, down(act(x W)); a gated
 (GLU) name, `NAME_glu` for any registered NAME or Shazeer's swiglu / geglu / reglu, is down(act(x W_gate) * (x W_up))
@@ -14,7 +16,7 @@ with NAME on the gate (activations/gated.py). `mlp_activation(setting)` splits a
 import inspect
 
 from activations.aglu import AGLU, APA
-from activations.anact import NReLU, NSwish
+from activations.anact import NReLU, NSwish, step_statistics  # noqa: F401 (the package's API)
 from activations.basic import GELU, GELUExact, LeakyReLU2, Mish, ReLU, ReLU2, SiLU
 from activations.expanded import XATLU, XGELU, XSiLU
 from activations.polycom import PolyNorm, PolyReLU

@@ -10,6 +10,7 @@ mu, rho, rho' carry no gradient (the paper treats them as constants in backward)
 d out/dx = scale * act'(x) and d out/d scale = act(x) - mu.
 """
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -73,22 +74,23 @@ class _NormalizedActivation(nn.Module):
         impl: "auto" (the fused Triton kernels on CUDA, else PyTorch), "triton" or "torch"
             (activations/impl.py). per_instance rows longer than kernels.MAX_ROW take PyTorch.
 
-    Batch mode (default), training: mu_M, rho_M, rho'_M are taken over the whole batch in fp32,
-    without gradient; the running buffers are updated by Eq. 16-18 (the first batch
-    initialises all three, as Eq. 17-18 do for rho, rho'; Eq. 16 has no t=0 case and starting
-    mu from 0 would shift the first outputs), and the output uses these updated values
-    mu^(t), rho^(t), rho'^(t): the paper smooths the statistics "to control the noise", so
-    the smoothed ones normalise. Evaluation uses the running values, like BatchNorm.
-    Each micro-batch of gradient accumulation counts as one batch t.
+    Batch mode (default): the batch t of Eq. 16-18 is the optimizer step's batch, whatever its split into
+    micro-batches (gradient accumulation) and ranks. A training forward adds its micro-batch's pooled
+    moments (count, sums of y, y^2, x, x^2, act'(x)^2, float64) to a pending sum, and
+    `activations.step_statistics(model)` (training/loop.py calls it once per step, after the backward
+    passes) all-reduces every module's sums in one collective and applies Eq. 16-18 to the whole step's
+    statistics: the running buffers are the same on every rank, and the same for 1 process accumulating
+    2 micro-batches as for 2 ranks with 1 each. The first step initialises all three (as Eq. 17-18 do
+    for rho, rho'; Eq. 16 has no t=0 case and starting mu from 0 would shift the first outputs).
 
-    Distributed: statistics stay per rank. An all-reduce in every MLP forward would cost a
-    collective per layer per micro-batch; like BatchNorm (not SyncBatchNorm), each replica
-    normalises with its own batch. The running values are buffers: DDP broadcasts them from
-    rank 0 at construction and, with its forward buffer sync on (the default:
-    `forward_sync_buffers`, formerly `broadcast_buffers=True`, deprecated in torch 2.13), at
-    the start of every forward that follows a gradient-synchronising forward, i.e. about once
-    per optimizer step under no_sync / require_backward_grad_sync accumulation. In between,
-    each rank folds in its own micro-batches; checkpoints saved by rank 0 hold rank 0's values.
+    The output: the paper normalises with the updated values mu^(t), rho^(t), rho'^(t) (it smooths
+    them "to control the noise"), which contain the current batch. The step's statistics exist only
+    after its last micro-batch, so each micro-batch normalises with Eq. 16-18 applied to the running
+    values as of the step's start and its OWN statistics (torch.where, no buffer written): what the
+    update would give if this micro-batch were the step's batch. That depends on the micro-batch alone,
+    never on how the others are grouped over ranks and accumulation; with one micro-batch per step on
+    one process it is exactly the paper's. Evaluation uses the running values, like BatchNorm.
+    Modules trained without step_statistics (a bare module in a test) keep their initial buffers.
     """
 
     kind = None
@@ -107,15 +109,18 @@ class _NormalizedActivation(nn.Module):
             self.register_buffer("running_rho_prime", torch.tensor(rho_prime))
             # A buffer, not a Python flag: survives state_dict round trips, no recompiles.
             self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+            # The step's micro-batches so far: (count, sum y, sum y^2, sum x, sum x^2, sum act'(x)^2). Raw sums
+            # pool over micro-batches and ranks by addition; float64 keeps E[y^2] - E[y]^2 from cancelling.
+            # Not saved: step_statistics empties it at every step's end, where checkpoints are taken.
+            self.register_buffer("pending", torch.zeros(6, dtype=torch.float64), persistent=False)
 
-    def _stats(self, xf, y, dim):
-        """(mu, rho, rho') over `dim` (None: all elements), population variances, fp32."""
+    def _moments(self, xf, y, dim):
+        """(E[y], Var[y], E[x], Var[x], E[act'(x)^2]) over `dim` (None: all elements), population variances."""
         keep = dim is not None
-        var_y, mu = torch.var_mean(y, dim=dim, correction=0, keepdim=keep)
-        var_x = torch.var(xf, dim=dim, correction=0, keepdim=keep)
-        rho = self._rho(var_y, var_x)
-        rho_prime = _ACTS[self.kind][1](xf).square().mean(dim=dim, keepdim=keep).clamp_min(self.eps)
-        return mu, rho, rho_prime
+        var_y, mean_y = torch.var_mean(y, dim=dim, correction=0, keepdim=keep)
+        # not var_mean: on the CPU its reduction over all elements is ~8x slower than var's, and mean's
+        var_x, mean_x = torch.var(xf, dim=dim, correction=0, keepdim=keep), xf.mean(dim=dim, keepdim=keep)
+        return mean_y, var_y, mean_x, var_x, _ACTS[self.kind][1](xf).square().mean(dim=dim, keepdim=keep)
 
     def _rho(self, var_y, var_x):
         """rho = Var[y] / Var[x] (Eq. 31); kernels.py's rows kernel computes it, and rho', the same way.
@@ -123,20 +128,41 @@ class _NormalizedActivation(nn.Module):
         floored at eps, which caps lam_n at eps^-1/2 (an all-negative NReLU token has rho' = 0)."""
         return (var_y / var_x.clamp_min(torch.finfo(torch.float32).tiny)).clamp_min(self.eps)
 
-    def _track(self, mu_b, rho_b, rho_prime_b):
-        """Eq. 16-18, branch-free (torch.where) so it compiles to one graph. Returns the new
-        values as fresh tensors and copies them into the buffers."""
+    def _smoothed(self, mean_y, var_y, var_x, mean_grad_sq):
+        """Eq. 16-18 on the running buffers and these statistics, branch-free (torch.where) so it compiles to
+        one graph: new (mu, rho, rho') tensors; the buffers are not written."""
+        mu_b, rho_b, rho_prime_b = mean_y, self._rho(var_y, var_x), mean_grad_sq.clamp_min(self.eps)
         first = self.num_batches_tracked == 0
         m = self.momentum
-        mu = torch.where(first, mu_b, torch.lerp(self.running_mu, mu_b, m))
-        out = [mu]
+        out = [torch.where(first, mu_b, torch.lerp(self.running_mu, mu_b, m))]
         for prev, new in ((self.running_rho, rho_b), (self.running_rho_prime, rho_prime_b)):
             inside = (new > self.lower * prev) & (new < self.upper * prev)
             out.append(torch.where(first, new, torch.where(inside, torch.lerp(prev, new, m), prev)))
-        for buf, value in zip((self.running_mu, self.running_rho, self.running_rho_prime), out):
-            buf.copy_(value)
-        self.num_batches_tracked.add_(1)
         return out
+
+    def _micro_batch(self, n, mean_y, var_y, mean_x, var_x, mean_grad_sq):
+        """A training micro-batch of n elements: its moments join the step's pending sums; returns the
+        (mu, rho, rho') it normalises with (class docstring)."""
+        m = torch.stack([mean_y, var_y, mean_x, var_x, mean_grad_sq]).double()
+        self.pending.add_(n * torch.stack([torch.ones_like(m[0]), m[0], m[1] + m[0] * m[0], m[2],
+                                           m[3] + m[2] * m[2], m[4]]))
+        dtype = self.running_mu.dtype
+        return self._smoothed(mean_y.to(dtype), var_y.to(dtype), var_x.to(dtype), mean_grad_sq.to(dtype))
+
+    @torch.no_grad()
+    def _step_update(self, sums):
+        """Eq. 16-18 with the step's pooled sums (every micro-batch, every rank) into the buffers; a module
+        that saw no training batch this step keeps them."""
+        count, moments = sums[0], sums[1:] / sums[0].clamp_min(1)
+        mean_y, mean_y2, mean_x, mean_x2, mean_grad_sq = moments.unbind()
+        var_y, var_x = (mean_y2 - mean_y * mean_y).clamp_min(0), (mean_x2 - mean_x * mean_x).clamp_min(0)
+        dtype = self.running_mu.dtype
+        new = self._smoothed(*(t.to(dtype) for t in (mean_y, var_y, var_x, mean_grad_sq)))
+        seen = count > 0
+        for buf, value in zip((self.running_mu, self.running_rho, self.running_rho_prime), new):
+            buf.copy_(torch.where(seen, value, buf))
+        self.num_batches_tracked.add_(seen.long())
+        self.pending.zero_()
 
     def _scale(self, rho, rho_prime):
         lam_n = torch.sqrt((rho + rho_prime) / (2 * rho * rho_prime))
@@ -150,23 +176,22 @@ class _NormalizedActivation(nn.Module):
             xf = _up(x)
             y = act(xf)
             if self.per_instance:
-                mu, rho, rho_prime = self._stats(xf, y, dim=-1)
-            else:
-                if self.training:
-                    mu, rho, rho_prime = self._track(*self._stats(xf, y, dim=None))
-                else:  # mu is saved for backward: clone, or a later training step's in-place update breaks it
-                    mu, rho, rho_prime = self.running_mu.clone(), self.running_rho, self.running_rho_prime
+                mu, var_y, _, var_x, mean_grad_sq = self._moments(xf, y, dim=-1)
+                rho, rho_prime = self._rho(var_y, var_x), mean_grad_sq.clamp_min(self.eps)
+            elif self.training:
+                mu, rho, rho_prime = self._micro_batch(x.numel(), *self._moments(xf, y, dim=None))
+            else:  # mu is saved for backward: clone, or a later step's in-place update would break it
+                mu, rho, rho_prime = self.running_mu.clone(), self.running_rho, self.running_rho_prime
         return _NormalizedFunction.apply(x, y, self._scale(rho, rho_prime), mu, self.kind)
 
     def _forward_kernels(self, x):
-        """forward() with kernels.py: the same statistics, tracking and scale."""
+        """forward() with kernels.py: the same statistics, pending sums and scale."""
         swish = self.kind == "swish"
         if self.per_instance:
             return kernels.anact_rows(x, self.beta * torch.tanh(self.alpha), self.eps, swish)
         with torch.no_grad():
             if self.training:
-                mu, var_y, var_x, mean_grad_sq = kernels.anact_stats(x, swish).unbind()
-                mu, rho, rho_prime = self._track(mu, self._rho(var_y, var_x), mean_grad_sq.clamp_min(self.eps))
+                mu, rho, rho_prime = self._micro_batch(x.numel(), *kernels.anact_stats(x, swish).unbind())
             else:
                 mu, rho, rho_prime = self.running_mu.clone(), self.running_rho, self.running_rho_prime
         return kernels.anact(x, self._scale(rho, rho_prime), mu, swish)
@@ -188,3 +213,18 @@ class NSwish(_NormalizedActivation):
 class NReLU(_NormalizedActivation):
     __doc__ = "NReLU: normalized ReLU.\n" + _NormalizedActivation.__doc__
     kind = "relu"
+
+
+def step_statistics(model):
+    """End of an optimizer step: every batch-mode NSwish/NReLU in `model` folds the step's pending moments
+    into its running buffers (Eq. 16-18, t = the step). The sums of all modules go in one float64
+    all-reduce over the default process group when there is one (one collective per step, not one per layer
+    per micro-batch), so every rank ends the step with the same buffers. Call it on every rank."""
+    modules = [m for m in model.modules() if isinstance(m, _NormalizedActivation) and not m.per_instance]
+    if not modules:
+        return
+    sums = torch.stack([m.pending for m in modules])
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(sums)
+    for m, row in zip(modules, sums):
+        m._step_update(row)

@@ -248,7 +248,8 @@ apa.register_autograd(_apa_grad, setup_context=_apa_setup)
 # ---------------------------------------------------------------- NSwish / NReLU, batch statistics
 @torch.library.custom_op("nanoact::anact_stats", mutates_args=())
 def anact_stats(x: torch.Tensor, swish: bool) -> torch.Tensor:
-    """fp32 (mu, Var[y], Var[x], E[act'(x)^2]) over all of x, y = act(x), population variances."""
+    """float64 (E[y], Var[y], E[x], Var[x], E[act'(x)^2]) over all of x, y = act(x), population variances
+    (float64: anact.py pools them over a step's micro-batches)."""
     x = x.contiguous()
     n = x.numel()
     blocks = triton.cdiv(n, STATS_BLOCK)
@@ -260,12 +261,12 @@ def anact_stats(x: torch.Tensor, swish: bool) -> torch.Tensor:
     counts = (n - STATS_BLOCK * torch.arange(blocks, device=x.device, dtype=torch.float64)).clamp_max(STATS_BLOCK)
     means = counts @ p[:, :2] / n
     m2 = p[:, 2:4].sum(0) + counts @ (p[:, :2] - means).square()
-    return torch.stack([means[0], m2[0] / n, m2[1] / n, p[:, 4].sum() / n]).float()
+    return torch.stack([means[0], m2[0] / n, means[1], m2[1] / n, p[:, 4].sum() / n])
 
 
 @anact_stats.register_fake
 def _(x, swish):
-    return x.new_empty(4, dtype=torch.float32)
+    return x.new_empty(5, dtype=torch.float64)
 
 
 @torch.library.custom_op("nanoact::anact", mutates_args=())

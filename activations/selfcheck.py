@@ -130,6 +130,7 @@ def check(name, device, dtype):
             for i, (scale, shift) in enumerate(ANACT_PROBES):
                 x, grad = _probe_input((7, 601), dtype, device, seed=i, spread=3.0)
                 _check_pair(kern, ref, (scale * x.double() + shift).to(dtype), grad, rtol, atol, f"step {i}:")
+                activations.step_statistics(kern), activations.step_statistics(ref)
                 for (key, b), b64 in zip(kern.named_buffers(), ref.buffers()):
                     _compare(f"step {i}: running {key}", b, b64, 1e-5, 1e-6)
             kern.eval(), ref.eval()

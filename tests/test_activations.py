@@ -175,6 +175,7 @@ def test_anact_statistics_at_init(name):
     torch.manual_seed(0)
     m = activations.build(name)
     out = m(torch.randn(2_000_000))
+    activations.step_statistics(m)
     t = m.telemetry()
     mu, rho, rho_p, lam = N01[name]
     assert abs(t["mu"] - mu) < 2e-3  # sample sd of the mean ~ 4e-4
@@ -192,13 +193,15 @@ def test_anact_running_update_rule(name):
     x1, x2 = torch.randn(4096, 64), 1.3 * torch.randn(4096, 64) + 0.2
     x3 = torch.randn(4096, 64) - 4.0  # rho' (and rho) collapse far below 0.5 * previous
 
-    m(x1)  # first batch initialises all three
+    m(x1)  # first step (one batch) initialises all three
+    activations.step_statistics(m)
     mu1, rho1, rp1 = batch_stats64(name, x1)
     bufs = lambda: [b.double() for b in (m.running_mu, m.running_rho, m.running_rho_prime)]  # noqa: E731
     for got, want in zip(bufs(), (mu1, rho1, rp1)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
     out2 = m(x2)  # in bounds: momentum update, and the output uses the updated values
+    activations.step_statistics(m)
     mu2, rho2, rp2 = batch_stats64(name, x2)
     want = [0.9 * a + 0.1 * b for a, b in zip((mu1, rho1, rp1), (mu2, rho2, rp2))]
     for got, w in zip(bufs(), want):
@@ -211,10 +214,38 @@ def test_anact_running_update_rule(name):
     assert rp3 < 0.5 * want[2] and rho3 < 0.5 * want[1]
     before = bufs()
     m(x3)  # out of bounds: rho, rho' kept exactly, mu still updated
+    activations.step_statistics(m)
     got = bufs()
     torch.testing.assert_close(got[0], 0.9 * before[0] + 0.1 * mu3, rtol=1e-5, atol=1e-6)
     assert got[1:] == before[1:]
     assert m.num_batches_tracked == 3
+
+
+@pytest.mark.parametrize("name", ["nswish", "nrelu"])
+def test_anact_statistics_are_the_steps_whatever_its_split(name):
+    """The batch of Eq. 16-18 is the optimizer step's. Each micro-batch normalises with the running values of the
+    step's start and its own statistics: the output is the same whichever module (rank) runs it, after whichever
+    other micro-batch; the step's update is Eq. 16-18 on the whole batch's statistics (float64); a module restored
+    from a state_dict between steps continues bit for bit."""
+    torch.manual_seed(0)
+    halves = [(torch.randn(256, 32), 1.3 * torch.randn(256, 32) + 0.2),  # each step's batch, in two micro-batches
+              (1.2 * torch.randn(256, 32) + 0.1, 0.9 * torch.randn(256, 32) - 0.1)]
+    accumulating = activations.build(name)
+    running = None
+    for step, micro in enumerate(halves):
+        ranks = [activations.build(name) for _ in micro]  # a rank each, or the run resumed from a checkpoint
+        for rank in ranks:
+            rank.load_state_dict(accumulating.state_dict())
+        outputs = [accumulating(x) for x in micro]
+        for rank, x, out in zip(ranks, micro, outputs):
+            assert torch.equal(rank(x), out)
+        activations.step_statistics(accumulating)
+        batch = batch_stats64(name, torch.cat(micro))
+        running = batch if step == 0 else [0.9 * a + 0.1 * b for a, b in zip(running, batch)]  # in bounds here
+        for got, want in zip((accumulating.running_mu, accumulating.running_rho, accumulating.running_rho_prime),
+                             running):
+            torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-7)
+        assert accumulating.num_batches_tracked == step + 1 and not accumulating.pending.any()
 
 
 @pytest.mark.parametrize("name", ["nswish", "nrelu"])
@@ -223,6 +254,7 @@ def test_anact_eval_uses_running_values_and_state_dict_round_trips(name):
     m = activations.build(name)
     for _ in range(3):
         m(torch.randn(512, 32) * 2)
+        activations.step_statistics(m)
     with torch.no_grad():
         m.alpha.fill_(0.5)
     state = {k: v.clone() for k, v in m.state_dict().items()}
@@ -242,6 +274,7 @@ def test_anact_eval_uses_running_values_and_state_dict_round_trips(name):
     m.train(), m2.train()
     xb = torch.randn(512, 32)
     torch.testing.assert_close(m2(xb), m(xb))  # the restored module is past its first batch too
+    activations.step_statistics(m2)
     assert m2.num_batches_tracked == 4
 
 
@@ -304,6 +337,7 @@ def test_compile_matches_eager(name):
         g = torch.randn(4, 8, 32)
         oe, oc = eager(xe), fn(xc)
         oe.backward(g), oc.backward(g)
+        activations.step_statistics(eager), activations.step_statistics(compiled)
         torch.testing.assert_close(oc, oe, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-5, atol=1e-5)
     for (n, pe), pc in zip(eager.named_parameters(), compiled.parameters()):

@@ -54,7 +54,7 @@ def test_bias_free_model_exports_with_zero_biases(make_checkpoint, tmp_path):
 
 def trained_stats_checkpoint(make_checkpoint, act, **overrides):
     """A checkpoint whose activations hold non-default values: AGLU's kappa/lam drawn at init, ANAct's
-    running statistics moved by training-mode forwards and alpha set away from 0."""
+    running statistics moved by training steps and alpha set away from 0."""
     from training.checkpoint import load_checkpoint, save_checkpoint
     from model import GPT, GPTConfig
 
@@ -66,6 +66,7 @@ def trained_stats_checkpoint(make_checkpoint, act, **overrides):
     with torch.no_grad():
         for _ in range(3):
             model(torch.randint(0, 50257, (2, 24)))
+            activations.step_statistics(model)
         for name, p in model.named_parameters():
             if name.endswith("act.alpha"):
                 p.fill_(0.7)

@@ -236,11 +236,12 @@ def test_the_first_line_names_the_model_not_how_an_old_checkpoint_ran():
 def test_scores_in_eval_mode_and_restores_training_mode(make_checkpoint, hellaswag_file, gpt2_enc):
     """NSwish in training mode would fold every scored batch into its running statistics."""
     model = GPT.from_checkpoint(load_checkpoint(make_checkpoint(act="nswish"), kind="gpt2"))
-    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = lambda: {**model.state_dict(), **dict(model.named_buffers())}  # noqa: E731 (the pending sums too)
+    before = {k: v.clone() for k, v in state().items()}
     model.train()
     r = evaluate_model(model, "cpu", hellaswag_file(n=5), scoring="completion", progress=False)
     assert model.training and r["completion"]["n"] == 5 and set(r) == {"completion"}
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(before[k], v) for k, v in state().items())
 
 
 def test_wilson_interval():

@@ -51,7 +51,7 @@ class LinearTrainer(Trainer):
     def learning_rate(self, step):
         return self.cfg.optim.lr
 
-    def forward_backward(self, model):
+    def forward_backward(self, model, seed_micro_batch):
         x, y = self.batches.next_batch()
         with self.ctx.autocast:
             loss = F.mse_loss(model(x), y)
@@ -120,7 +120,7 @@ class FailingTrainer(LinearTrainer):
     """Fails in its first forward_backward: a bug of its own (numpy's ValueError for shapes that do not
     broadcast), or bad input it reports as the project does."""
 
-    def forward_backward(self, model):
+    def forward_backward(self, model, seed_micro_batch):
         if self.cfg.run.seed == 1:
             raise DataError("batches.bin: truncated at batch 0; prepare it again")
         return np.ones(3) + np.ones(4)

@@ -81,15 +81,17 @@ def test_aglu_telemetry_is_the_parameters():
 def test_nswish_telemetry_is_the_running_state_and_collect_has_no_side_effects():
     model = tiny_gpt("nswish", plain_top_k=1)
     model.train()
-    model(torch.randint(0, 64, (4, 16)))  # one training batch initialises the running statistics
+    model(torch.randint(0, 64, (4, 16)))  # one training step initialises the running statistics
+    activations.step_statistics(model)
     with torch.no_grad():
         model.transformer.h[0].mlp.act.alpha.fill_(0.3)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = lambda: {**model.state_dict(), **dict(model.named_buffers())}  # noqa: E731 (the pending sums too)
+    before = {k: v.clone() for k, v in state().items()}
     x = torch.randint(0, 64, (2, 16))
     rng = torch.get_rng_state()
     got = telemetry.collect(model, x)
     assert model.training and torch.equal(rng, torch.get_rng_state())
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(before[k], v) for k, v in state().items())
     assert all(p.grad is None for p in model.parameters())
     layers = got["layers"]
     assert [layer["kind"] for layer in layers][-1] == "SiLU" and "params" not in layers[-1]  # plain top layer

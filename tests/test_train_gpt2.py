@@ -120,6 +120,20 @@ def test_two_gloo_processes_match_grad_accumulation(tmp_path, two_rank_runs, cas
 
 
 @pytest.mark.long
+@pytest.mark.xdist_group("two_rank_runs")
+def test_dropout_and_nswish_statistics_do_not_depend_on_how_the_step_is_split(tmp_path, two_rank_runs):
+    """1 process accumulating 2 micro-batches and 2 gloo ranks with 1 each train on the same batches; with dropout
+    and NSwish's running statistics (the step's batch, all ranks) they also draw the same masks and normalise
+    alike: the same losses and weights, running statistics included, bit for bit."""
+    train_in_process(args(two_rank_runs / "gpt_data", tmp_path / "single", **GPT_RUNS["noise"]))
+    assert train_losses(tmp_path / "single") == train_losses(two_rank_runs / "noise")
+    a, b = final_weights(tmp_path / "single"), final_weights(two_rank_runs / "noise")
+    assert a.keys() == b.keys() and "transformer.h.0.mlp.act.running_rho" in a
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.long
 def test_kill_and_resume_equals_uninterrupted(tmp_path, capsys):
     """kill -9 of a trainer process mid-run; the resumed run (in this process: all it may read is the files the
     killed one left) ends where an uninterrupted run does, bit for bit, log included."""

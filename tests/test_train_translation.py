@@ -181,7 +181,7 @@ def step_gradients(batches, label_smoothing=0.1):
                                                   n_head=2, dropout=0.0, act="swish")).double()
     trainer.ctx = Context(Dist(), "float32", autocast_context("cpu", "float32"), grad_scaler("cpu", "float32"), False)
     trainer.loader, trainer.accum = StepBatches(batches), len(batches)
-    loss, tokens = trainer.forward_backward(trainer.model)
+    loss, tokens = trainer.forward_backward(trainer.model, lambda micro: None)
     return loss, tokens, {name: p.grad for name, p in trainer.model.named_parameters()}
 
 
@@ -204,7 +204,8 @@ def test_two_accumulated_batches_make_the_step_of_one_batch_holding_both(label_s
 @pytest.mark.xdist_group("two_rank_runs")
 def test_two_ranks_train_the_same_steps_as_one_process_accumulating_two(two_rank_runs, tmp_path):
     """torchrun with 2 gloo ranks, 1 batch each per step (tests/two_rank_runs.py), against 1 process with 2
-    accumulated batches: the same steps on the same target tokens, the same weights (up to float32 summation order)."""
+    accumulated batches: the same steps on the same target tokens, with dropout and NSwish's running statistics the
+    same noise and normalisation, the same losses and weights (up to float32 summation order)."""
     corpus, spm = two_rank_runs / "translation_data", two_rank_runs / "spm"
     train_translation.main(args(corpus, tmp_path / "one", spm, *TRANSLATION_RUN))
     assert "step: 2 batches (grad accum 1) of <= 800 tokens" in (two_rank_runs / "job.log").read_text()
@@ -220,6 +221,7 @@ def test_two_ranks_train_the_same_steps_as_one_process_accumulating_two(two_rank
     assert [r["tokens"] for r in train_two] == [r["tokens"] for r in train_one]
     torch.testing.assert_close([r["loss"] for r in train_two], [r["loss"] for r in train_one])
     assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
+    assert "encoder.0.ffn.act.running_rho" in one["model"]  # batch statistics, tracked (compared above)
 
 
 def test_a_step_the_processes_cannot_fill_is_a_one_line_error(tmp_path):

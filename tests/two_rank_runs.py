@@ -14,12 +14,13 @@ GPT_RUNS = {  # run directory -> train_gpt2.py's arguments over test_train_gpt2.
     "speed-options": dict(loss_chunks=3, attention_backend="cudnn,flash"),
     # tests/test_faults.py's uninterrupted run: dropout, so that every rank's RNG state must resume too
     "elastic": dict(max_steps=40, eval_interval=20, checkpoint_interval=2, dropout=0.1, auto_resume="true"),
+    # dropout and NSwish's running statistics: the same noise and statistics as 1 process accumulating 2 batches
+    "noise": dict(dropout=0.1, act="nswish"),
 }
 # tests/test_train_translation.py's step on 2 ranks, 1 batch each: train_translation.py's arguments over that
-# file's `args`, and the run directory
-TRANSLATION_RUN = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", "false", "--dropout", "0",
-                   "--act-dropout", "0", "--act", "swish", "--act-kwargs", "{}", "--plain-top-k", "0",
-                   "--max-tokens", "800", "--total-max-tokens", "1600")
+# file's `args` (dropout, and NSwish with running statistics), and the run directory
+TRANSLATION_RUN = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", "false", "--act-kwargs", "{}",
+                   "--plain-top-k", "0", "--max-tokens", "800", "--total-max-tokens", "1600")
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ A trainer subclasses Trainer and writes only what is its own:
 
     build(ctx, ckpt) -> Parts        model, optimizer, data, steps; ctx (a Context) is what fit decided first
     learning_rate(step) -> float
-    forward_backward(model) -> (mean loss tensor, tokens)   one optimizer step's passes on this rank
+    forward_backward(model, seed_micro_batch) -> (mean loss tensor, tokens)   one step's passes on this rank
     evaluate(step, last, model) -> Evaluation               its evaluations, on the model evaluations run
     optional: step_fields(tok_per_s), after_step(step), checkpoint_state(evaluation),
               finish(step) -> closing record or None
@@ -15,7 +15,9 @@ trainer itself kept in build (its Context, its loaders). tests/test_loop.py trai
 fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
 build; resume; the activation kernels' decision (activations/policy.py); the run log; compile and DDP; the loop; the trainer's
 closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and at the end),
-train step, log, the trainer's after_step, checkpoint (every checkpoint_interval steps and on a signal), stop;
+train step (the trainer's forward_backward, then activations.step_statistics: NSwish/NReLU's running statistics
+from the whole step's batch, one all-reduce; then clipping and the optimizer), log, the trainer's after_step,
+checkpoint (every checkpoint_interval steps and on a signal), stop;
 at the end the checkpoint follows the final evaluation, so the file the closing line names holds the numbers it
 prints. The stdout lines' format is training/runlog.py's.
 
@@ -31,10 +33,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from activations import policy
+from activations import policy, step_statistics
 from activations.impl import model_identity
 from training import distributed, hardware, runlog
 from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resumed_changes,
@@ -125,10 +128,12 @@ class Trainer:
     def learning_rate(self, step):
         raise NotImplementedError
 
-    def forward_backward(self, model):
+    def forward_backward(self, model, seed_micro_batch):
         """Forward and backward passes of one optimizer step on this rank, through `model` (compiled, DDP):
         (loss tensor, tokens): the step's loss is that tensor's mean over ranks (a mean over this rank's batches,
-        or, as train_translation.py's, this rank's share of a sum normalised over all ranks). Scale the loss
+        or, as train_translation.py's, this rank's share of a sum normalised over all ranks). Call
+        seed_micro_batch(micro) before the forward of micro-batch `micro` (0, 1, ... on every rank): its dropout
+        is then the same whichever rank or accumulation step runs it (micro_batch_seeds). Scale the loss
         with the Context's scaler before backward."""
         raise NotImplementedError
 
@@ -273,7 +278,10 @@ class Trainer:
         if not ctx.dist.ddp:
             return model, model
         self.waiting = (step, "the DDP setup (the parameter broadcast)")
-        return model, DDP(model, device_ids=[ctx.dist.local_rank] if ctx.dist.device_type == "cuda" else None)
+        # no buffer broadcast before forwards: the only buffers that change, NSwish/NReLU's running statistics,
+        # are the same on every rank after each step (activations.step_statistics)
+        return model, DDP(model, device_ids=[ctx.dist.local_rank] if ctx.dist.device_type == "cuda" else None,
+                          forward_sync_buffers=False)
 
     def loop(self, run, stop):
         """Evaluate, step, log, checkpoint until max_steps or a signal."""
@@ -319,7 +327,10 @@ class Trainer:
         for group in parts.optimizer.param_groups:
             group["lr"] = lr
         self.waiting = (run.step, "the gradient all-reduce (DDP backward)")
-        loss, tokens = self.forward_backward(run.train_model)
+        seeds = micro_batch_seeds(self.cfg.run.seed + self.cfg.run.init_seed_offset, run.step, ctx.dist)
+        loss, tokens = self.forward_backward(run.train_model, seeds)
+        self.waiting = (run.step, "the activation statistics all-reduce")
+        step_statistics(parts.model)
         ctx.scaler.unscale_(parts.optimizer)  # a no-op unless float16: clip the true gradients
         norm = torch.nn.utils.clip_grad_norm_(run.train_model.parameters(), self.cfg.optim.grad_clip).item()
         self.waiting = (run.step, "the loss all-reduce")
@@ -397,6 +408,19 @@ def allow_recompiles(n):
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), n))
+
+
+def micro_batch_seeds(seed, step, d):
+    """forward_backward's seed_micro_batch: seed_micro_batch(micro) seeds torch (the CPU and every CUDA
+    generator) from (seed, step, micro * world_size + rank): the micro-batch's place in the step's data, as
+    data/loader.py and data/parallel_corpus.py hand a step's batches out (consecutive over ranks, then over
+    micro-steps). Its dropout masks are then a function of the data it trains on, not of the rank: 2 ranks x
+    1 micro-batch draw what 1 process x 2 draws, ranks do not share masks, a resume needs no RNG state for
+    them, and compiled graphs (which take their seeds from these generators at each call) repeat too."""
+    def seed_micro_batch(micro):
+        entropy = np.random.SeedSequence([seed, step, micro * d.world_size + d.rank])
+        torch.manual_seed(int(entropy.generate_state(1, np.uint64)[0]))
+    return seed_micro_batch
 
 
 def no_sync_unless(last, model):
