@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from activations import step_statistics
 from bench.reference_gpt2 import ReferenceConfig, ReferenceGPT
 from model import GPT, GPTConfig
 from training.hardware import detect
@@ -101,6 +102,7 @@ def step_fn(args, compiled, opt):
         with autocast:
             _, loss = compiled(batch[:, :-1], batch[:, 1:])
         loss.backward()
+        step_statistics(compiled)  # NSwish/NReLU: the step's running statistics, as the trainers' loop does
         torch.nn.utils.clip_grad_norm_(compiled.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
