@@ -22,7 +22,7 @@ from activations import mlp_activation, telemetry
 from activations.gated import width_note
 from data.loader import ShardLoader
 from data.tokenizer import VOCAB_SIZE, TokenizerError, gpt2_tokenizer
-from eval import signal, sparsity
+from eval import internals, sparsity
 from eval import hellaswag_items
 from eval.hellaswag import evaluate_model
 from model import GPT, GPTConfig, mlp_width, mlp_width_args, pretrained_gpt2
@@ -185,7 +185,7 @@ class GPTTrainer(Trainer):
             result.fields["telemetry"] = telemetry.collect(self.model, batch, self.ctx.autocast)
             # the literature's one-batch measurements (eval/measure.py runs them all, CETT and PPL-p% included)
             result.fields["measure"] = {"sparsity": sparsity.on_batch(self.model, batch, self.ctx.autocast),
-                                        **signal.measure(self.model, batch, self.ctx.autocast)}
+                                        **internals.measure(self.model, batch, self.ctx.autocast)}
         if e.hellaswag_interval and (step % e.hellaswag_interval == 0 or last):
             t0 = time.time()  # the whole call: the first one also tokenizes (then cached) and compiles
             # the final evaluation scores both ways and keeps every item's predictions for paired comparisons

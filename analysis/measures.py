@@ -1,4 +1,4 @@
-"""The literature's one-pass measurements (eval/signal.py, eval/sparsity.py; recorded in metrics.jsonl as
+"""The literature's one-pass measurements (eval/internals.py, eval/sparsity.py; recorded in metrics.jsonl as
 `measure` at every evaluation) read back: one number per measure and run, a table and a figure of runs side by
 side, and a sweep's arms against their baselines paired by seed (analysis/sweep_report.py)."""
 import statistics

@@ -1,6 +1,6 @@
 """The measurements of the activation and normalization literature on GPT-2 checkpoints: activation sparsity
 (eval/sparsity.py: exact zeros, dead neurons, CETT-calibrated and top-k sparsity, PPL-p% sparsity), signal
-propagation, massive activations and attention entropy (eval/signal.py), per layer and for the model.
+propagation, massive activations and attention entropy (eval/internals.py), per layer and for the model.
 
     python -m eval.measure log/relu log/gelu --data data/fineweb_edu --out runs/measure
     python -m eval.measure log/relu/model_19073.pt --data data/fineweb_edu --tokens 4096 --ppl 1,5
@@ -21,7 +21,7 @@ import torch
 
 from data.loader import ShardLoader
 from errors import NanoactError
-from eval import signal, sparsity
+from eval import internals, sparsity
 from model import GPT, GPTConfig
 from activations.impl import model_identity
 from training.checkpoint import load_checkpoint
@@ -42,7 +42,7 @@ def at_init(ckpt):
 
 
 def measure(model, batches, cett_target, ppl_p):
-    return {**sparsity.measure(model, batches, cett_target, ppl_p), **signal.measure(model, batches[0][0])}
+    return {**sparsity.measure(model, batches, cett_target, ppl_p), **internals.measure(model, batches[0][0])}
 
 
 def table(name, result):

@@ -1,4 +1,4 @@
-"""The literature's measurements (eval/sparsity.py, eval/signal.py, eval/measure.py), each on a case whose answer
+"""The literature's measurements (eval/sparsity.py, eval/internals.py, eval/measure.py), each on a case whose answer
 is known."""
 import json
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from eval import signal, sparsity
+from eval import internals, sparsity
 from eval.stats import paired
 from eval.measure import main as measure_main
 from model import GPT, GPTConfig
@@ -58,7 +58,7 @@ def test_signal_propagation_of_known_growth():
     v, streams = 0.5, [torch.randn(1, 20000, 64) + 2.0]
     for _ in range(3):
         streams.append(streams[-1] + v ** 0.5 * torch.randn_like(streams[-1]))
-    rows = signal.signal_propagation(streams)
+    rows = internals.signal_propagation(streams)
     for depth, row in enumerate(rows):
         assert row["variance"] == pytest.approx(1 + depth * v, rel=0.03)
         assert row["squared_mean"] == pytest.approx(4.0, rel=0.03)
@@ -79,7 +79,7 @@ def test_silent_branches_uniform_attention_and_a_massive_activation():
             block.attn.c_proj.weight.zero_(), block.mlp.c_proj.weight.zero_()
             block.attn.c_proj.bias.zero_(), block.mlp.c_proj.bias.zero_()
     x = torch.randint(0, 64, (3, 16))
-    result = signal.measure(model, x)
+    result = internals.measure(model, x)
     first = result["signal"][0]
     for row in result["signal"][1:]:
         assert row["variance"] == pytest.approx(first["variance"], rel=1e-6) and row["branch_variance"] == 0
@@ -87,7 +87,7 @@ def test_silent_branches_uniform_attention_and_a_massive_activation():
     assert result["attention_entropy"] == [[pytest.approx(uniform, rel=1e-5)] * 2] * 2
     streams = [torch.ones(1, 10, 4), torch.ones(1, 10, 4)]
     streams[1][0, 3, 2] = 500.0
-    assert signal.massive_activations(streams) == [{"max": 500.0, "median": 1.0, "ratio": 500.0}]
+    assert internals.massive_activations(streams) == [{"max": 500.0, "median": 1.0, "ratio": 500.0}]
 
 
 @pytest.mark.long

@@ -386,7 +386,7 @@ class Trainer:
                         final_val_loss=val[-1] if val else None, best_val_loss=best, best_val_step=best_step,
                         checkpoint=str(ckpt) if ckpt else None)
         if run.ctx.dist.master:
-            print(runlog.summary_line(start_step, run.step, seconds, val[-1], run.best_val, Path(self.cfg.run.out_dir),
+            print(runlog.summary_line(start_step, run.step, seconds, val[-1] if val else None, run.best_val, Path(self.cfg.run.out_dir),
                                       ckpt), flush=True)
 
 

@@ -266,7 +266,8 @@ def summary_line(start_step, step, seconds, final_val, best_val, out_dir, checkp
     """The closing line: what ran, how long, the final validation and the run's best (val loss, step) where it is
     another, where the files are."""
     best = f" (best {best_val[0]:.4f} at step {best_val[1]})" if best_val and best_val[1] != step else ""
-    return (f"done: steps {start_step}-{step} in {clock(seconds)} | final val loss {final_val:.4f}{best} | "
+    final = "-" if final_val is None else f"{final_val:.4f}"
+    return (f"done: steps {start_step}-{step} in {clock(seconds)} | final val loss {final}{best} | "
             f"{out_dir}/: log.txt, metrics.jsonl, run.json" + (f", {Path(checkpoint).name}" if checkpoint else ""))
 
 
