@@ -146,6 +146,7 @@ class GPTTrainer(Trainer):
                      optimizer=adamw(self.model, o.max_lr, o.weight_decay, o.betas, o.eps, d.device_type),
                      mlp_shape=(o.batch_size * o.seq_len, mlp_width(cfg.model)), origin=origin,
                      params=self.model.param_counts(), accum=self.accum,
+                     flops_per_token=self.model.flops_per_token(o.seq_len),
                      description=f"{param_line(self.model.param_counts())} | act {cfg.model.act} | "
                                  f"grad accum {self.accum}")
 
