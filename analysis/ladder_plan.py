@@ -1,4 +1,4 @@
-"""A ladder plan: the model sizes and learning rates a sweep crosses with its arms and seeds (issue 34).
+"""A ladder plan: the model sizes and learning rates a sweep crosses with its arms and seeds.
 
 Beside trainer, config, seeds and [variants.LABEL], a --plan TOML file may name:
 

@@ -9,6 +9,8 @@
     python -m analysis.sweep --report-only runs/sweep        # re-read the runs, rewrite the report(s)
     python -m analysis.sweep --report-only runs/sweep --target-diff 0.01   # seeds to detect 0.01 nats
     python -m analysis.sweep ... --control                   # with an A/A control, reported first
+    python -m analysis.sweep --plan configs/ladder_cpu.toml --out-dir runs/ladder_cpu   # sizes x lrs: a ladder
+    python -m analysis.sweep --report-only runs/ladder_cpu --throughput bench.json       # wall-clock multiplier too
 
 --trainer gpt2 (train_gpt2.py, the default) or translation (train_translation.py). A --plan TOML file names
 the trainer, config and seeds, the variants (a label each, with its trainer options such as act,
@@ -20,6 +22,10 @@ run the activation kernels' path its first seed decided (the trainer's --kernels
 pin (act_kwargs {"impl": ...}); the report names each variant's path. A run whose final
 evaluation (translation: its test-set BLEU) is logged is skipped; an unfinished one continues from its newest
 checkpoint (--auto-resume), so rerunning the same command after a crash finishes the sweep.
+
+A ladder (analysis/ladder_plan.py): `lrs = [...]` (or --lrs) and [sizes.NAME] tables in a plan run every arm at
+every lr and size, each run in OUT_DIR/{label}_{size}_lr{lr}_seed{seed}; its report is analysis/ladder_report.py's
+(best lr per arm, compute multiplier, trend), read from the runs' run.json, whatever their directories' names.
 
 --control (or `control = true` / `control = "LABEL"` in a plan) adds an A/A control: the baseline again as
 BASELINE_aa with the same seeds, hence the same data order, but torch's RNG (init, dropout) seeded with

@@ -154,3 +154,11 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path, m
 
     sweep.main(["--report-only", str(tmp_path), "--baseline", "gelu"])
     assert "Wall-clock: not measured" in (tmp_path / "sweep.md").read_text()
+
+
+@pytest.mark.parametrize("plan, steps", [("configs/ladder_cpu.toml", {"s1": 139, "s2": 277, "s3": 553, "s4": 1094}),
+                                         ("configs/ladder_gpu.toml", {"small": 3245, "medium": 11533, "large": 27023})])
+def test_shipped_ladder_plans_give_the_budgets_their_comments_state(plan, steps):
+    args, _ = sweep.parse_args(["--plan", plan, "--out-dir", "x"])
+    assert {size: int(option(opts, "--max-steps")) for size, opts in args.size_options.items()} == steps
+    assert args.ladder.lr_size in steps and len(args.ladder.lrs) == 3 and len(args.variants) == 4
