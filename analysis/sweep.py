@@ -10,7 +10,7 @@
     python -m analysis.sweep --report-only runs/sweep --target-diff 0.01   # seeds to detect 0.01 nats
     python -m analysis.sweep ... --control                   # with an A/A control, reported first
     python -m analysis.sweep --plan configs/ladder_cpu.toml --out-dir runs/ladder_cpu   # sizes x lrs: a ladder
-    python -m analysis.sweep --report-only runs/ladder_cpu --throughput bench.json       # wall-clock multiplier too
+    python -m analysis.sweep --report-only runs/ladder_cpu --throughput FILE       # + wall-clock multiplier
 
 --trainer gpt2 (train_gpt2.py, the default) or translation (train_translation.py). A --plan TOML file names
 the trainer, config and seeds, the variants (a label each, with its trainer options such as act,
