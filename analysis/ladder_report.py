@@ -174,9 +174,11 @@ def _report(out, points, unfinished, baseline, throughput):
         fit = scaling.fit_ladder(ladder, baseline, n_resamples=N_RESAMPLES,
                                  throughput=throughput_ratios(throughput, compute_at, baseline) if throughput else None)
         plot_scaling(fit, out / "scaling.png")
-        which = ("each arm at its best lr of the size's grid, or the one lr it ran at a size without a grid "
-                 f"({', '.join(f'{a} {chosen[(s, a)]:g} at {size_label(s)}' for s in sizes for a in arms if (s, a) in chosen)})")
-        md += ["## Compute multiplier", "", f"Final val loss against training compute per arm, {which}.", "",
+        used = {a: [(s, chosen[(s, a)]) for s in sizes if (s, a) in chosen] for a in arms}
+        which = "each arm at its best lr of a size's grid, or the one lr it ran at a size without one: " + "; ".join(
+            f"{a} {lrs[0][1]:g} at every size" if len({lr for _, lr in lrs}) == 1 else
+            f"{a} " + ", ".join(f"{lr:g} at {size_label(s)}" for s, lr in lrs) for a, lrs in used.items())
+        md += ["## Compute multiplier", "", f"Final val loss against training compute (FLOPs) per arm, {which}.", "",
                *[f"- {line}" for line in fit["sentences"]]]
         if not throughput:
             md.append("- Wall-clock: not measured (no --throughput benchmark of the arms on one machine).")

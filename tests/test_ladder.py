@@ -54,6 +54,7 @@ act = "relu"
 
 
 def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path, monkeypatch):
+    monkeypatch.setattr(ladder_report, "N_RESAMPLES", 20)
     calls = []
 
     def fake(cmd, stdout=None, stderr=None):
@@ -162,3 +163,16 @@ def test_shipped_ladder_plans_give_the_budgets_their_comments_state(plan, steps)
     args, _ = sweep.parse_args(["--plan", plan, "--out-dir", "x"])
     assert {size: int(option(opts, "--max-steps")) for size, opts in args.size_options.items()} == steps
     assert args.ladder.lr_size in steps and len(args.ladder.lrs) == 3 and len(args.variants) == 4
+
+
+def test_lrs_set_each_trainers_own_lr_options():
+    """GPT: max_lr, with min_lr at the config's ratio (gpt2_cpu_study: 3e-4 / 3e-3); translation: its one lr."""
+    common = ["--acts", "relu", "--seeds", "1", "--out-dir", "x", "--lrs", "1e-3,2e-3"]
+    gpt, _ = sweep.parse_args(["--config", "configs/gpt2_cpu_study.toml", *common])
+    assert [job[1][2:] for job in sweep.ladder_jobs(gpt, [None], {"relu": gpt.ladder.lrs})] == [
+        ["--max-lr", "0.001", "--min-lr", "0.0001"], ["--max-lr", "0.002", "--min-lr", "0.0002"]]
+    translation, _ = sweep.parse_args(["--trainer", "translation", "--config", "configs/translation_cpu_small.toml",
+                                       *common])
+    assert [job[1][2:] for job in sweep.ladder_jobs(translation, [None], {"relu": translation.ladder.lrs})] == [
+        ["--lr", "0.001"], ["--lr", "0.002"]]
+    assert sweep.run_dir("x", "relu", 1, None, 1e-3) == Path("x/relu_lr0.001_seed1")
