@@ -66,7 +66,10 @@ def read_points(out):
 
 
 def is_ladder(out):
-    """Whether a sweep directory's finished runs span several sizes or several lrs."""
+    """Whether a sweep directory holds a ladder plan's runs, or finished runs of several sizes or several lrs."""
+    plan = Path(out) / "sweep_plan.json"
+    if plan.is_file() and json.loads(plan.read_text()).get("ladder"):
+        return True
     try:
         points, _ = read_points(out)
     except RunError:
