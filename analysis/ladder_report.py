@@ -33,6 +33,11 @@ def size_label(size):
     return "L{}-d{}-h{}".format(*size)
 
 
+def _text(value):
+    """An option's value in an arm label: rmsnorm, 1000000, {"impl":"torch"}."""
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
 def run_dirs(out):
     return sorted(p for p in Path(out).iterdir() if p.is_dir() and
                   ((p / "log.txt").is_file() or (p / "metrics.jsonl").is_file()))
@@ -60,8 +65,7 @@ def read_points(out):
     varying = [k for k in dict.fromkeys(k for i in identities for k in i)
                if k != "act" and len({json.dumps(i.get(k), sort_keys=True) for i in identities}) > 1]
     for point, identity in zip(points, identities):
-        point["arm"] = str(identity.get("act")) + "".join(
-            f"+{k}={json.dumps(identity.get(k), separators=(',', ':')).strip(chr(34))}" for k in varying)
+        point["arm"] = str(identity.get("act")) + "".join(f"+{k}={_text(identity.get(k))}" for k in varying)
     return points, unfinished
 
 
@@ -186,8 +190,7 @@ def _report(out, points, unfinished, baseline, throughput):
         if not throughput:
             md.append("- Wall-clock: not measured (no --throughput benchmark of the arms on one machine).")
         md += ["", "![loss and multiplier against compute](scaling.png)", ""]
-        result.update(fit=fit, E={a: f["E"] for a, f in fit["arms"].items()},
-                      A={a: f["A"] for a, f in fit["arms"].items()}, alpha={a: f["alpha"] for a, f in fit["arms"].items()},
+        result.update(fit=fit, **{name: {a: f[name] for a, f in fit["arms"].items()} for name in ("E", "A", "alpha")},
                       multiplier={a: {"at_sizes": m["at_sizes"], "target": m["target"], "trend": m["trend"]}
                                   for a, m in fit["multipliers"].items()},
                       wall_clock=fit["throughput_source"] or "not measured")

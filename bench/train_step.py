@@ -5,8 +5,8 @@
     python bench/train_step.py --preset gpt2_124m --batch-size 64 --seq-len 1024 --compile \\
         --acts 'reference,gelu,gelu{"loss_chunks": 8},gelu{"attention_backend": "cudnn"}'  # one option on/off
     python bench/train_step.py --acts 'reference,aglu{"impl": "torch"},aglu{"impl": "triton"}' --compile
-    python bench/train_step.py --acts gelu,swiglu --shape '{"n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 256}' \
-        --no-peak --json gelu_swiglu.json       # a ladder size: analysis/sweep.py --report-only DIR --throughput FILE
+    python bench/train_step.py --acts gelu,swiglu --no-peak --json FILE \
+        --shape '{"n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 256}'  # a ladder size, for --throughput FILE
 
 Contenders (--acts, comma-separated): `reference` is bench/reference_gpt2.py, the textbook GPT-2 (GELU
 inline, full logits, PyTorch's SDPA choice, compile mode default). Any other name is nanoact's GPT with that
@@ -157,8 +157,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--acts", default="reference,gelu,aglu,nswish", help="contenders (see above)")
     p.add_argument("--preset", default="tiny", choices=PRESETS)
-    p.add_argument("--shape", default="{}", help="JSON object of GPTConfig fields (n_layer, n_embd, n_head, vocab_size, "
-                                                 "block_size) replacing the preset's")
+    p.add_argument("--shape", default="{}",
+                   help="JSON object of n_layer, n_embd, n_head, vocab_size, block_size replacing the preset's")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

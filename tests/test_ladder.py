@@ -144,8 +144,8 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path, m
     sweep.main(["--report-only", str(tmp_path), "--baseline", "gelu", "--throughput", str(tmp_path / "bench.json")])
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert result["best_lr"] == {"gelu": {"L1-d32-h2": 3e-3}, "relu2": {"L1-d32-h2": 3e-3}}
-    assert result["alpha"]["gelu"] == pytest.approx(ALPHA, rel=1e-3) and result["E"]["gelu"] == pytest.approx(E, abs=1e-3)
-    assert result["A"]["gelu"] == pytest.approx(A, rel=1e-2)
+    assert result["alpha"]["gelu"] == pytest.approx(ALPHA, rel=1e-3)
+    assert result["E"]["gelu"] == pytest.approx(E, abs=1e-3) and result["A"]["gelu"] == pytest.approx(A, rel=1e-2)
     at_sizes = result["multiplier"]["relu2"]["at_sizes"]
     assert [row["multiplier"] for row in at_sizes] == pytest.approx([K] * 4, rel=1e-3)
     assert [row["wall_clock"] for row in at_sizes] == [None, None, pytest.approx(K * 0.8, rel=1e-3), None]
@@ -176,3 +176,14 @@ def test_lrs_set_each_trainers_own_lr_options():
     assert [job[1][2:] for job in sweep.ladder_jobs(translation, [None], {"relu": translation.ladder.lrs})] == [
         ["--lr", "0.001"], ["--lr", "0.002"]]
     assert sweep.run_dir("x", "relu", 1, None, 1e-3) == Path("x/relu_lr0.001_seed1")
+
+
+def test_arm_labels_name_the_model_options_that_differ(tmp_path):
+    for name, model in (("x", {}), ("y", {"norm": "rmsnorm"}), ("z", {"act_kwargs": {"impl": "torch"}})):
+        ladder_run(tmp_path / name, "gelu", (1, 32, 2), 1e-3, 1, 3.0, 10)
+        info = json.loads((tmp_path / name / "run.json").read_text())
+        info["config"]["model"].update({"norm": "layernorm", "act_kwargs": {}, **model})
+        (tmp_path / name / "run.json").write_text(json.dumps(info))
+    assert [p["arm"] for p in ladder_report.read_points(tmp_path)[0]] == [
+        "gelu+norm=layernorm+act_kwargs={}", "gelu+norm=rmsnorm+act_kwargs={}",
+        'gelu+norm=layernorm+act_kwargs={"impl":"torch"}']
