@@ -273,7 +273,7 @@ def parse_args(argv):
         if clash:
             p.error(f"{', '.join(clash)} is set by the ladder (sizes, lrs) for each run; remove it from the options")
         try:
-            args.size_options, args.lr_ratio = ladder_plan.check(args.ladder, args.trainer, args.config, overrides)
+            args.size_options, args.lr_ratio = ladder_plan.check(args.ladder, args.trainer, args.config)
         except ConfigError as e:
             p.error(str(e))
     bad = [name for name, *_ in args.variants + args.corpora if not LABEL.fullmatch(name)]

@@ -6,9 +6,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
-from analysis import ladder_plan, ladder_report, sweep
-from model import GPTConfig
+from analysis import ladder_report, sweep
+from model import GPT, GPTConfig
 from test_sweep import launches
 from training.runlog import RunLog
 
@@ -37,15 +38,16 @@ PLAN = """config = "configs/gpt2_cpu_tiny.toml"
 seeds = [1, 2]
 lrs = [1e-3, 2e-3, 4e-3]
 lr_size = "a"
-tokens_per_param = 2
 [sizes.a]
 n_layer = 1
 n_embd = 32
 n_head = 2
+max_steps = 10
 [sizes.b]
 n_layer = 2
 n_embd = 32
 n_head = 2
+max_steps = 20
 [variants.gelu]
 act = "gelu"
 [variants.relu]
@@ -81,8 +83,7 @@ def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path
     assert runs == grid[4:] + [(a, "2", f"{BEST[a]:g}", str(s)) for s in (1, 2) for a in ("gelu", "relu")]
     last = calls[-1]
     assert option(last, "--min-lr") == "0.0004"  # the config's min_lr / max_lr = 0.1, kept at the picked lr
-    tokens_per_step, n = 1024, ladder_plan.non_embedding(GPTConfig(n_layer=2, n_embd=32, n_head=2, block_size=128))
-    assert option(last, "--max-steps") == str(math.ceil(2 * n / tokens_per_step))
+    assert option(last, "--max-steps") == "20"
     assert last[-2:] == ["--eval-interval", "5"]  # options after the plan reach every run
     result = json.loads((tmp_path / "s" / "sweep.json").read_text())
     assert result["best_lr"] == {"gelu": {"L1-d32-h2": 2e-3}, "relu": {"L1-d32-h2": 4e-3}}
@@ -93,13 +94,14 @@ def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path
 
 
 @pytest.mark.parametrize("change, message", [
-    (("n_head = 2\n[variants", "n_head = 2\nn_heads = 3\n[variants"), "size b has unknown key(s) ['n_heads']"),
+    (("max_steps = 20\n", "max_steps = 20\nn_heads = 3\n"), "size b has unknown key(s) ['n_heads']"),
     (("lrs = [1e-3, 2e-3, 4e-3]", "lrs = [0.0, 2e-3, 4e-3]"), "learning rate 0.0 is not positive"),
-    (("tokens_per_param = 2\n", ""), "size a has no max_steps, nor the plan tokens_per_param"),
+    (("max_steps = 10\n", ""), "size a has no max_steps"),
     (("lr_size = \"a\"", "lr_size = \"c\""), "lr_size 'c' must name one of the [sizes.NAME] tables"),
     (("[variants.relu]\nact = \"relu\"", "[variants.relu]\nact = \"relu\"\nmax_lr = 1e-3"),
      "--max-lr is set by the ladder"),
     (("config =", "trainer = \"translation\"\nconfig ="), "the translation trainer's ladder is lrs alone"),
+    (("gpt2_cpu_tiny", "translation_cpu_small"), "scales min_lr with max_lr (their ratio kept); set both"),
 ])
 def test_bad_ladder_plans_are_one_line_errors(tmp_path, change, message, capsys, monkeypatch):
     launches(monkeypatch, lambda *a, **k: pytest.fail("launched a run on a bad plan"))
@@ -157,12 +159,19 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path, m
     assert "Wall-clock: not measured" in (tmp_path / "sweep.md").read_text()
 
 
-@pytest.mark.parametrize("plan, steps", [("configs/ladder_cpu.toml", {"s1": 139, "s2": 277, "s3": 553, "s4": 1094}),
-                                         ("configs/ladder_gpu.toml", {"small": 3245, "medium": 11533, "large": 27023})])
-def test_shipped_ladder_plans_give_the_budgets_their_comments_state(plan, steps):
+@pytest.mark.parametrize("plan, config, tokens_per_param", [
+    ("configs/ladder_cpu.toml", dict(vocab_size=256, block_size=128), 5),
+    ("configs/ladder_gpu.toml", dict(vocab_size=50304, block_size=1024), 20)])
+def test_shipped_ladder_plans_follow_their_tokens_per_parameter(plan, config, tokens_per_param):
+    """Each size's max_steps = ceil(tokens per parameter x N / tokens per step), N outside the embeddings."""
     args, _ = sweep.parse_args(["--plan", plan, "--out-dir", "x"])
-    assert {size: int(option(opts, "--max-steps")) for size, opts in args.size_options.items()} == steps
-    assert args.ladder.lr_size in steps and len(args.ladder.lrs) == 3 and len(args.variants) == 4
+    tokens_per_step = {"configs/ladder_cpu.toml": 1024, "configs/ladder_gpu.toml": 2 ** 19}[plan]
+    for size, opts in args.size_options.items():
+        shape = {k: int(option(opts, f"--{k.replace('_', '-')}")) for k in ("n_layer", "n_embd", "n_head")}
+        with torch.device("meta"):
+            n = GPT(GPTConfig(**config, **shape)).param_counts()["non_embedding"]
+        assert int(option(opts, "--max-steps")) == math.ceil(tokens_per_param * n / tokens_per_step), size
+    assert args.ladder.lr_size in args.size_options and len(args.ladder.lrs) == 3 and len(args.variants) == 4
 
 
 def test_lrs_set_each_trainers_own_lr_options():
