@@ -156,7 +156,8 @@ def launch(args, overrides, out, jobs):
             code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
         if code != 0 or not finished(path):
             tail = (path / "train.out").read_text().strip().splitlines()[-1:] or [""]
-            raise SystemExit(f"error: {label} seed {seed} stopped (exit code {code}): {tail[0][:200]} -- see "
+            cell = (f" size {size}" if size else "") + (f" lr {lr:g}" if lr else "")
+            raise SystemExit(f"error: {label}{cell} seed {seed} stopped (exit code {code}): {tail[0][:200]} -- see "
                              f"{path / 'train.out'}; rerun the same command to continue (finished runs are skipped)")
 
 
