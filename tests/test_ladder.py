@@ -73,7 +73,7 @@ def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path
     (tmp_path / "plan.toml").write_text(PLAN)
     launches(monkeypatch, fake)
     argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--eval-interval", "5"]
-    with pytest.raises(SystemExit, match="relu size a lr 0.001 seed 1 stopped"):
+    with pytest.raises(SystemExit, match="relu size a lr 0.002 seed 1 stopped"):
         sweep.main(argv)
     first = len(calls)
     sweep.main(argv)  # the same command continues: the 4 finished runs are skipped, the crashed one runs again
