@@ -144,6 +144,7 @@ class GPTTrainer(Trainer):
                                       shuffle=False, vocab_size=cfg.model.vocab_size)
         self.device_name = torch.cuda.get_device_name() if d.device_type == "cuda" else None
         return Parts(model=self.model, loader=self.loader, max_steps=o.max_steps, model_config=to_dict(cfg.model),
+                     flops_per_token=self.model.flops_per_token(o.seq_len),
                      optimizer=adamw(self.model, o.max_lr, o.weight_decay, o.betas, o.eps, d.device_type),
                      mlp_shape=(o.batch_size * o.seq_len, mlp_width(cfg.model)), origin=origin,
                      params=self.model.param_counts(), accum=self.accum,

@@ -53,7 +53,7 @@ class Run:
 
     def setting(self, name):
         """A config leaf by name (config option names are unique across sections), or None."""
-        return _leaf(self.config, name) if self.config else None
+        return leaf(self.config, name) if self.config else None
 
     @property
     def last_step(self):
@@ -61,12 +61,12 @@ class Run:
         return max(steps) if steps else None
 
 
-def _leaf(table, name):
+def leaf(table, name):
     for key, value in table.items():
         if key == name:
             return value
         if isinstance(value, dict):
-            found = _leaf(value, name)
+            found = leaf(value, name)
             if found is not None:
                 return found
     return None

@@ -9,6 +9,8 @@
     python -m analysis.sweep --report-only runs/sweep        # re-read the runs, rewrite the report(s)
     python -m analysis.sweep --report-only runs/sweep --target-diff 0.01   # seeds to detect 0.01 nats
     python -m analysis.sweep ... --control                   # with an A/A control, reported first
+    python -m analysis.sweep --plan configs/ladder_cpu.toml --out-dir runs/ladder_cpu   # sizes x lrs: a ladder
+    python -m analysis.sweep --report-only runs/ladder_cpu --throughput FILE       # + wall-clock multiplier
 
 --trainer gpt2 (train_gpt2.py, the default) or translation (train_translation.py). A --plan TOML file names
 the trainer, config and seeds, the variants (a label each, with its trainer options such as act,
@@ -20,6 +22,10 @@ run the activation kernels' path its first seed decided (the trainer's --kernels
 pin (act_kwargs {"impl": ...}); the report names each variant's path. A run whose final
 evaluation (translation: its test-set BLEU) is logged is skipped; an unfinished one continues from its newest
 checkpoint (--auto-resume), so rerunning the same command after a crash finishes the sweep.
+
+A ladder (analysis/ladder_plan.py): `lrs = [...]` (or --lrs) and [sizes.NAME] tables in a plan run every arm at
+every lr and size, each run in OUT_DIR/{label}_{size}_lr{lr}_seed{seed}; its report is analysis/ladder_report.py's
+(best lr per arm, compute multiplier, trend), read from the runs' run.json, whatever their directories' names.
 
 --control (or `control = true` / `control = "LABEL"` in a plan) adds an A/A control: the baseline again as
 BASELINE_aa with the same seeds, hence the same data order, but torch's RNG (init, dropout) seeded with
@@ -52,6 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 from tqdm import tqdm
 
 import activations
+from analysis import ladder_plan
+from analysis.ladder_report import is_ladder, ladder_report
 from analysis.sweep_report import finished, report
 from errors import ConfigError
 
@@ -64,8 +72,8 @@ CONTROL_INIT_SEED_OFFSET = 1_000_000
 LABEL = re.compile(r"[A-Za-z0-9.+-][A-Za-z0-9_.+-]*")
 
 
-def run_dir(out_dir, label, seed):
-    return Path(out_dir) / f"{label}_seed{seed}"
+def run_dir(out_dir, label, seed, size=None, lr=None):
+    return Path(out_dir) / "_".join([label, *([size] if size else []), *([f"lr{lr:g}"] if lr else []), f"seed{seed}"])
 
 
 def options(table):
@@ -90,29 +98,57 @@ def run_sweep(args, overrides, out, corpus_options=()):
     out.mkdir(parents=True, exist_ok=True)
     overrides = [*corpus_options, *overrides]
     plan_path = out / "sweep_plan.json"
+    ladder = args.ladder
     plan = {"trainer": args.trainer, "config": args.config, "overrides": overrides,
-            "nproc_per_node": args.nproc_per_node, "variants": {label: opts for label, opts, _ in args.variants}}
+            "nproc_per_node": args.nproc_per_node, "variants": {label: opts for label, opts, _ in args.variants},
+            "ladder": ladder and {"sizes": args.size_options, "lrs": ladder.lrs, "lr_size": ladder.lr_size}}
+    kept = ("trainer", "config", "overrides", "nproc_per_node", "ladder")
     if plan_path.exists():  # the same variant in the same directory must mean the same run
         old = {"trainer": "gpt2", **json.loads(plan_path.read_text())}
         old_variants = old.get("variants") or {a: ["--act", a] for a in old.get("acts", [])}
-        if ({k: old.get(k) for k in ("trainer", "config", "overrides", "nproc_per_node")} !=
-                {k: plan[k] for k in ("trainer", "config", "overrides", "nproc_per_node")}
+        if ({k: old.get(k) for k in kept} != {k: plan[k] for k in kept}
                 or any(old_variants.get(label, opts) != opts for label, opts in plan["variants"].items())):
             raise SystemExit(f"error: {out} holds a sweep with other settings ({old['config']} {' '.join(old['overrides'])}); "
                              "use another --out-dir so finished runs are not mixed")
     plan_path.write_text(json.dumps({**plan, "acts": [label for label, _, _ in args.variants], "seeds": args.seeds,
                                      "baseline": args.baseline, "control": args.control or None,
                                      "baselines": {label: base for label, _, base in args.variants}}, indent=2))
-    # seed by seed: a sweep stopped early still pairs every variant with its baseline on the first seeds
-    jobs = [(label, opts, seed) for seed in args.seeds for label, opts, _ in args.variants]
-    for label, opts, seed in tqdm(jobs, desc=f"sweep {out}", unit="run"):
-        path = run_dir(out, label, seed)
+    if ladder is None:  # seed by seed: a sweep stopped early still pairs every variant with its baseline
+        launch(args, overrides, out, [(label, opts, seed, None, None) for seed in args.seeds
+                                      for label, opts, _ in args.variants])
+        return
+    grid_sizes = [ladder.lr_size] if ladder.lr_size else list(ladder.sizes)
+    launch(args, overrides, out, ladder_jobs(args, grid_sizes, {label: ladder.lrs for label, _, _ in args.variants}))
+    if rest := [size for size in ladder.sizes if size not in grid_sizes]:
+        # the other sizes at each arm's best lr of the whole grid: known once every grid run finished
+        try:
+            best = {label: ladder_plan.best_lr(label, {lr: {seed: run_dir(out, label, seed, ladder.lr_size, lr)
+                                                            for seed in args.seeds} for lr in ladder.lrs})
+                    for label, _, _ in args.variants}
+        except ConfigError as e:
+            raise SystemExit(f"error: {e}") from None
+        tqdm.write(f"best lr at size {ladder.lr_size}: " + ", ".join(f"{a} {lr:g}" for a, lr in best.items()))
+        launch(args, overrides, out, ladder_jobs(args, rest, {label: [lr] for label, lr in best.items()}))
+
+
+def ladder_jobs(args, sizes, lrs):
+    """(label, options, seed, size, lr) of each run, seed by seed, then size by size: a ladder stopped early still
+    has every arm and size on its first seeds."""
+    return [(label, [*opts, *args.size_options[size], *ladder_plan.lr_options(args.trainer, lr, args.lr_ratio)],
+             seed, size, lr)
+            for seed in args.seeds for size in sizes for label, opts, _ in args.variants for lr in lrs[label]]
+
+
+def launch(args, overrides, out, jobs):
+    """Runs each job not finished yet, one after another; a run that stops is an error saying how to continue."""
+    for label, opts, seed, size, lr in tqdm(jobs, desc=f"sweep {out}", unit="run"):
+        path = run_dir(out, label, seed, size, lr)
         if finished(path):
             tqdm.write(f"{path}: finished, skipped")
             continue
         path.mkdir(parents=True, exist_ok=True)
         # every seed of an arm on the numerical path its first seed's run decided (activations/policy.py)
-        first = run_dir(out, label, args.seeds[0])
+        first = run_dir(out, label, args.seeds[0], size, lr)
         cmd = train_command(args.trainer, args.config, opts, seed, path, overrides, args.nproc_per_node,
                             first if seed != args.seeds[0] and (first / "run.json").is_file() else None)
         tqdm.write(f"{path}: {' '.join(cmd[1:])}")
@@ -120,7 +156,8 @@ def run_sweep(args, overrides, out, corpus_options=()):
             code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
         if code != 0 or not finished(path):
             tail = (path / "train.out").read_text().strip().splitlines()[-1:] or [""]
-            raise SystemExit(f"error: {label} seed {seed} stopped (exit code {code}): {tail[0][:200]} -- see "
+            cell = (f" size {size}" if size else "") + (f" lr {lr:g}" if lr else "")
+            raise SystemExit(f"error: {label}{cell} seed {seed} stopped (exit code {code}): {tail[0][:200]} -- see "
                              f"{path / 'train.out'}; rerun the same command to continue (finished runs are skipped)")
 
 
@@ -131,14 +168,23 @@ def seed_list(text):
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,3, got {text!r}") from None
 
 
-def read_plan(path):
-    """(trainer, config, seeds, [(label, options, baseline)], [(corpus, options)], control) from a --plan TOML
-    file; control is false, true or the A/A control's label."""
+def lr_list(text):
+    try:
+        return [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 1e-3,2e-3,4e-3, got {text!r}") \
+            from None
+
+
+def read_plan(path, lrs=None):
+    """(trainer, config, seeds, [(label, options, baseline)], [(corpus, options)], control, ladder) from a --plan
+    TOML file; control is false, true or the A/A control's label; ladder: analysis/ladder_plan.py's (lrs: --lrs,
+    which replaces the plan's), or None."""
     try:
         plan = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read --plan {path}: {e}") from None
-    unknown = set(plan) - {"trainer", "config", "seeds", "control", "variants", "corpora"}
+    unknown = set(plan) - {"trainer", "config", "seeds", "control", "variants", "corpora", *ladder_plan.KEYS}
     if unknown or not isinstance(plan.get("variants"), dict) or not plan["variants"]:
         raise ConfigError(f"--plan {path}: expected keys trainer, config, seeds, optional control, [variants.LABEL] "
                           f"tables and optional [corpora.NAME] tables{f'; unknown {sorted(unknown)}' if unknown else ''}")
@@ -153,7 +199,8 @@ def read_plan(path):
     control = plan.get("control", False)
     if not isinstance(control, (bool, str)):
         raise ConfigError(f"--plan {path}: control must be true or the control's label, got {control!r}")
-    return plan.get("trainer"), plan.get("config"), plan.get("seeds"), variants, corpora, control
+    ladder = ladder_plan.read(plan, f"--plan {path}", lrs)
+    return plan.get("trainer"), plan.get("config"), plan.get("seeds"), variants, corpora, control, ladder
 
 
 def sweep_dirs(out):
@@ -173,6 +220,8 @@ def parse_args(argv):
     p.add_argument("--acts", type=lambda s: [a for a in s.split(",") if a], help="comma-separated activations")
     p.add_argument("--plan", help="TOML file with trainer, config, seeds, variants and corpora (instead of --acts)")
     p.add_argument("--seeds", type=seed_list, help="comma-separated seeds")
+    p.add_argument("--lrs", type=lr_list, help="comma-separated learning rates, log-spaced: every arm runs every lr "
+                                               "(GPT: max_lr, min_lr scaled with it; translation: lr)")
     p.add_argument("--out-dir", help="sweep directory: one sub-directory per run, plus the report")
     p.add_argument("--baseline", help="activation the others are compared against (default: first of --acts)")
     p.add_argument("--control", nargs="?", const=True, default=False, metavar="LABEL",
@@ -180,10 +229,13 @@ def parse_args(argv):
                         "order, another init stream; reported first")
     p.add_argument("--nproc-per-node", type=int, default=1, help="processes per run; >1 uses torchrun")
     p.add_argument("--report-only", metavar="DIR", help="only read the runs in DIR and write the report")
+    p.add_argument("--throughput", action="append", metavar="FILE",
+                   help="a ladder's wall-clock multiplier: bench/train_step.py --json FILE of the arms at a ladder "
+                        "size, timed interleaved on one machine (repeat for more sizes)")
     p.add_argument("--target-diff", type=float, metavar="NATS",
                    help="final val loss difference whose seeds the report counts (default: the observed one)")
     args, overrides = p.parse_known_args(argv)
-    args.variants, args.corpora = [], []
+    args.variants, args.corpora, args.ladder = [], [], None
     if args.report_only:
         if overrides:
             p.error(f"--report-only only reads runs; unexpected {' '.join(overrides)}")
@@ -192,13 +244,17 @@ def parse_args(argv):
         if args.acts or args.baseline:
             p.error("--plan names the variants and their baselines; leave out --acts and --baseline")
         try:
-            trainer, config, seeds, args.variants, args.corpora, control = read_plan(args.plan)
+            trainer, config, seeds, args.variants, args.corpora, control, args.ladder = read_plan(args.plan, args.lrs)
         except ConfigError as e:
             p.error(str(e))
         args.control = args.control or control
         args.trainer, args.config, args.seeds = args.trainer or trainer, args.config or config, args.seeds or seeds
     elif args.acts:
         args.variants = [(a, ["--act", a], None) for a in args.acts]
+        try:
+            args.ladder = ladder_plan.read({"lrs": args.lrs}, "--lrs") if args.lrs else None
+        except ConfigError as e:
+            p.error(str(e))
     args.trainer = args.trainer or "gpt2"
     missing = [f"--{n.replace('_', '-')}" for n in ("config", "seeds", "out_dir") if not getattr(args, n)]
     missing = (["--acts (or --plan)"] if not args.variants else []) + missing
@@ -211,6 +267,16 @@ def parse_args(argv):
     clash += [o for _, opts, _ in args.variants for o in opts[::2] if o in RESERVED - {"--act"}]
     if clash:
         p.error(f"{', '.join(clash)} is set by the sweep for each run; remove it from the trainer options")
+    if args.ladder:
+        fixed = args.ladder.fixed_options(args.trainer)
+        clash = [o for o in overrides + [o for _, opts in args.corpora for o in opts[::2]] +
+                 [o for _, opts, _ in args.variants for o in opts[::2]] if o.split("=")[0].replace("_", "-") in fixed]
+        if clash:
+            p.error(f"{', '.join(clash)} is set by the ladder (sizes, lrs) for each run; remove it from the options")
+        try:
+            args.size_options, args.lr_ratio = ladder_plan.check(args.ladder, args.trainer, args.config)
+        except ConfigError as e:
+            p.error(str(e))
     bad = [name for name, *_ in args.variants + args.corpora if not LABEL.fullmatch(name)]
     if bad:
         p.error(f"variant/corpus names {', '.join(bad)} must be letters, digits, . _ + - (they name directories)")
@@ -246,6 +312,10 @@ def main(argv=None):
     if not out.is_dir():
         raise SystemExit(f"error: {out}: no such sweep directory")
     for directory in sweep_dirs(out):
+        if is_ladder(directory):
+            print(ladder_report(directory, None if args.plan else args.baseline, args.throughput))
+            print(f"wrote {directory / 'sweep.md'}, sweep.json and the PNGs there")
+            continue
         print(report(directory, args.acts, None if args.plan else args.baseline, args.target_diff))
         print(f"wrote {directory / 'sweep.md'}, sweep.json and the PNGs there")
 

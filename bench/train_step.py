@@ -5,12 +5,15 @@
     python bench/train_step.py --preset gpt2_124m --batch-size 64 --seq-len 1024 --compile \\
         --acts 'reference,gelu,gelu{"loss_chunks": 8},gelu{"attention_backend": "cudnn"}'  # one option on/off
     python bench/train_step.py --acts 'reference,aglu{"impl": "torch"},aglu{"impl": "triton"}' --compile
+    python bench/train_step.py --acts gelu,swiglu --no-peak --json FILE \
+        --shape '{"n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 256}'  # a ladder size, for --throughput FILE
 
 Contenders (--acts, comma-separated): `reference` is bench/reference_gpt2.py, the textbook GPT-2 (GELU
 inline, full logits, PyTorch's SDPA choice, compile mode default). Any other name is nanoact's GPT with that
 activation, optionally followed by a JSON object: its keys loss_chunks, attention_backend, compile_mode set
 that contender's speed options (default: --loss-chunks, --attention-backend, --compile-mode), every other key
-is an activation option passed to the activation as is. Ratios are to the first contender.
+is an activation option passed to the activation as is. Ratios are to the first contender. --shape (a JSON object
+of n_layer, n_embd, n_head, vocab_size, block_size) replaces those of the preset: a size of a ladder plan.
 
 Each step is forward + backward + grad clip + AdamW (the trainers' own, `training/optimizer.py`, for every
 contender) on random tokens (data loading excluded). Contenders are timed in interleaved rounds (reference, gelu,
@@ -80,9 +83,9 @@ def parse_contender(spec, args):
 def build(args, c):
     torch.manual_seed(0)
     if c["act"] == "reference":
-        model = ReferenceGPT(ReferenceConfig(**PRESETS[args.preset]))
+        model = ReferenceGPT(ReferenceConfig(**args.shape))
     else:
-        config = GPTConfig(**PRESETS[args.preset], act=c["act"], act_kwargs=c["act_kwargs"])
+        config = GPTConfig(**args.shape, act=c["act"], act_kwargs=c["act_kwargs"])
         model = GPT(config, loss_chunks=c["loss_chunks"], attention_backend=c["attention_backend"])
     model = model.to(args.device)
     opt = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, args.device.split(":")[0])
@@ -94,7 +97,8 @@ def step_fn(args, compiled, opt):
     device_type = args.device.split(":")[0]
     autocast = autocast_context(device_type, args.precision)
     gen = torch.Generator().manual_seed(0)
-    batches = [torch.randint(0, 50257, (args.batch_size, args.seq_len + 1), generator=gen).to(args.device)
+    vocab = args.shape.get("vocab_size", 50257)
+    batches = [torch.randint(0, vocab, (args.batch_size, args.seq_len + 1), generator=gen).to(args.device)
                for _ in range(4)]  # rotate a few batches: never time a single cached input
 
     def step(i):
@@ -119,7 +123,8 @@ def saved_for_backward_bytes(model, args):
         seen[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
         return t
 
-    batch = torch.randint(0, 50257, (args.batch_size, args.seq_len + 1), device=args.device)
+    batch = torch.randint(0, args.shape.get("vocab_size", 50257), (args.batch_size, args.seq_len + 1),
+                          device=args.device)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with autocast_context(args.device.split(":")[0], args.precision):
@@ -141,7 +146,8 @@ def peak_rss():
 
 def peak_memory_child(args, spec):
     """Run a few steps of one contender in a fresh process and return its peak RSS (bytes)."""
-    cmd = [sys.executable, __file__, "--child-memory", spec, "--preset", args.preset, "--batch-size",
+    cmd = [sys.executable, __file__, "--child-memory", spec, "--preset", args.preset, "--shape", args.shape_text,
+           "--batch-size",
            str(args.batch_size), "--seq-len", str(args.seq_len), "--device", args.device, "--warmup", str(args.warmup),
            "--loss-chunks", str(args.loss_chunks), "--attention-backend", args.attention_backend,
            "--compile-mode", args.compile_mode] + (["--compile"] if args.compile else [])
@@ -153,6 +159,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--acts", default="reference,gelu,aglu,nswish", help="contenders (see above)")
     p.add_argument("--preset", default="tiny", choices=PRESETS)
+    p.add_argument("--shape", default="{}",
+                   help="JSON object of n_layer, n_embd, n_head, vocab_size, block_size replacing the preset's")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -167,6 +175,13 @@ def main():
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--child-memory", help=argparse.SUPPRESS)
     args = p.parse_args()
+    try:
+        args.shape_text, args.shape = args.shape, {**PRESETS[args.preset], **json.loads(args.shape)}
+        unknown = set(args.shape) - {"n_layer", "n_embd", "n_head", "vocab_size", "block_size"}
+    except (json.JSONDecodeError, TypeError) as e:
+        raise SystemExit(f"error: --shape {args.shape!r} is not a JSON object ({e})")
+    if unknown:
+        raise SystemExit(f"error: --shape takes n_layer, n_embd, n_head, vocab_size, block_size; not {sorted(unknown)}")
     # bf16 autocast, as a run's --dtype auto, on GPUs that have it; float32 elsewhere (a timing without the GradScaler
     # that float16 training needs would not be a run's step)
     args.precision = "bfloat16" if args.device.startswith("cuda") and detect(args.device).bf16 else "float32"
@@ -203,7 +218,7 @@ def main():
 
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
     with torch.device("meta"):  # the reference's model FLOPs: nanoact's GPT with GPT-2's own MLP
-        plain = GPT(GPTConfig(**PRESETS[args.preset]))
+        plain = GPT(GPTConfig(**args.shape))
     tokens = args.batch_size * args.seq_len
     results = {}
     for c in contenders:
@@ -223,11 +238,13 @@ def main():
         results[c["label"]] = dict(contender=c, ms_per_step=1000 * dt, tok_per_s=tokens / dt,
                                    mfu=counted.estimate_mfu(tokens / dt, args.seq_len, device_name), peak_bytes=peak,
                                    saved_bytes=saved_for_backward_bytes(model, args),
-                                   params=counted.param_counts()["non_embedding"])
+                                   params=counted.param_counts()["non_embedding"],
+                                   flops_per_token=counted.flops_per_token(args.seq_len))
 
     base_label = labels[0]
     base = results[base_label]
-    print(f"preset {args.preset} | B={args.batch_size} T={args.seq_len} | device {device_name or args.device} | "
+    shape = f" {args.shape_text}" if args.shape_text != "{}" else ""
+    print(f"preset {args.preset}{shape} | B={args.batch_size} T={args.seq_len} | device {device_name or args.device} | "
           f"compile {args.compile} | {args.precision} | median of {args.rounds}x{args.steps} steps"
           f" | torch {torch.__version__}")
     width = max(len(label) for label in labels)
@@ -242,8 +259,9 @@ def main():
               f"{r['saved_bytes'] / 2**20:9.1f} {r['tok_per_s'] / base['tok_per_s']:11.3f} "
               f"{ratio(r['peak_bytes'], base['peak_bytes']):>10s}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "device": device_name or args.device,
-                                               "torch": torch.__version__, "results": results}, indent=2))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "shape": args.shape,
+                                               "device": device_name or args.device, "torch": torch.__version__,
+                                               "results": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from eval import hellaswag_items
+from model import GPT, GPTConfig
 from training.checkpoint import list_checkpoints
 from two_rank_runs import GPT_RUNS
 
@@ -104,6 +105,12 @@ def test_tiny_model_learns_in_process(tmp_path):
     info = json.loads((tmp_path / "out" / "run.json").read_text())
     assert info["config"]["model"]["act"] == "aglu" and info["environment"]["world_size"] == 1
     assert info["environment"]["grad_accum"] == 2  # 128 tokens a step of 4 x 16-token micro-batches
+    # the training compute a ladder reads: model.py's count per token (the one MFU uses) times the tokens seen
+    model = GPT(GPTConfig(**info["config"]["model"]))
+    assert info["environment"]["flops_per_token"] == model.flops_per_token(16)
+    evals = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    assert [r["flops"] for r in evals] == [model.flops_per_token(16) * 128 * s for s in (0, 20, 40)]
 
 
 @pytest.mark.long

@@ -75,6 +75,10 @@ class Parts:
     batch_shapes: int | None = 1  # distinct batch shapes, each compiled once; None: free (compiled dynamic)
     params: dict = field(default_factory=dict)  # parameter counts (the model's param_counts()), for run.json
     accum: int = 1  # micro-batches each rank accumulates per optimizer step, for run.json
+    # training FLOPs per token (GPT: model.py's flops_per_token, the count MFU uses), for run.json and the eval
+    # records' cumulative `flops`, so that a compute ladder (analysis/ladder_report.py) reads compute from any run;
+    # None where the trainer has no FLOP count
+    flops_per_token: int | None = None
 
 
 @dataclass
@@ -196,7 +200,7 @@ class Trainer:
                 history.append({"step": start, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}})
             decisions["config_changes"] = history
             log.write_run_info(to_dict(cfg), {**environment(d), "grad_accum": parts.accum, "decisions": decisions,
-                                              "params": parts.params})
+                                              "params": parts.params, "flops_per_token": parts.flops_per_token})
             if changes:
                 log.record(start, kind="resume", changes=history[-1]["changes"])
             if d.master:
@@ -316,7 +320,8 @@ class Trainer:
             run.best_val = (val, run.step)
         for kind, value in result.scalars.items():
             run.log.scalar(run.step, kind, value)
-        run.log.record(run.step, kind="eval", tokens=run.tokens, **result.fields)
+        flops = {} if run.parts.flops_per_token is None else {"flops": run.tokens * run.parts.flops_per_token}
+        run.log.record(run.step, kind="eval", tokens=run.tokens, **flops, **result.fields)
         if run.ctx.dist.master:
             print(runlog.eval_line(run.step, run.parts.max_steps, result.text), flush=True)
 

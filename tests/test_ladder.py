@@ -1,0 +1,198 @@
+"""Ladder sweeps (analysis/ladder_plan.py, analysis/ladder_report.py): arms x sizes x seeds x lrs from a plan, resumed
+after a crash; the report read from the runs' own run.json, fitted and turned into a compute multiplier."""
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from analysis import ladder_report, sweep
+from model import GPT, GPTConfig
+from test_sweep import launches
+from training.runlog import RunLog
+
+
+def ladder_run(path, act, shape, lr, seed, loss, flops_per_token, max_steps=10, tokens_per_step=64):
+    """A finished run as the GPT trainer writes it: its config, and eval records with their cumulative flops."""
+    log = RunLog(path)
+    n_layer, n_embd, n_head = shape
+    log.write_run_info({"model": {"act": act, "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head},
+                        "optim": {"max_steps": max_steps, "max_lr": lr, "total_batch_size": tokens_per_step},
+                        "run": {"seed": seed}}, {"flops_per_token": flops_per_token})
+    for step in (0, max_steps):
+        tokens = step * tokens_per_step
+        log.record(step, kind="eval", val_loss=loss if step else loss + 1, tokens=tokens,
+                   flops=tokens * flops_per_token)
+    log.close()
+
+
+def option(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+# best lrs of the fake grid: gelu 2e-3 (inside the grid), relu 4e-3 (its top edge)
+BEST = {"gelu": 2e-3, "relu": 4e-3}
+PLAN = """config = "configs/gpt2_cpu_tiny.toml"
+seeds = [1, 2]
+lrs = [1e-3, 2e-3, 4e-3]
+lr_size = "a"
+[sizes.a]
+n_layer = 1
+n_embd = 32
+n_head = 2
+max_steps = 10
+[sizes.b]
+n_layer = 2
+n_embd = 32
+n_head = 2
+max_steps = 20
+[variants.gelu]
+act = "gelu"
+[variants.relu]
+act = "relu"
+"""
+
+
+def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path, monkeypatch):
+    monkeypatch.setattr(ladder_report, "N_RESAMPLES", 20)
+    calls = []
+
+    def fake(cmd, stdout=None, stderr=None):
+        calls.append(cmd)
+        if len(calls) == 5:  # a crash mid-grid
+            return subprocess.CompletedProcess(cmd, 1)
+        act, lr, seed = option(cmd, "--act"), float(option(cmd, "--max-lr")), int(option(cmd, "--seed"))
+        shape = tuple(int(option(cmd, f"--{k}")) for k in ("n-layer", "n-embd", "n-head"))
+        loss = 4.0 - shape[0] / 10 + math.log(lr / BEST[act]) ** 2 + seed / 100
+        ladder_run(Path(option(cmd, "--out-dir")), act, shape, lr, seed, loss, 1000 * shape[0],
+                   int(option(cmd, "--max-steps")))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    (tmp_path / "plan.toml").write_text(PLAN)
+    launches(monkeypatch, fake)
+    argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--eval-interval", "5"]
+    with pytest.raises(SystemExit, match="relu size a lr 0.002 seed 1 stopped"):
+        sweep.main(argv)
+    first = len(calls)
+    sweep.main(argv)  # the same command continues: the 4 finished runs are skipped, the crashed one runs again
+    runs = [(option(c, "--act"), option(c, "--n-layer"), option(c, "--max-lr"), option(c, "--seed"))
+            for c in calls[first:]]
+    grid = [(a, "1", f"{lr:g}", str(s)) for s in (1, 2) for a in ("gelu", "relu") for lr in (1e-3, 2e-3, 4e-3)]
+    assert runs == grid[4:] + [(a, "2", f"{BEST[a]:g}", str(s)) for s in (1, 2) for a in ("gelu", "relu")]
+    last = calls[-1]
+    assert option(last, "--min-lr") == "0.0004"  # the config's min_lr / max_lr = 0.1, kept at the picked lr
+    assert option(last, "--max-steps") == "20"
+    assert last[-2:] == ["--eval-interval", "5"]  # options after the plan reach every run
+    result = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert result["best_lr"] == {"gelu": {"L1-d32-h2": 2e-3}, "relu": {"L1-d32-h2": 4e-3}}
+    assert result["lr_grid"]["L1-d32-h2"]["picks"]["relu"]["edge"] == "high"
+    calls.clear()
+    sweep.main(argv)
+    assert calls == []
+
+
+@pytest.mark.parametrize("change, message", [
+    (("max_steps = 20\n", "max_steps = 20\nn_heads = 3\n"), "size b has unknown key(s) ['n_heads']"),
+    (("lrs = [1e-3, 2e-3, 4e-3]", "lrs = [0.0, 2e-3, 4e-3]"), "learning rate 0.0 is not positive"),
+    (("max_steps = 10\n", ""), "size a has no max_steps"),
+    (("lr_size = \"a\"", "lr_size = \"c\""), "lr_size 'c' must name one of the [sizes.NAME] tables"),
+    (("[variants.relu]\nact = \"relu\"", "[variants.relu]\nact = \"relu\"\nmax_lr = 1e-3"),
+     "--max-lr is set by the ladder"),
+    (("config =", "trainer = \"translation\"\nconfig ="), "the translation trainer's ladder is lrs alone"),
+    (("gpt2_cpu_tiny", "translation_cpu_small"), "scales min_lr with max_lr (their ratio kept); set both"),
+])
+def test_bad_ladder_plans_are_one_line_errors(tmp_path, change, message, capsys, monkeypatch):
+    launches(monkeypatch, lambda *a, **k: pytest.fail("launched a run on a bad plan"))
+    (tmp_path / "plan.toml").write_text(PLAN.replace(*change))
+    with pytest.raises(SystemExit):
+        sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in err
+
+
+E, A, ALPHA, K = 2.0, 40.0, 0.25, 1.5  # relu2 reaches at C the loss gelu reaches at 1.5 C
+SHAPES = [(1, 32, 2), (2, 32, 2), (2, 64, 2), (4, 64, 4)]
+NOISE = {1: -0.01, 2: 0.0, 3: 0.01}  # per seed, shared by the arms (the data order): the fit sees E shifted by 0
+
+
+def curve(c):
+    return E + A * c ** -ALPHA
+
+
+def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path, monkeypatch):
+    monkeypatch.setattr(ladder_report, "N_RESAMPLES", 20)
+    index = 0
+
+    def run(act, shape, lr, seed, loss, per_token):
+        nonlocal index
+        index += 1
+        ladder_run(tmp_path / f"job{index:03d}", act, shape, lr, seed, loss, per_token)
+
+    for i, shape in enumerate(SHAPES):
+        per_token = 10 ** (i + 4)  # C = 640 x 10^(i+4) FLOPs: a decade per size
+        c = 640 * per_token
+        for seed, noise in NOISE.items():
+            for act, k in (("gelu", 1.0), ("relu2", K)):
+                run(act, shape, 3e-3, seed, curve(k * c) + noise, per_token)
+                if i == 0:  # the lr grid at the smallest size: 3e-3 is best, so the ladder uses it
+                    for lr in (1e-3, 9e-3):
+                        run(act, shape, lr, seed, curve(k * c) + noise + 0.3, per_token)
+    (tmp_path / "bench.json").write_text(json.dumps({
+        "shape": {"n_layer": 2, "n_embd": 64, "n_head": 2}, "device": "Test CPU",
+        "results": {"gelu": {"contender": {"act": "gelu"}, "tok_per_s": 1000.0, "flops_per_token": 100},
+                    "relu2": {"contender": {"act": "relu2"}, "tok_per_s": 800.0, "flops_per_token": 100}}}))
+    sweep.main(["--report-only", str(tmp_path), "--baseline", "gelu", "--throughput", str(tmp_path / "bench.json")])
+    result = json.loads((tmp_path / "sweep.json").read_text())
+    assert result["best_lr"] == {"gelu": {"L1-d32-h2": 3e-3}, "relu2": {"L1-d32-h2": 3e-3}}
+    assert result["alpha"]["gelu"] == pytest.approx(ALPHA, rel=1e-3)
+    assert result["E"]["gelu"] == pytest.approx(E, abs=1e-3) and result["A"]["gelu"] == pytest.approx(A, rel=1e-2)
+    at_sizes = result["multiplier"]["relu2"]["at_sizes"]
+    assert [row["multiplier"] for row in at_sizes] == pytest.approx([K] * 4, rel=1e-3)
+    assert [row["wall_clock"] for row in at_sizes] == [None, None, pytest.approx(K * 0.8, rel=1e-3), None]
+    text = (tmp_path / "sweep.md").read_text()
+    assert "bench/train_step.py on Test CPU" in text and "paired by seed twice" in text
+    assert (tmp_path / "scaling.png").is_file() and (tmp_path / "lr_grid.png").is_file()
+
+    sweep.main(["--report-only", str(tmp_path), "--baseline", "gelu"])
+    assert "Wall-clock: not measured" in (tmp_path / "sweep.md").read_text()
+
+
+@pytest.mark.parametrize("plan, config, tokens_per_param", [
+    ("configs/ladder_cpu.toml", dict(vocab_size=256, block_size=128), 5),
+    ("configs/ladder_gpu.toml", dict(vocab_size=50304, block_size=1024), 20)])
+def test_shipped_ladder_plans_follow_their_tokens_per_parameter(plan, config, tokens_per_param):
+    """Each size's max_steps = ceil(tokens per parameter x N / tokens per step), N outside the embeddings."""
+    args, _ = sweep.parse_args(["--plan", plan, "--out-dir", "x"])
+    tokens_per_step = {"configs/ladder_cpu.toml": 1024, "configs/ladder_gpu.toml": 2 ** 19}[plan]
+    for size, opts in args.size_options.items():
+        shape = {k: int(option(opts, f"--{k.replace('_', '-')}")) for k in ("n_layer", "n_embd", "n_head")}
+        with torch.device("meta"):
+            n = GPT(GPTConfig(**config, **shape)).param_counts()["non_embedding"]
+        assert int(option(opts, "--max-steps")) == math.ceil(tokens_per_param * n / tokens_per_step), size
+    assert args.ladder.lr_size in args.size_options and len(args.ladder.lrs) == 3 and len(args.variants) == 4
+
+
+def test_lrs_set_each_trainers_own_lr_options():
+    """GPT: max_lr, with min_lr at the config's ratio (gpt2_cpu_study: 3e-4 / 3e-3); translation: its one lr."""
+    common = ["--acts", "relu", "--seeds", "1", "--out-dir", "x", "--lrs", "1e-3,2e-3"]
+    gpt, _ = sweep.parse_args(["--config", "configs/gpt2_cpu_study.toml", *common])
+    assert [job[1][2:] for job in sweep.ladder_jobs(gpt, [None], {"relu": gpt.ladder.lrs})] == [
+        ["--max-lr", "0.001", "--min-lr", "0.0001"], ["--max-lr", "0.002", "--min-lr", "0.0002"]]
+    translation, _ = sweep.parse_args(["--trainer", "translation", "--config", "configs/translation_cpu_small.toml",
+                                       *common])
+    assert [job[1][2:] for job in sweep.ladder_jobs(translation, [None], {"relu": translation.ladder.lrs})] == [
+        ["--lr", "0.001"], ["--lr", "0.002"]]
+    assert sweep.run_dir("x", "relu", 1, None, 1e-3) == Path("x/relu_lr0.001_seed1")
+
+
+def test_arm_labels_name_the_model_options_that_differ(tmp_path):
+    for name, model in (("x", {}), ("y", {"norm": "rmsnorm"}), ("z", {"act_kwargs": {"impl": "torch"}})):
+        ladder_run(tmp_path / name, "gelu", (1, 32, 2), 1e-3, 1, 3.0, 10)
+        info = json.loads((tmp_path / name / "run.json").read_text())
+        info["config"]["model"].update({"norm": "layernorm", "act_kwargs": {}, **model})
+        (tmp_path / name / "run.json").write_text(json.dumps(info))
+    assert [p["arm"] for p in ladder_report.read_points(tmp_path)[0]] == [
+        "gelu+norm=layernorm+act_kwargs={}", "gelu+norm=rmsnorm+act_kwargs={}",
+        'gelu+norm=layernorm+act_kwargs={"impl":"torch"}']
