@@ -6,11 +6,12 @@ propagation, massive activations and attention entropy (eval/internals.py), per 
     python -m eval.measure log/relu/model_19073.pt --data data/fineweb_edu --tokens 4096 --ppl 1,5
 
 Each checkpoint (a file, or a run directory: its newest) is measured on the first --tokens of the validation
-shard, and so is the same model at its initialisation (its config rebuilt at the run's seed). It prints a table
-per checkpoint and writes measure.json (everything) and signal_propagation.png (every checkpoint, at init and
-trained, on one figure) into --out. Training records the one-batch measurements (signal, massive activations,
-attention entropy, zeros, dead) at every evaluation (metrics.jsonl `telemetry`); the CETT and PPL-p% searches
-run forward passes per bisection step and are this command's only.
+shard, and the same model at its initialisation (its config rebuilt at the run's seed) for what propagates and
+its exact zeros. It prints a table per checkpoint and writes measure.json (everything) and signal_propagation.png
+(every checkpoint, at init and trained, on one figure) into --out. Training records the one-batch measurements
+(signal, massive activations, attention entropy, zeros, dead) at every evaluation (metrics.jsonl `measure`); the
+CETT and PPL-p% searches run a matmul per calibration step and a forward pass per search step, and are this
+command's only.
 """
 import argparse
 import json
@@ -43,6 +44,16 @@ def at_init(ckpt):
 
 def measure(model, batches, cett_target, ppl_p):
     return {**sparsity.measure(model, batches, cett_target, ppl_p), **internals.measure(model, batches[0][0])}
+
+
+def measure_init(model, batches):
+    """At initialisation: what propagates and the exact zeros (the CETT and PPL searches say little of a random
+    model, and cost most of the command's time)."""
+    neurons = {}
+    with sparsity.captured(model, neurons), torch.no_grad():
+        for x, _ in batches:
+            model(x, head=False)
+    return {"layers": sparsity.dense_sparsity(neurons), **internals.measure(model, batches[0][0])}
 
 
 def table(name, result):
@@ -88,7 +99,7 @@ def main(argv=None):
                                             "entropy of GPT-2 checkpoints (trained and at their init).")
     p.add_argument("checkpoints", nargs="+", help="checkpoint files or run directories (their newest)")
     p.add_argument("--data", required=True, help="token shard directory; its validation shard is measured")
-    p.add_argument("--tokens", type=int, default=8192, help="held-out tokens (default 8192)")
+    p.add_argument("--tokens", type=int, default=4096, help="held-out tokens (default 4096)")
     p.add_argument("--cett", type=float, default=0.2, help="CETT target (ReLU^2 Wins uses 0.2)")
     p.add_argument("--ppl", default="1", help="comma-separated p of PPL-p%% sparsity (default 1)")
     p.add_argument("--out", default="runs/measure", help="directory for measure.json and signal_propagation.png")
@@ -101,7 +112,7 @@ def main(argv=None):
             model = GPT.from_checkpoint(ckpt)
             batches = held_out(args.data, model.config.vocab_size, model.config.block_size, args.tokens)
             name = str(ckpt["path"])
-            results[name] = {"step": ckpt["step"], "init": measure(at_init(ckpt), batches, args.cett, ppl_p),
+            results[name] = {"step": ckpt["step"], "init": measure_init(at_init(ckpt), batches),
                              "trained": measure(model, batches, args.cett, ppl_p)}
             print(table(f"{name} (step {ckpt['step']})", results[name]["trained"]), flush=True)
     except (NanoactError, ValueError) as e:

@@ -10,15 +10,16 @@ its contribution to the MLP's output is n_i = a_i W[:, i], of norm |a_i| ||W[:, 
 - top-k at the same target: one k per layer, every token keeping its k largest ||n_i||, the smallest k whose CETT
   is within the target.
 - PPL-p% sparsity (Luo et al. 2024, "Sparsing Law", §3): one CETT target for every layer, thresholds calibrated as
-  above on the untruncated activations, raised by bisection until the truncated model's perplexity on held-out
-  tokens is (1 + p/100) times the dense one; the sparsity of that model.
+  above on the untruncated activations (to 1/32 of a layer's neurons), raised by bisection until the truncated
+  model's perplexity on held-out tokens is (1 + p/100) times the dense one; the sparsity of that model.
 """
 import contextlib
 import math
 
 import torch
 
-BISECTIONS = 10  # of the PPL-p% search's CETT target in (0, 1): to 0.001, each a calibration and a held-out pass
+BISECTIONS = 8  # of the PPL-p% search's CETT target in (0, 1): to 1/256, each a held-out pass
+GRID = 32  # the PPL-p% search truncates each layer at one of 32 quantiles of its neurons' sizes
 
 
 def mlp_neurons(model):
@@ -48,9 +49,10 @@ def captured(model, store, thresholds=None):
             h.remove()
 
 
-def cett(a, weight, keep):
-    """Mean over tokens of ||W (a * ~keep)|| / ||W a||: the share of the output the dropped neurons carry."""
-    full = (a @ weight.t()).norm(dim=-1)
+def cett(a, weight, keep, full=None):
+    """Mean over tokens of ||W (a * ~keep)|| / ||W a||: the share of the output the dropped neurons carry. full:
+    ||W a|| per token, when the caller already has it (a search asks for many keeps of one a)."""
+    full = (a @ weight.t()).norm(dim=-1) if full is None else full
     dropped = ((a * ~keep) @ weight.t()).norm(dim=-1)
     return (dropped / full.clamp_min(torch.finfo(full.dtype).tiny)).mean().item()
 
@@ -59,11 +61,11 @@ def cett_threshold(a, weight, target):
     """(eps, sparsity): the largest threshold whose CETT is within `target`, and the fraction of neurons it drops.
     CETT only changes at the neurons' own sizes, so the bisection runs over them, sorted: exact, no tolerance."""
     size = a.abs() * weight.norm(dim=0)
-    values = size.flatten().unique()  # sorted; values[0] drops nothing, CETT 0
+    values, full = size.flatten().unique(), (a @ weight.t()).norm(dim=-1)  # values[0] drops nothing: CETT 0
     lo, hi = 0, values.numel() - 1
     while lo < hi:  # the largest index whose threshold keeps CETT <= target
         k = (lo + hi + 1) // 2
-        lo, hi = (k, hi) if cett(a, weight, size >= values[k]) <= target else (lo, k - 1)
+        lo, hi = (k, hi) if cett(a, weight, size >= values[k], full) <= target else (lo, k - 1)
     eps = values[lo]
     return eps.item(), (size < eps).float().mean().item()
 
@@ -71,12 +73,12 @@ def cett_threshold(a, weight, target):
 def topk_sparsity(a, weight, target):
     """The sparsity of the smallest per-layer k whose every-token top-k keeps CETT within `target`."""
     size = a.abs() * weight.norm(dim=0)
-    order = size.argsort(dim=-1, descending=True)
+    order, full = size.argsort(dim=-1, descending=True), (a @ weight.t()).norm(dim=-1)
     lo, hi = 0, a.size(-1)  # CETT(hi) = 0 <= target; find the smallest k with CETT(k) <= target
     while lo < hi:
         k = (lo + hi) // 2
         keep = torch.zeros_like(a, dtype=torch.bool).scatter_(-1, order[:, :k], True)
-        lo, hi = (lo, k) if cett(a, weight, keep) <= target else (k + 1, hi)
+        lo, hi = (lo, k) if cett(a, weight, keep, full) <= target else (k + 1, hi)
     return 1 - hi / a.size(-1)
 
 
@@ -114,16 +116,28 @@ def mean_loss(model, batches, thresholds=None):
     return sum(losses) / len(losses), dropped
 
 
+def cett_curve(a, weight, levels=GRID):
+    """(thresholds, CETT at each): the thresholds that drop 0, 1/levels, 2/levels ... of the neurons (quantiles of
+    their sizes), and the CETT each gives; CETT grows along it."""
+    size = a.abs() * weight.norm(dim=0)
+    sorted_sizes = size.flatten().sort().values
+    index = (torch.arange(levels + 1) * (sorted_sizes.numel() - 1)) // levels
+    thresholds, full = torch.cat([torch.zeros(1), sorted_sizes[index[1:]]]), (a @ weight.t()).norm(dim=-1)
+    return thresholds, torch.tensor([cett(a, weight, size >= eps, full) for eps in thresholds])
+
+
 def ppl_sparsity(model, batches, neurons, p):
     """PPL-p% sparsity: (the common CETT target, the mean fraction of neurons dropped, per layer), where the
-    truncated model's perplexity is (1 + p/100) times the dense model's."""
+    truncated model's perplexity is (1 + p/100) times the dense model's. Each step of the search truncates every
+    layer at the largest threshold of its CETT curve within the target: to 1/GRID of its neurons, so that the
+    search costs forward passes, not a calibration each."""
     weights = dict(mlp_neurons(model))
+    curves = {n: cett_curve(torch.cat(a), weights[n].weight.detach().float()) for n, a in neurons.items()}
     dense, _ = mean_loss(model, batches)
     goal = dense + math.log1p(p / 100)  # perplexity ratio -> loss difference
 
     def thresholds(target):
-        return {n: cett_threshold(torch.cat(a), weights[n].weight.detach().float(), target)[0]
-                for n, a in neurons.items()}
+        return {n: eps[cett_at <= target].max().item() for n, (eps, cett_at) in curves.items()}
     lo, hi, best = 0.0, 1.0, {n: 0.0 for n in neurons}
     for _ in range(BISECTIONS):
         mid = (lo + hi) / 2
