@@ -1,8 +1,8 @@
 """Validation bits per byte: the val loss in a unit that does not depend on the tokenizer.
 
 The val loss is a mean over target tokens in nats, and how much text a token holds depends on the tokenizer
-(GPT-2's BPE: ~4.3 bytes a token on FineWeb-Edu, 3.3 on Shakespeare; bytes: 1). Dividing the total by the bytes the targets decode to
-gives a number comparable across tokenizers and with other harnesses' published bits per byte:
+(GPT-2's BPE: ~4.3 bytes a token on FineWeb-Edu, 3.3 on Shakespeare; bytes: 1). Dividing the total by the bytes
+the targets decode to gives a number comparable across tokenizers and with other harnesses' bits per byte:
 
     bpb = (val loss in nats per token) * (target tokens / target bytes) / ln 2
 
