@@ -21,10 +21,10 @@ build-nanogpt's layout). With the default and a corpus of fewer than 2 * shard-s
 would leave (almost) nothing to train on, so val takes the first 10% of the tokens instead. The val
 shard is written once a full train shard's worth of tokens follows it, or at the end.
 
-manifest.json records the options that define the output (the tokenizer with its vocab_size too), every shard (file, split, tokens, its largest
-token id and a fingerprint: data/loader.py then starts without reading shards whole), the totals, where to
-resume, and `finished`; it and every shard are written to a temporary name and renamed, so a crash never
-leaves a half-written file under a final name. Rerunning the same command:
+manifest.json records the options that define the output (the tokenizer, and its vocab_size), every shard (file,
+split, tokens, its largest token id and a fingerprint: data/loader.py then starts without reading shards whole),
+the totals, where to resume, and `finished`; it and every shard are written to a temporary name and renamed, so
+a crash never leaves a half-written file under a final name. Rerunning the same command:
   - finished with the same options: nothing to do;
   - interrupted: finished shards are kept untouched; tokenisation restarts at the document the last
     finished shard ended in (earlier documents are read past without tokenising) and continues
@@ -237,8 +237,8 @@ def open_manifest(out, options):
             raise DataError(f"{out} holds {options['name']}_*.npy shards but no manifest.json; "
                             "use another --out or delete them")
         tokenizer = TOKENIZERS[options["tokenizer"]]
-        return {**options, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot, "dtype": "uint16", "shards": [], "total_tokens": 0, "documents": None,
-                "resume": {"doc": 0, "pos": 0}, "finished": False}
+        return {**options, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot, "dtype": "uint16", "shards": [],
+                "total_tokens": 0, "documents": None, "resume": {"doc": 0, "pos": 0}, "finished": False}
     manifest = json.loads(path.read_text())
     changed = [k for k in DEFINING if manifest.get(k) != options[k]]
     if changed:
