@@ -5,12 +5,14 @@
     python bench/train_step.py --preset gpt2_124m --batch-size 64 --seq-len 1024 --compile \\
         --acts 'reference,gelu,gelu{"loss_chunks": 8},gelu{"attention_backend": "cudnn"}'  # one option on/off
     python bench/train_step.py --acts 'reference,aglu{"impl": "torch"},aglu{"impl": "triton"}' --compile
+    python bench/train_step.py --acts 'gelu,gelu{"vocab_size": 256}'   # GPT-2's vocabulary against bytes
 
 Contenders (--acts, comma-separated): `reference` is bench/reference_gpt2.py, the textbook GPT-2 (GELU
 inline, full logits, PyTorch's SDPA choice, compile mode default). Any other name is nanoact's GPT with that
 activation, optionally followed by a JSON object: its keys loss_chunks, attention_backend, compile_mode set
-that contender's speed options (default: --loss-chunks, --attention-backend, --compile-mode), every other key
-is an activation option passed to the activation as is. Ratios are to the first contender.
+that contender's speed options (default: --loss-chunks, --attention-backend, --compile-mode), vocab_size its
+vocabulary (default GPT-2's, padded: 50304; 256 for byte shards, data/fineweb.py --tokenizer bytes), every other
+key is an activation option passed to the activation as is. Ratios are to the first contender.
 
 Each step is forward + backward + grad clip + AdamW (the trainers' own, `training/optimizer.py`, for every
 contender) on random tokens (data loading excluded). Contenders are timed in interleaved rounds (reference, gelu,
@@ -71,9 +73,10 @@ def parse_contender(spec, args):
         if set(options) - {"compile_mode"}:
             raise SystemExit(f"error: --acts entry {spec!r}: the reference takes only compile_mode")
         return dict(label=spec, act=name, act_kwargs={}, loss_chunks=0, attention_backend="auto",
-                    compile_mode=options.get("compile_mode", "default"))
+                    compile_mode=options.get("compile_mode", "default"), vocab_size=GPTConfig.vocab_size)
     speed = {key: options.pop(key, getattr(args, key)) for key in SPEED_KEYS}
-    return dict(label=spec, act=name, act_kwargs=options, **speed)
+    return dict(label=spec, act=name, vocab_size=options.pop("vocab_size", GPTConfig.vocab_size), act_kwargs=options,
+                **speed)
 
 
 def build(args, c):
@@ -81,7 +84,7 @@ def build(args, c):
     if c["act"] == "reference":
         model = ReferenceGPT(ReferenceConfig(**PRESETS[args.preset]))
     else:
-        config = GPTConfig(**PRESETS[args.preset], act=c["act"], act_kwargs=c["act_kwargs"])
+        config = GPTConfig(**PRESETS[args.preset], act=c["act"], act_kwargs=c["act_kwargs"], vocab_size=c["vocab_size"])
         model = GPT(config, loss_chunks=c["loss_chunks"], attention_backend=c["attention_backend"])
     model = model.to(args.device)
     opt = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, args.device.split(":")[0])
@@ -89,12 +92,12 @@ def build(args, c):
     return model, compiled, opt
 
 
-def step_fn(args, compiled, opt):
+def step_fn(args, compiled, opt, vocab_size):
     device_type = args.device.split(":")[0]
     autocast = autocast_context(device_type, args.precision)
     gen = torch.Generator().manual_seed(0)
-    batches = [torch.randint(0, 50257, (args.batch_size, args.seq_len + 1), generator=gen).to(args.device)
-               for _ in range(4)]  # rotate a few batches: never time a single cached input
+    batches = [torch.randint(0, min(vocab_size, 50257), (args.batch_size, args.seq_len + 1), generator=gen)
+               .to(args.device) for _ in range(4)]  # rotate a few batches: never time a single cached input
 
     def step(i):
         batch = batches[i % len(batches)]
@@ -109,7 +112,7 @@ def step_fn(args, compiled, opt):
     return step
 
 
-def saved_for_backward_bytes(model, args):
+def saved_for_backward_bytes(model, args, vocab_size):
     """Bytes autograd keeps for backward in one eager forward (deduplicated by storage): exact on any device."""
     seen = {}
 
@@ -117,7 +120,7 @@ def saved_for_backward_bytes(model, args):
         seen[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
         return t
 
-    batch = torch.randint(0, 50257, (args.batch_size, args.seq_len + 1), device=args.device)
+    batch = torch.randint(0, min(vocab_size, 50257), (args.batch_size, args.seq_len + 1), device=args.device)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with autocast_context(args.device.split(":")[0], args.precision):
@@ -173,8 +176,9 @@ def main():
         torch.backends.cudnn.allow_tf32 = True
 
     if args.child_memory:
-        model, compiled, opt = build(args, parse_contender(args.child_memory, args))
-        step = step_fn(args, compiled, opt)
+        c = parse_contender(args.child_memory, args)
+        model, compiled, opt = build(args, c)
+        step = step_fn(args, compiled, opt, c["vocab_size"])
         for i in range(args.warmup + 2):
             step(i)
         print(peak_rss())
@@ -187,7 +191,7 @@ def main():
     runners = {}
     for c in contenders:
         model, compiled, opt = build(args, c)
-        runners[c["label"]] = (model, step_fn(args, compiled, opt))
+        runners[c["label"]] = (model, step_fn(args, compiled, opt, c["vocab_size"]))
         for i in range(args.warmup):  # compilation and allocator warm-up stay out of the timings
             runners[c["label"]][1](i)
     times = {label: [] for label in labels}
@@ -220,7 +224,7 @@ def main():
         counted = model if isinstance(model, GPT) else plain  # a gated MLP's FLOPs are its own shape's
         results[c["label"]] = dict(contender=c, ms_per_step=1000 * dt, tok_per_s=tokens / dt,
                                    mfu=counted.estimate_mfu(tokens / dt, args.seq_len, device_name), peak_bytes=peak,
-                                   saved_bytes=saved_for_backward_bytes(model, args),
+                                   saved_bytes=saved_for_backward_bytes(model, args, c["vocab_size"]),
                                    params=counted.param_counts()["non_embedding"])
 
     base_label = labels[0]
