@@ -92,7 +92,7 @@ def build(args, c):
     return model, compiled, opt
 
 
-def step_fn(args, compiled, opt, vocab_size):
+def step_fn(args, compiled, opt, vocab_size=GPTConfig.vocab_size):
     device_type = args.device.split(":")[0]
     autocast = autocast_context(device_type, args.precision)
     gen = torch.Generator().manual_seed(0)
