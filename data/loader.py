@@ -177,7 +177,7 @@ def shards_tokenizer(data_dir):
         return None, f"{path} names no tokenizer"
     others = [p for split in ("train", "val") for p in find_shards(data_dir, split) if p.name not in listed]
     if others:
-        return None, f"{others[0]} is not one of the shards {path} names the tokenizer of"
+        return None, f"{others[0]} is not listed in {path}: its tokenizer is unknown"
     if name not in TOKENIZERS:
         return None, f"{path} names tokenizer {name!r}, not one of {', '.join(TOKENIZERS)}"
     return TOKENIZERS[name], None
