@@ -20,8 +20,9 @@ import torch
 
 from activations import mlp_activation, telemetry
 from activations.gated import width_note
-from data.loader import ShardLoader
-from data.tokenizer import VOCAB_SIZE, TokenizerError, gpt2_tokenizer
+from data.bits_per_byte import bits_per_byte, validation_bytes
+from data.loader import ShardLoader, shards_tokenizer
+from data.tokenizer import TOKENIZERS, VOCAB_SIZE, TokenizerError
 from eval import internals, sparsity
 from eval import hellaswag_items
 from eval.hellaswag import evaluate_model
@@ -138,10 +139,20 @@ class GPTTrainer(Trainer):
         # the model before the data: a bad activation, option or speed setting fails first
         self.model = GPT(cfg.model, cfg.speed.loss_chunks, cfg.speed.attention_backend).to(d.device)
         origin = init_weights(self.model, *source) if source is not None else "starting from scratch"
+        self.tokenizer, unknown = shards_tokenizer(cfg.data.data_dir)
+        if self.tokenizer:
+            check_vocab(self.tokenizer, cfg.model.vocab_size, cfg.data.data_dir, d.master)
         self.loader = ShardLoader(cfg.data.data_dir, "train", o.batch_size, o.seq_len, d.rank, d.world_size,
                                   seed=cfg.run.seed, shuffle=cfg.data.shuffle, vocab_size=cfg.model.vocab_size)
         self.val_loader = ShardLoader(cfg.data.data_dir, "val", o.batch_size, o.seq_len, d.rank, d.world_size,
                                       shuffle=False, vocab_size=cfg.model.vocab_size)
+        self.val_bytes = None
+        if self.tokenizer:
+            self.val_bytes = validation_bytes(cfg.data.data_dir, self.tokenizer, o.batch_size * d.world_size,
+                                              o.seq_len, self.val_steps)
+        if d.master:
+            print(f"val bits per byte: {cfg.data.val_tokens:,} target tokens of {self.val_bytes:,} bytes "
+                  f"({self.tokenizer.name})" if self.tokenizer else f"no val bits per byte: {unknown}", flush=True)
         self.device_name = torch.cuda.get_device_name() if d.device_type == "cuda" else None
         return Parts(model=self.model, loader=self.loader, max_steps=o.max_steps, model_config=to_dict(cfg.model),
                      flops_per_token=self.model.flops_per_token(o.seq_len),
@@ -180,6 +191,10 @@ class GPTTrainer(Trainer):
         d, e = self.ctx.dist, self.cfg.eval
         val = self.validation_loss(model)
         result = Evaluation({"val_loss": val}, f"val loss {val:.4f}", {"val": val})
+        if self.val_bytes:
+            bpb = bits_per_byte(val, self.cfg.data.val_tokens, self.val_bytes)
+            result.fields["val_bpb"] = bpb
+            result.text += f" bpb {bpb:.4f}"
         if d.master:
             self.val_loader.reset()
             batch = self.val_loader.next_batch()[0][:telemetry.MAX_ROWS].to(d.device)
@@ -229,22 +244,39 @@ class GPTTrainer(Trainer):
 
     def print_samples(self, step):
         d = self.ctx.dist
-        if self.cfg.model.vocab_size < VOCAB_SIZE:  # a model trained on other token ids (tests' synthetic data)
+        # shards without a manifest: GPT-2 tokens (build-nanogpt's, llm.c's), unless the model is too small for
+        # them (tests' synthetic data)
+        tokenizer = self.tokenizer or (TOKENIZERS["gpt2"] if self.cfg.model.vocab_size >= VOCAB_SIZE else None)
+        if tokenizer is None:
             return
         try:
-            enc = gpt2_tokenizer()
+            prompt = tokenizer.encode("Hello, I'm a language model,")
         except TokenizerError as e:  # offline without TIKTOKEN_CACHE_DIR: samples are optional
             print(f"(no samples: {e})")
             return
         # an own generator: the training RNG streams (and so resume) stay untouched
         gen = torch.Generator(device=d.device).manual_seed(self.cfg.run.seed + d.rank)
-        prompt = torch.tensor(enc.encode("Hello, I'm a language model,"), device=d.device).repeat(2, 1)
         self.model.eval()
         with self.ctx.autocast:
-            out = self.model.generate(prompt, 24, top_k=50, generator=gen)
+            # 24 GPT-2 tokens, or about as much text in bytes (~4.3 a token)
+            out = self.model.generate(torch.tensor(prompt, device=d.device).repeat(2, 1),
+                                      24 if tokenizer.name == "gpt2" else 100, top_k=50, generator=gen)
         self.model.train()
         for row in out.tolist():
-            print(f"step {step} rank {d.rank} sample: {enc.decode([t for t in row if t < enc.n_vocab])!r}", flush=True)
+            print(f"step {step} rank {d.rank} sample: {tokenizer.decode(row)!r}", flush=True)
+
+
+def check_vocab(tokenizer, vocab_size, data_dir, master):
+    """The model must have a row for every token id of the shards; rows beyond them (padded to a multiple of 64,
+    as GPT-2's 50304) are output-layer compute that no target ever uses, said in one line."""
+    padded = -(-tokenizer.vocab_size // 64) * 64
+    if vocab_size < tokenizer.vocab_size:
+        raise ConfigError(f"{data_dir} holds {tokenizer.name} tokens (ids up to {tokenizer.vocab_size - 1:,}) but the "
+                          f"model's vocab_size is {vocab_size:,}; set --vocab-size {padded}")
+    if vocab_size > padded and master:
+        print(f"note: the model's vocab_size {vocab_size:,} is more than the {tokenizer.name} shards in {data_dir} "
+              f"need: {vocab_size - tokenizer.vocab_size:,} output rows no target uses; --vocab-size {padded} "
+              "spends that compute in the blocks instead", flush=True)
 
 
 def read_init_source(name):

@@ -60,8 +60,8 @@ def table(runs):
     """The comparison table (markdown); metric columns no run has are left out. The in-loop HellaSwag
     (completion scoring, acc_norm) comes from the training log; the eval/hellaswag.py columns from the
     run's hellaswag_*.json (which checkpoint step, how many items)."""
-    headers = ["run", "act", "seed", "step", "tokens", "final val", "best val (step)", "hella acc % [95% CI]",
-               "hella acc_norm %", "hellaswag.py (step, n)", "completion acc / acc_norm %",
+    headers = ["run", "act", "seed", "step", "tokens", "final val", "best val (step)", "val bpb",
+               "hella acc % [95% CI]", "hella acc_norm %", "hellaswag.py (step, n)", "completion acc / acc_norm %",
                "lm_eval acc / acc_norm %", "BLEU (best)", "tok/s", "ANAct score", "zeros", "massive",
                "attn entropy", "stream growth"]
     rows = []
@@ -72,6 +72,7 @@ def table(runs):
         rows.append([s["label"], s["act"] or "-", _fmt(s["seed"], "d"), step, _fmt(s["tokens"], ",d"),
                      _fmt(s["final_val"], ".4f"),
                      "-" if s["best_val"] is None else f"{s['best_val']:.4f} ({s['best_val_step']})",
+                     _fmt(s["final_val_bpb"], ".4f"),
                      _pct_ci(s["hella_acc"], s["hella_acc_ci95"]), _pct_ci(s["hella_acc_norm"], s["hella_acc_norm_ci95"]),
                      "-" if ev is None else f"{ev.get('step')}, {ev['n']}",
                      _hella_eval(ev, "completion"), _hella_eval(ev, "lm_eval"),

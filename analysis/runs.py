@@ -6,7 +6,7 @@ A run directory holds any of:
   main.log       llm.c's (`train_gpt2.cu -o DIR`) `s:STEP trl:LOSS lr:LR norm:NORM` train lines, `s:STEP tel:LOSS`
                  val lines and `s:STEP eval:ACC` HellaSwag lines (acc_norm: the lowest mean token loss wins)
   metrics.jsonl  one JSON object per line with "step" and "kind": train records (loss, tok_per_s, tokens)
-                 and eval records (val_loss, hellaswag_acc, hellaswag_acc_norm, bleu, telemetry, tokens)
+                 and eval records (val_loss, val_bpb (bits per byte), hellaswag_acc, hellaswag_acc_norm, bleu, telemetry, tokens)
   run.json       {"config": ..., "environment": ..., "segments": ...}: activation, seed, max_steps, tokens per
                  step; per start of the run (segments) its versions, precision, compile, kernels and source
   hellaswag_*.json  results of eval/hellaswag.py on the run's checkpoints (both scorings); the full one
@@ -27,7 +27,7 @@ from eval.stats import wilson
 HELLASWAG_ITEMS = 10042  # the validation set build-nanogpt and our trainer score when no limit is set
 
 # metrics.jsonl field -> series name; log.txt kinds use the series names directly
-METRIC_SERIES = {"loss": "train", "val_loss": "val", "hellaswag_acc_norm": "hella", "hellaswag_acc": "hella_acc",
+METRIC_SERIES = {"loss": "train", "val_loss": "val", "val_bpb": "val_bpb", "hellaswag_acc_norm": "hella", "hellaswag_acc": "hella_acc",
                  "bleu": "bleu"}
 LOG_KINDS = {"train", "val", "hella", "bleu"}
 LLMC_STREAMS = {"trl": "train", "tel": "val", "eval": "hella"}  # llm.c's llmc/logger.h -> series
@@ -239,7 +239,7 @@ def summary(run):
     best = min(val, key=lambda p: p[1]) if val else None
     limit = run.setting("hellaswag_limit")
     n_hella = limit if limit else HELLASWAG_ITEMS
-    hella, hella_acc, bleu = last("hella"), last("hella_acc"), last("bleu")
+    hella, hella_acc, bleu, bpb = last("hella"), last("hella_acc"), last("bleu"), last("val_bpb")
     tokens = [p[2] for points in run.series.values() for p in points if p[2] is not None]
     scores = [t["anact_score"] for _, _, t in run.telemetry if isinstance(t.get("anact_score"), (int, float))]
     test = run.test or {}
@@ -247,7 +247,7 @@ def summary(run):
         "label": run.label, "act": run.setting("act"), "seed": run.setting("seed"),
         "step": run.last_step, "max_steps": run.setting("max_steps"), "tokens": max(tokens) if tokens else None,
         "final_val": val[-1][1] if val else None, "best_val": best[1] if best else None,
-        "best_val_step": best[0] if best else None,
+        "best_val_step": best[0] if best else None, "final_val_bpb": bpb[1] if bpb else None,
         "hella_acc": hella_acc[1] if hella_acc else None, "hella_acc_norm": hella[1] if hella else None,
         "hella_n": n_hella if hella or hella_acc else None,
         # the same 95% Wilson interval eval/hellaswag.py reports, from the accuracy and the item count

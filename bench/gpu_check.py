@@ -294,10 +294,10 @@ def check_loss_chunks(ctx):
 
 def step_ms(ctx, preset, batch, seq, spec, compile_on, steps):
     """ms per training step of one bench/train_step.py contender, in this process."""
-    from bench.train_step import build, parse_contender, step_fn
-    args = SimpleNamespace(preset=preset, batch_size=batch, seq_len=seq, device=ctx.device, compile=compile_on,
-                           loss_chunks=0, attention_backend="auto", compile_mode="default",
-                           bf16=ctx.precision == "bfloat16")
+    from bench.train_step import PRESETS, build, parse_contender, step_fn
+    args = SimpleNamespace(preset=preset, shape=dict(PRESETS[preset]), batch_size=batch, seq_len=seq,
+                           device=ctx.device, compile=compile_on, loss_chunks=0, attention_backend="auto",
+                           compile_mode="default", precision=ctx.precision)
     model, compiled, opt = build(args, parse_contender(spec, args))
     step = step_fn(args, compiled, opt)
     counter = iter(range(10**6))

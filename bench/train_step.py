@@ -7,13 +7,16 @@
     python bench/train_step.py --acts 'reference,aglu{"impl": "torch"},aglu{"impl": "triton"}' --compile
     python bench/train_step.py --acts gelu,swiglu --no-peak --json FILE \
         --shape '{"n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 256}'  # a ladder size, for --throughput FILE
+    python bench/train_step.py --acts 'gelu,gelu{"vocab_size": 256}'   # GPT-2's vocabulary against bytes
 
 Contenders (--acts, comma-separated): `reference` is bench/reference_gpt2.py, the textbook GPT-2 (GELU
 inline, full logits, PyTorch's SDPA choice, compile mode default). Any other name is nanoact's GPT with that
 activation, optionally followed by a JSON object: its keys loss_chunks, attention_backend, compile_mode set
-that contender's speed options (default: --loss-chunks, --attention-backend, --compile-mode), every other key
-is an activation option passed to the activation as is. Ratios are to the first contender. --shape (a JSON object
-of n_layer, n_embd, n_head, vocab_size, block_size) replaces those of the preset: a size of a ladder plan.
+that contender's speed options (default: --loss-chunks, --attention-backend, --compile-mode), vocab_size its
+vocabulary (default the shape's: GPT-2's, padded, 50304; 256 for byte shards, data/fineweb.py --tokenizer bytes),
+every other key is an activation option passed to the activation as is. Ratios are to the first contender. --shape
+(a JSON object of n_layer, n_embd, n_head, vocab_size, block_size) replaces those of the preset: a size of a
+ladder plan.
 
 Each step is forward + backward + grad clip + AdamW (the trainers' own, `training/optimizer.py`, for every
 contender) on random tokens (data loading excluded). Contenders are timed in interleaved rounds (reference, gelu,
@@ -75,9 +78,10 @@ def parse_contender(spec, args):
         if set(options) - {"compile_mode"}:
             raise SystemExit(f"error: --acts entry {spec!r}: the reference takes only compile_mode")
         return dict(label=spec, act=name, act_kwargs={}, loss_chunks=0, attention_backend="auto",
-                    compile_mode=options.get("compile_mode", "default"))
+                    compile_mode=options.get("compile_mode", "default"), vocab_size=None)
     speed = {key: options.pop(key, getattr(args, key)) for key in SPEED_KEYS}
-    return dict(label=spec, act=name, act_kwargs=options, **speed)
+    return dict(label=spec, act=name, vocab_size=options.pop("vocab_size", None), act_kwargs=options,
+                **speed)
 
 
 def build(args, c):
@@ -85,7 +89,8 @@ def build(args, c):
     if c["act"] == "reference":
         model = ReferenceGPT(ReferenceConfig(**args.shape))
     else:
-        config = GPTConfig(**args.shape, act=c["act"], act_kwargs=c["act_kwargs"])
+        config = GPTConfig(**{**args.shape, "vocab_size": c["vocab_size"] or args.shape.get("vocab_size", GPTConfig.vocab_size)}, act=c["act"],
+                           act_kwargs=c["act_kwargs"])
         model = GPT(config, loss_chunks=c["loss_chunks"], attention_backend=c["attention_backend"])
     model = model.to(args.device)
     opt = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, args.device.split(":")[0])
@@ -93,11 +98,11 @@ def build(args, c):
     return model, compiled, opt
 
 
-def step_fn(args, compiled, opt):
+def step_fn(args, compiled, opt, vocab_size=None):
     device_type = args.device.split(":")[0]
     autocast = autocast_context(device_type, args.precision)
     gen = torch.Generator().manual_seed(0)
-    vocab = args.shape.get("vocab_size", 50257)
+    vocab = min(vocab_size or args.shape.get("vocab_size", 50257), 50257)
     batches = [torch.randint(0, vocab, (args.batch_size, args.seq_len + 1), generator=gen).to(args.device)
                for _ in range(4)]  # rotate a few batches: never time a single cached input
 
@@ -115,7 +120,7 @@ def step_fn(args, compiled, opt):
     return step
 
 
-def saved_for_backward_bytes(model, args):
+def saved_for_backward_bytes(model, args, vocab_size):
     """Bytes autograd keeps for backward in one eager forward (deduplicated by storage): exact on any device."""
     seen = {}
 
@@ -123,8 +128,8 @@ def saved_for_backward_bytes(model, args):
         seen[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
         return t
 
-    batch = torch.randint(0, args.shape.get("vocab_size", 50257), (args.batch_size, args.seq_len + 1),
-                          device=args.device)
+    batch = torch.randint(0, min(vocab_size or args.shape.get("vocab_size", 50257), 50257),
+                          (args.batch_size, args.seq_len + 1), device=args.device)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with autocast_context(args.device.split(":")[0], args.precision):
@@ -190,8 +195,9 @@ def main():
         torch.backends.cudnn.allow_tf32 = True
 
     if args.child_memory:
-        model, compiled, opt = build(args, parse_contender(args.child_memory, args))
-        step = step_fn(args, compiled, opt)
+        c = parse_contender(args.child_memory, args)
+        model, compiled, opt = build(args, c)
+        step = step_fn(args, compiled, opt, c["vocab_size"])
         for i in range(args.warmup + 2):
             step(i)
         print(peak_rss())
@@ -204,7 +210,7 @@ def main():
     runners = {}
     for c in contenders:
         model, compiled, opt = build(args, c)
-        runners[c["label"]] = (model, step_fn(args, compiled, opt))
+        runners[c["label"]] = (model, step_fn(args, compiled, opt, c["vocab_size"]))
         for i in range(args.warmup):  # compilation and allocator warm-up stay out of the timings
             runners[c["label"]][1](i)
     times = {label: [] for label in labels}
@@ -237,7 +243,7 @@ def main():
         counted = model if isinstance(model, GPT) else plain  # a gated MLP's FLOPs are its own shape's
         results[c["label"]] = dict(contender=c, ms_per_step=1000 * dt, tok_per_s=tokens / dt,
                                    mfu=counted.estimate_mfu(tokens / dt, args.seq_len, device_name), peak_bytes=peak,
-                                   saved_bytes=saved_for_backward_bytes(model, args),
+                                   saved_bytes=saved_for_backward_bytes(model, args, c["vocab_size"]),
                                    params=counted.param_counts()["non_embedding"],
                                    flops_per_token=counted.flops_per_token(args.seq_len))
 

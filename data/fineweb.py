@@ -1,11 +1,13 @@
-"""Tokenise FineWeb-Edu (or local text files) into the uint16 GPT-2 token shards data/loader.py reads.
+"""Tokenise FineWeb-Edu (or local text files) into the uint16 token shards data/loader.py reads.
 
     python data/fineweb.py                                     # FineWeb-Edu sample-10BT: ~10B tokens, ~100 shards
     python data/fineweb.py --streaming --max-docs 20000        # a small slice, without the full download
     python data/fineweb.py --input a.txt b.jsonl.gz c.parquet --out data/my_shards --shard-size 1e6
+    python data/fineweb.py --tokenizer bytes --input a.txt --out data/my_bytes   # UTF-8 bytes, vocabulary 256
 
 Format (karpathy/build-nanogpt's): each document becomes <|endoftext|> (50256) followed by its GPT-2
-tokens (tiktoken "gpt2", no special tokens parsed from the text); the stream of all documents is cut
+tokens (tiktoken "gpt2", no special tokens parsed from the text); with --tokenizer bytes, the byte 0xFF
+(never part of UTF-8 text) followed by its UTF-8 bytes (data/tokenizer.py). The stream of all documents is cut
 into shards `{name}_{split}_{idx:06d}.npy` (1-D uint16), shard 0 `val` and the rest `train`, each
 train shard exactly --shard-size tokens except the last. Shards cut through documents.
 Local inputs: a .txt file is one document; each line of a .jsonl/.json file (JSON lines) and each
@@ -19,10 +21,10 @@ build-nanogpt's layout). With the default and a corpus of fewer than 2 * shard-s
 would leave (almost) nothing to train on, so val takes the first 10% of the tokens instead. The val
 shard is written once a full train shard's worth of tokens follows it, or at the end.
 
-manifest.json records the options that define the output, every shard (file, split, tokens, its largest
-token id and a fingerprint: data/loader.py then starts without reading shards whole), the totals, where to
-resume, and `finished`; it and every shard are written to a temporary name and renamed, so a crash never
-leaves a half-written file under a final name. Rerunning the same command:
+manifest.json records the options that define the output (the tokenizer, and its vocab_size), every shard (file,
+split, tokens, its largest token id and a fingerprint: data/loader.py then starts without reading shards whole),
+the totals, where to resume, and `finished`; it and every shard are written to a temporary name and renamed, so
+a crash never leaves a half-written file under a final name. Rerunning the same command:
   - finished with the same options: nothing to do;
   - interrupted: finished shards are kept untouched; tokenisation restarts at the document the last
     finished shard ended in (earlier documents are read past without tokenising) and continues
@@ -43,17 +45,11 @@ from tqdm import tqdm
 
 from data import hub_unreachable, shard_stats
 from data.files import atomic_file, remove_temporaries
-from data.tokenizer import EOT, gpt2_tokenizer
+from data.tokenizer import TOKENIZERS, gpt2_tokenizer
 from errors import DataError, DataNotFound, NanoactError
 
 HF_DATASET = "HuggingFaceFW/fineweb-edu"
 DEFINING = ("source", "tokenizer", "name", "shard_size", "val_tokens", "max_docs", "max_tokens")
-
-
-def tokenize(text):
-    tokens = np.array([EOT] + gpt2_tokenizer().encode_ordinary(text), dtype=np.int64)
-    assert tokens.max() < 2**16, "token id does not fit uint16"
-    return tokens.astype(np.uint16)
 
 
 def local_documents(paths):
@@ -201,7 +197,7 @@ def write_manifest(out, manifest):
 
 
 PREPARE_AGAIN = "prepare the shards again with data/fineweb.py (into a new or emptied --out)"
-EXPECTED = "expected a 1-D uint16 array of GPT-2 tokens as data/fineweb.py writes"
+EXPECTED = "expected a 1-D uint16 array of token ids as data/fineweb.py writes"
 
 
 def read_shard(path):
@@ -240,8 +236,9 @@ def open_manifest(out, options):
         if any(out.glob(f"{options['name']}_*.npy")):
             raise DataError(f"{out} holds {options['name']}_*.npy shards but no manifest.json; "
                             "use another --out or delete them")
-        return {**options, "eot": EOT, "dtype": "uint16", "shards": [], "total_tokens": 0, "documents": None,
-                "resume": {"doc": 0, "pos": 0}, "finished": False}
+        tokenizer = TOKENIZERS[options["tokenizer"]]
+        return {**options, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot, "dtype": "uint16", "shards": [],
+                "total_tokens": 0, "documents": None, "resume": {"doc": 0, "pos": 0}, "finished": False}
     manifest = json.loads(path.read_text())
     changed = [k for k in DEFINING if manifest.get(k) != options[k]]
     if changed:
@@ -254,17 +251,19 @@ def open_manifest(out, options):
     return manifest
 
 
-def tokenized(pool, docs, workers, per_worker=256):
-    """The token lists of `docs`, in order, tokenized by `pool` a block of per_worker documents per worker at a
+def tokenized(pool, tokenizer, docs, workers, per_worker=256):
+    """The token arrays of `docs`, in order, tokenized by `pool` a block of per_worker documents per worker at a
     time. No task outlives its block, so a stop at --max-tokens finds the pool idle: an imap over the whole
     stream kept a pool thread feeding it, and Pool's exit could hang on that thread (seen once in the suite)."""
     block = per_worker * workers
     for batch in iter(lambda: list(itertools.islice(docs, block)), []):
-        yield from pool.map(tokenize, batch, chunksize=16)
+        yield from pool.map(tokenizer.document, batch, chunksize=16)
 
 
 def prepare(args):
-    gpt2_tokenizer()  # fail once with a clear message rather than in every worker
+    tokenizer = TOKENIZERS[args.tokenizer]
+    if tokenizer.name == "gpt2":
+        gpt2_tokenizer()  # fail once with a clear message rather than in every worker
     inputs = [Path(p) for p in args.input or []]
     for path in inputs:
         if not path.is_file():
@@ -272,9 +271,9 @@ def prepare(args):
         _kind(path)
     source = [str(p.resolve()) for p in inputs] if inputs else f"{HF_DATASET}/{args.hf_config}"
     name = args.name or ("local" if inputs else "fineweb_edu")
-    options = {"source": source, "tokenizer": "gpt2", "name": name, "shard_size": args.shard_size,
+    options = {"source": source, "tokenizer": tokenizer.name, "name": name, "shard_size": args.shard_size,
                "val_tokens": args.val_tokens, "max_docs": args.max_docs, "max_tokens": args.max_tokens}
-    out = Path(args.out)
+    out = Path(args.out or ("data/fineweb_edu" + ("_bytes" if tokenizer.name == "bytes" else "")))
     manifest = open_manifest(out, options)
     if manifest["finished"]:
         print(f"{out}: already prepared ({len(manifest['shards'])} shards, {manifest['total_tokens']:,} tokens); "
@@ -289,7 +288,7 @@ def prepare(args):
     n_docs = first
     with mp.Pool(args.workers) as pool, \
             tqdm(total=args.max_tokens, initial=writer.pos, unit="tok", unit_scale=True, desc="tokenizing") as bar:
-        for doc, tokens in enumerate(tokenized(pool, docs, args.workers), first):
+        for doc, tokens in enumerate(tokenized(pool, tokenizer, docs, args.workers), first):
             more = writer.add(doc, tokens)
             n_docs = doc + 1
             bar.update(writer.pos - bar.n)
@@ -312,7 +311,9 @@ def token_count(text):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", metavar="FILE", help="local text files instead of FineWeb-Edu")
-    p.add_argument("--out", default="data/fineweb_edu", help="output directory (default: %(default)s)")
+    p.add_argument("--out", help="output directory (default: data/fineweb_edu, data/fineweb_edu_bytes for bytes)")
+    p.add_argument("--tokenizer", choices=sorted(TOKENIZERS), default="gpt2",
+                   help="gpt2 (BPE, vocab 50257) or bytes (UTF-8, vocab 256) (default: %(default)s)")
     p.add_argument("--name", help="shard file prefix (default: fineweb_edu, or local with --input)")
     p.add_argument("--shard-size", type=token_count, default=10**8, help="tokens per shard (default: 1e8)")
     p.add_argument("--val-tokens", type=token_count,

@@ -38,7 +38,7 @@ import torch
 from data import shard_stats
 from data.fineweb import EXPECTED, PREPARE_AGAIN
 from data.shard_formats import find_shards, read_tokens, shard_patterns
-from data.tokenizer import VOCAB_SIZE
+from data.tokenizer import TOKENIZERS, VOCAB_SIZE
 from errors import DataError, DataNotFound
 
 
@@ -162,6 +162,25 @@ def _check_manifest(data_dir, split):
     if missing:
         raise DataError(f"{data_dir / missing[0]} is missing ({path} lists it); {PREPARE_AGAIN}")
     return recorded
+
+
+def shards_tokenizer(data_dir):
+    """(tokenizer, None) for a directory whose every shard data/fineweb.py wrote, with the tokenizer its
+    manifest.json names (data/tokenizer.py); else (None, why the tokenizer is not known)."""
+    path = Path(data_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+        listed, name = {s["file"] for s in manifest["shards"]}, manifest["tokenizer"]
+    except FileNotFoundError:
+        return None, f"{data_dir} has no manifest.json to name the shards' tokenizer (shards from elsewhere)"
+    except (OSError, ValueError, TypeError, KeyError):
+        return None, f"{path} names no tokenizer"
+    others = [p for split in ("train", "val") for p in find_shards(data_dir, split) if p.name not in listed]
+    if others:
+        return None, f"{others[0]} is not listed in {path}: its tokenizer is unknown"
+    if name not in TOKENIZERS:
+        return None, f"{path} names tokenizer {name!r}, not one of {', '.join(TOKENIZERS)}"
+    return TOKENIZERS[name], None
 
 
 def _open_shard(data_dir, path, T, vocab_size, listed, entries):

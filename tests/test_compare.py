@@ -61,7 +61,7 @@ def llmc_log(path, steps=30, val_every=10, restart_at=None):
     return truth
 
 
-def our_run(path, act="aglu", seed=3, max_steps=20, stop_at=None, tokens_per_step=2048, bleu=False):
+def our_run(path, act="aglu", seed=3, max_steps=20, stop_at=None, tokens_per_step=2048, bleu=False, bpb=False):
     """A run written by the trainers' own RunLog (log.txt + metrics.jsonl + run.json)."""
     log = RunLog(path)
     config = {"model": {"act": act}, "data": {"hellaswag_limit": 500},
@@ -70,6 +70,8 @@ def our_run(path, act="aglu", seed=3, max_steps=20, stop_at=None, tokens_per_ste
     for step in range((stop_at if stop_at is not None else max_steps) + 1):
         if step % 10 == 0 or step == max_steps:
             fields = {"val_loss": 4.0 - step / 100, "hellaswag_acc": 0.3, "hellaswag_acc_norm": 0.32}
+            if bpb:
+                fields["val_bpb"] = 2.0 - step / 100
             if bleu:
                 fields["bleu"] = 10 + step
                 log.scalar(step, "bleu", fields["bleu"])
@@ -119,6 +121,16 @@ def test_our_run_parses_with_tokens_hellaswag_and_bleu(tmp_path):
     assert s["hella_acc"] == 0.3 and s["hella_n"] == 500
     assert s["tok_per_s"] == 1009.5  # median of 1000..1019
     assert s["bleu"] == 30 and s["best_bleu"] == 30
+
+
+def test_val_bits_per_byte_is_a_series_and_a_column(tmp_path, capsys):
+    run = load_runs([our_run(tmp_path / "bytes", bpb=True)])[0]
+    assert [p[1] for p in run.series["val_bpb"]] == [2.0, 1.9, 1.8] and summary(run)["final_val_bpb"] == 1.8
+    our_run(tmp_path / "plain", act="gelu")
+    compare.main([str(tmp_path / "bytes"), str(tmp_path / "plain"), "-o", str(tmp_path / "cmp.png")])
+    header, _, with_bpb, without = capsys.readouterr().out.splitlines()[:4]
+    column = [c.strip() for c in header.split("|")].index("val bpb")
+    assert [[c.strip() for c in row.split("|")][column] for row in (with_bpb, without)] == ["1.8000", "-"]
 
 
 def test_log_txt_only_run_gets_tokens_from_run_json(tmp_path):

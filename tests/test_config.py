@@ -77,6 +77,18 @@ def test_shipped_configs_load():
     assert train_gpt2.steps_per_rank(2**19, 64, 1024, 8) == 1
 
 
+def test_the_byte_config_is_the_tiny_one_on_bytes():
+    """configs/gpt2_cpu_bytes.toml: the same model and schedule as configs/gpt2_cpu_tiny.toml, so that their
+    speeds and bits per byte compare."""
+    import train_gpt2
+    tiny, byte = (to_dict(load_config(train_gpt2.TrainConfig, ["--config", f"configs/gpt2_cpu_{name}.toml"]))
+                  for name in ("tiny", "bytes"))
+    differ = {(section, key) for section, table in tiny.items() if isinstance(table, dict)
+              for key, value in table.items() if byte[section][key] != value}
+    assert differ == {("model", "vocab_size"), ("data", "data_dir"), ("run", "out_dir")}
+    assert byte["model"]["vocab_size"] == 256
+
+
 def test_shipped_translation_configs_load_and_build():
     import train_translation
     from translation.model import Transformer

@@ -156,3 +156,12 @@ def test_the_step_section_on_a_gpu_the_kernels_cannot_run_on(tmp_path, fake_trai
     assert "Triton needs compute capability 7.0" in fig["aglu [run: torch]"]["why"]
     assert fig["aglu [forced triton]"] == {"not run": "the kernel cannot run here: Tesla P100-PCIE-16GB is sm_60; "
                                                       "Triton needs compute capability 7.0 or newer"}
+
+
+def test_the_step_section_times_a_training_step_on_this_device():
+    """gpu_check's step rows build bench/train_step.py's contenders from its own arguments: they must carry
+    everything train_step's build and step read (its precision and shape once were missing: a GPU-only failure)."""
+    from bench.gpu_check import step_ms
+
+    ms, tok_per_s = step_ms(SimpleNamespace(device="cpu", precision="float32"), "tiny", 1, 8, "nswish", False, 1)
+    assert ms > 0 and tok_per_s > 0
