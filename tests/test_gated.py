@@ -65,11 +65,15 @@ TRAINERS = {"gpt2": train_gpt2.TrainConfig, "translation": train_translation.Tra
 
 
 def shipped_runs(path):
-    """(trainer, argv) of a configs/ file: a sweep plan's variants, or the trainer config itself."""
+    """(trainer, argv) of a configs/ file: a sweep plan's variants (at each size of a ladder), or the trainer config
+    itself."""
     table = tomllib.loads(path.read_text())
     if "trainer" in table:
-        trainer, config, _, variants, _, _ = read_plan(path)
-        return [(trainer, ["--config", str(ROOT / config), *options]) for _, options, _ in variants]
+        trainer, config, _, variants, _, _, ladder = read_plan(path)
+        sizes = [[item for k, v in size.items() if k != "max_steps" for item in (f"--{k.replace('_', '-')}", str(v))]
+                 for size in (ladder.sizes.values() if ladder else [{}])]
+        return [(trainer, ["--config", str(ROOT / config), *options, *size]) for _, options, _ in variants
+                for size in sizes]
     return [("gpt2" if "n_embd" in table["model"] else "translation", ["--config", str(path)])]
 
 
