@@ -68,21 +68,25 @@ def sentences(differences, baselines):
 
 def plot(runs, path):
     """Side by side, each run's newest record: residual variance against depth (signal propagation), exact zeros
-    and mean attention entropy per layer."""
+    and mean attention entropy per layer; one colour per arm (a sweep's label before its /seedN), its seeds alike."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    measured = [r for r in runs if last_measure(r)]
+    arms = list(dict.fromkeys(r.label.split("/")[0] for r in measured))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for i, run in enumerate(r for r in runs if last_measure(r)):
-        m = last_measure(run)
-        axes[0].plot([row["variance"] for row in m["signal"]], color=f"C{i}", label=run.label)
-        axes[1].plot([layer["zeros"] for layer in m["sparsity"].values()], color=f"C{i}")
-        axes[2].plot([statistics.fmean(layer) for layer in m["attention_entropy"]], color=f"C{i}")
+    for run in measured:
+        m, arm = last_measure(run), run.label.split("/")[0]
+        first = run is next(r for r in measured if r.label.split("/")[0] == arm)
+        style = dict(color=f"C{arms.index(arm) % 10}", alpha=0.8, marker="o", markersize=3)
+        axes[0].plot([row["variance"] for row in m["signal"]], label=arm if first else None, **style)
+        axes[1].plot([layer["zeros"] for layer in m["sparsity"].values()], **style)
+        axes[2].plot([statistics.fmean(layer) for layer in m["attention_entropy"]], **style)
     axes[0].set(title="residual stream variance", xlabel="depth (0: embeddings)", yscale="log")
     axes[1].set(title="exact zeros among MLP neurons", xlabel="layer")
     axes[2].set(title="attention entropy (nats)", xlabel="layer")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
+    fig.legend(loc="center right", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 0.88, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
