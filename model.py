@@ -53,6 +53,7 @@ class GPTConfig:
     plain_top_k: int = 0  # ANAct's "NSwish + k Swish": the top k MLPs use the unnormalized activation
     glu_hidden: int = 0  # gated MLP's hidden width; 0: the plain MLP's parameters (activations/gated.py)
     norm: str = "layernorm"  # every ln_1, ln_2, ln_f: layernorm (GPT-2's), rmsnorm, dyt or none (NORMS)
+    dyt_alpha: float = 0.5  # --norm dyt: every DyT's alpha at init (the paper's alpha_0; it tunes it for LLMs)
 
 
 # SDPA kernels by name for `attention_backend`; "auto" leaves the choice to PyTorch.
@@ -93,7 +94,7 @@ class DyT(nn.Module):
 NORMS = {
     "layernorm": lambda c: nn.LayerNorm(c.n_embd, bias=c.bias),
     "rmsnorm": lambda c: nn.RMSNorm(c.n_embd, eps=1e-5),
-    "dyt": lambda c: DyT(c.n_embd, bias=c.bias),
+    "dyt": lambda c: DyT(c.n_embd, bias=c.bias, alpha=c.dyt_alpha),
     "none": lambda c: nn.Identity(),
 }
 

@@ -53,6 +53,11 @@ def test_dyt_gradients_match_float64_autograd():
     assert m.alpha.item() == 0.5 and m.alpha.dim() == 0  # the paper's alpha_0; 0-D, so never weight-decayed
 
 
+def test_dyt_starts_at_the_configured_alpha():
+    model = GPT(GPTConfig(**TINY, norm="dyt", dyt_alpha=2.0))
+    assert {m.alpha.item() for m in model.modules() if isinstance(m, DyT)} == {2.0}
+
+
 def test_unknown_norm_is_one_line_error():
     with pytest.raises(ConfigError, match="unknown norm 'batchnorm'; choose one of layernorm, rmsnorm, dyt, none"):
         GPT(GPTConfig(**TINY, norm="batchnorm"))
