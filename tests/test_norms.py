@@ -68,7 +68,7 @@ def test_a_dyt_run_trains_resumes_and_is_read_back(tmp_path):
     """--norm is a model option like --act: in the checkpoint, refused on a resume with another one, read back by
     GPT.from_checkpoint; --init-from takes the source's norm, as it takes its shape."""
     data = write_corpus(tmp_path / "data")
-    train_in_process(args(data, tmp_path / "run", act="aglu", norm="dyt", max_steps=4))
+    train_in_process(args(data, tmp_path / "run", act="xsilu", norm="dyt", max_steps=4))
     ckpt = load_checkpoint(tmp_path / "run", kind="gpt2")
     assert ckpt["model_config"]["norm"] == "dyt"
     model = GPT.from_checkpoint(ckpt)
