@@ -246,9 +246,8 @@ def sentences(result):
             text = (f"At {row['compute']:.3g} FLOPs {a} reaches a loss that {base} needs {_times(row['multiplier'])} "
                     f"the compute for {_ci(row['ci'], level)}")
             if row["wall_clock"] is not None:
-                text += (f"; with {a}'s throughput {row['throughput_ratio']:.3g}x {base}'s "
-                         f"({result['throughput_source'] or 'source not given'}), {row['wall_clock']:.3g}x in "
-                         f"wall-clock {_ci(row['wall_clock_ci'], level)}")
+                text += (f"; with {a}'s throughput {row['throughput_ratio']:.3g}x {base}'s (measured: below), "
+                         f"{row['wall_clock']:.3g}x in wall-clock {_ci(row['wall_clock_ci'], level)}")
             out.append(text + ".")
         if m["target"]:
             t, top = m["target"], m["at_sizes"][-1]["compute"]
@@ -261,4 +260,6 @@ def sentences(result):
         say = {"grows": "grows with compute", "shrinks": "shrinks with compute",
                "no trend resolved": "has no trend these seeds resolve"}.get(trend["verdict"], trend["verdict"])
         out.append(f"{a}'s multiplier over {base} {say}: slope of log m on log C over the ladder {slope}.")
+    if any(row["wall_clock"] is not None for m in result["multipliers"].values() for row in m["at_sizes"]):
+        out.append(f"Throughput ratios measured by: {result['throughput_source'] or 'source not given'}.")
     return out
