@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from activations import step_statistics
+from bench.activation_speed import cpu_model
 from bench.reference_gpt2 import ReferenceConfig, ReferenceGPT
 from model import GPT, GPTConfig
 from training.hardware import detect
@@ -266,7 +267,8 @@ def main():
               f"{ratio(r['peak_bytes'], base['peak_bytes']):>10s}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "shape": args.shape,
-                                               "device": device_name or args.device, "torch": torch.__version__,
+                                               "device": device_name or f"{cpu_model()}, {torch.get_num_threads()} threads",
+                                               "torch": torch.__version__,
                                                "results": results}, indent=2))
 
 
