@@ -38,8 +38,11 @@ def plot_scaling(result, out):
     for a, m in result["multipliers"].items():
         curve = [row for row in m["curve"] if row["multiplier"] is not None]
         compute = [row["compute"] for row in curve]
-        mult_ax.plot(compute, [row["multiplier"] for row in curve], color=colors[a],
-                     label=f"{a} over {result['baseline']}: {m['trend']['verdict']}")
+        for part, style in ((lambda c: c <= top, "-"), (lambda c: c >= top, "--")):  # measured, extrapolated
+            rows = [row for row in curve if part(row["compute"])]
+            mult_ax.plot([row["compute"] for row in rows], [row["multiplier"] for row in rows], color=colors[a],
+                         linestyle=style, label=f"{a} over {result['baseline']}: {m['trend']['verdict']}"
+                         if style == "-" else None)
         band = [(row["compute"], *row["ci"]) for row in curve if None not in row["ci"]]
         if band:
             mult_ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band], color=colors[a],
@@ -51,6 +54,13 @@ def plot_scaling(result, out):
             err = None if None in t["ci"] else [[t["multiplier"] - t["ci"][0]], [t["ci"][1] - t["multiplier"]]]
             mult_ax.errorbar(t["compute"], t["multiplier"], yerr=err, fmt="s", color=colors[a], capsize=4)
     mult_ax.axhline(1, color="k", linewidth=0.8)
+    # a ratio: 0.5x and 2x as far from 1; the axis spans the measured sizes and the target, not an extrapolation
+    # that runs off to 0 or infinity where a fitted curve crosses the baseline's floor E
+    shown = [v for m in result["multipliers"].values() for row in m["at_sizes"] + [m["target"] or {}]
+             for v in [row.get("multiplier")] if v is not None and 0 < v < float("inf")]
+    mult_ax.set_yscale("log")
+    if shown:
+        mult_ax.set_ylim(max(min(shown) / 3, 1e-4), min(max(shown) * 3, 1e4))
     for ax in (loss_ax, mult_ax):
         ax.set_xscale("log")
         ax.set_xlabel("training compute C (FLOPs)")
@@ -58,7 +68,8 @@ def plot_scaling(result, out):
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     if target:
-        mult_ax.annotate(target["name"], (target["compute"], 1), fontsize=7, rotation=90, va="bottom", ha="right")
+        mult_ax.annotate(target["name"], (target["compute"], 0.02), xycoords=("data", "axes fraction"), fontsize=7,
+                         rotation=90, va="bottom", ha="right")
     loss_ax.set_ylabel("final loss")
     loss_ax.set_title("loss vs compute: mean and seed range, fit (dashed: extrapolated)", fontsize=9)
     mult_ax.set_ylabel(f"compute multiplier over {result['baseline']}")
