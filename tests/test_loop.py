@@ -102,6 +102,15 @@ def test_a_new_trainer_needs_only_its_own_hooks(tmp_path, capsys):
     assert set(vars(trainer)) - {"ctx", "batches", "model", "val_x", "val_y"} == {"cfg", "waiting"}
 
 
+def test_intervals_of_zero_evaluate_and_save_only_at_the_end(tmp_path):
+    cfg = config(tmp_path, checkpoint_interval=0, log_interval=0)
+    cfg.eval.eval_interval = 0
+    LinearTrainer(cfg).fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [60]
+    assert [p.name for p in tmp_path.glob("model_*.pt")] == ["model_00060.pt"]
+
+
 def test_resume_of_the_new_trainer_is_exact(tmp_path):
     straight = LinearTrainer(config(tmp_path / "straight")).fit()
     LinearTrainer(config(tmp_path / "resumed")).fit()

@@ -270,8 +270,8 @@ class RunConfig:
     compile_mode: str = "default"  # torch.compile mode: default, max-autotune-no-cudagraphs, max-autotune, reduce-overhead
     resume: bool = False  # continue from the newest checkpoint in out_dir; an error if there is none
     auto_resume: bool = False  # continue from the newest checkpoint if there is one, else start fresh (schedulers)
-    log_interval: int = 1
-    checkpoint_interval: int = 1000
+    log_interval: int = 1  # a stdout line every N steps (0: none)
+    checkpoint_interval: int = 1000  # a checkpoint every N steps (0: only at the end and on a stop signal)
     keep_checkpoints: int = 3
     dist_timeout: float = 600.0  # seconds a collective may wait for the other ranks before the run stops naming them
     # the activation kernels' verdicts (activations/policy.py); "": $NANOACT_CACHE, else $XDG_CACHE_HOME/nanoact
@@ -302,7 +302,7 @@ class RunConfig:
 @dataclasses.dataclass
 class EvalConfig:
     """The evaluation section both trainers share; each trainer extends it with its own evaluations."""
-    eval_interval: int = 250  # validation loss (and the trainer's evaluations) every N steps and at the end
+    eval_interval: int = 250  # validation loss (and the trainer's evaluations) every N steps (0: never) and at the end
 
     # when evaluations run, not what they measure: the weights never depend on it, and every evaluation of the run
     # measures the same thing (what they measure, e.g. val_tokens, is checked: a best val loss over two validation

@@ -292,7 +292,7 @@ class Trainer:
         interval = self.cfg.run.checkpoint_interval
         while True:
             last = run.step == run.parts.max_steps
-            if run.step % self.cfg.eval.eval_interval == 0 or last:
+            if every(run.step, self.cfg.eval.eval_interval) or last:
                 self.evaluation(run, last)
             if last:  # saved after the final evaluation, so the last checkpoint holds its val loss (and BLEU)
                 self.checkpoint(run)
@@ -302,7 +302,7 @@ class Trainer:
             self.after_step(run.step)
             self.waiting = (run.step, "the stop-signal all-reduce")
             stopping = distributed.any_rank(stop.requested, run.ctx.dist)
-            if (run.step % interval == 0 and run.step < run.parts.max_steps) or stopping:
+            if (every(run.step, interval) and run.step < run.parts.max_steps) or stopping:
                 self.checkpoint(run)
             if stopping:
                 stop.requested = True  # every rank exits non-zero, not only the one signalled
@@ -362,7 +362,7 @@ class Trainer:
         run.step += 1
         # ETA from the mean wall time per step (evaluations included) after the first, compiling, step
         run.first_step_done = run.first_step_done or (time.time(), run.step)
-        if run.ctx.dist.master and (run.step - 1) % self.cfg.run.log_interval == 0:
+        if run.ctx.dist.master and every(run.step - 1, self.cfg.run.log_interval):
             since, done = time.time() - run.first_step_done[0], run.step - run.first_step_done[1]
             eta = since / done * (run.parts.max_steps - run.step) if done else None
             print(runlog.step_line(run.step - 1, run.parts.max_steps, loss, lr, norm, seconds, self.token_unit,
@@ -405,6 +405,11 @@ def stop_if_not_finite(step, loss, grad_norm, lr, model, out_dir, lr_flag):
     raise SystemExit(f"step {step}: loss {loss} / grad norm {grad_norm} is not finite (lr {lr:.3e}; non-finite "
                      f"grads in {listed}). Stopped without saving; last good checkpoint: "
                      f"{latest_checkpoint(out_dir) or 'none'} (lower {lr_flag} or check the data, then --resume)")
+
+
+def every(step, interval):
+    """True at every interval-th step; an interval of 0 is never (the end of a run still evaluates and saves)."""
+    return interval > 0 and step % interval == 0
 
 
 def allow_recompiles(n):
