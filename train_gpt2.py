@@ -23,8 +23,7 @@ from activations.gated import width_note
 from data.bits_per_byte import bits_per_byte, validation_bytes
 from data.loader import ShardLoader, shards_tokenizer
 from data.tokenizer import TOKENIZERS, VOCAB_SIZE, TokenizerError
-from eval import internals, sparsity
-from eval import hellaswag_items
+from eval import hellaswag_items, internals, sparsity
 from eval.hellaswag import evaluate_model
 from model import GPT, GPTConfig, mlp_width, mlp_width_args, pretrained_gpt2
 from training import distributed
