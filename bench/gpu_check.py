@@ -294,15 +294,14 @@ def check_loss_chunks(ctx):
 
 def step_ms(ctx, preset, batch, seq, spec, compile_on, steps):
     """ms per training step of one bench/train_step.py contender, in this process."""
-    from bench.train_step import PRESETS, build, parse_contender, step_fn
+    from bench.train_step import PRESETS, parse_contender, prepare
     args = SimpleNamespace(preset=preset, shape=dict(PRESETS[preset]), batch_size=batch, seq_len=seq,
                            device=ctx.device, compile=compile_on, loss_chunks=0, attention_backend="auto",
                            compile_mode="default", precision=ctx.precision)
-    model, compiled, opt = build(args, parse_contender(spec, args))
-    step = step_fn(args, compiled, opt)
+    runner = prepare(args, parse_contender(spec, args))
     counter = iter(range(10**6))
-    ms = median_ms(lambda: step(next(counter)), reps=steps)
-    del model, compiled, opt, step
+    ms = median_ms(lambda: runner.step(next(counter)), reps=steps)
+    del runner
     if ctx.device == "cuda":
         torch.cuda.empty_cache()
     return round(ms, 1), round(batch * seq / ms * 1e3)

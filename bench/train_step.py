@@ -21,9 +21,11 @@ ladder plan.
 Each step is forward + backward + grad clip + AdamW (the trainers' own, `training/optimizer.py`, for every
 contender) on random tokens (data loading excluded). Contenders are timed in interleaved rounds (reference, gelu,
 aglu, ..., reference, ...) and each reports its median, so drift of a noisy machine hits all of them alike.
-Memory: the bytes autograd saves for backward in one eager forward
-(exact, any device), and the peak: CUDA max_memory_allocated, or on CPU the peak RSS of a fresh process per
-contender. MFU: model FLOPs (6N + attention, model.py; N of each contender's own shape, so a gated MLP counts its three
+Memory: what each contender holds between steps (weights,
+optimizer state, batches: nothing more), the bytes autograd saves for backward in one eager forward (exact, any
+device), and the peak of its own steps: on CUDA max_memory_allocated from a reset at its first measured step, less
+what the contenders still alive hold (each is freed once measured), so peak ratios compare activations; on CPU the
+peak RSS of a fresh process per contender. MFU: model FLOPs (6N + attention, model.py; N of each contender's own shape, so a gated MLP counts its three
 matrices) over the device's dense bf16 peak; n/a where unknown. params: each contender's parameters outside the
 embeddings (a gated name, e.g. swiglu or aglu_glu, is parameter-matched to the plain MLP: activations/gated.py).
 """
@@ -34,7 +36,9 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -99,13 +103,17 @@ def build(args, c):
     return model, compiled, opt
 
 
-def step_fn(args, compiled, opt, vocab_size=None):
-    device_type = args.device.split(":")[0]
-    autocast = autocast_context(device_type, args.precision)
+def make_batches(args, vocab_size=None):
+    """A few random batches to rotate: never time a single cached input."""
     gen = torch.Generator().manual_seed(0)
     vocab = min(vocab_size or args.shape.get("vocab_size", 50257), 50257)
-    batches = [torch.randint(0, vocab, (args.batch_size, args.seq_len + 1), generator=gen).to(args.device)
-               for _ in range(4)]  # rotate a few batches: never time a single cached input
+    return [torch.randint(0, vocab, (args.batch_size, args.seq_len + 1), generator=gen).to(args.device)
+            for _ in range(4)]
+
+
+def step_fn(args, compiled, opt, batches):
+    device_type = args.device.split(":")[0]
+    autocast = autocast_context(device_type, args.precision)
 
     def step(i):
         batch = batches[i % len(batches)]
@@ -121,13 +129,41 @@ def step_fn(args, compiled, opt, vocab_size=None):
     return step
 
 
+@dataclass
+class Runner:
+    """One contender between its steps: what it holds is its weights, its optimizer state and its batches
+    (held_tensors), nothing more; its step's activations and gradients are gone when the step returns."""
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    batches: list
+    step: Callable[[int], None]
+
+    def held_tensors(self):
+        state = [t for s in self.opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        return [*self.model.parameters(), *self.model.buffers(), *state, *self.batches]
+
+
+def prepare(args, c):
+    model, compiled, opt = build(args, c)
+    batches = make_batches(args, c["vocab_size"])
+    return Runner(model, opt, batches, step_fn(args, compiled, opt, batches))
+
+
+def storage_bytes(tensors):
+    """Bytes of the distinct storages under `tensors` (a tied weight, a view: counted once)."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
 def saved_for_backward_bytes(model, args, vocab_size):
     """Bytes autograd keeps for backward in one eager forward (deduplicated by storage): exact on any device."""
     seen = {}
 
     def pack(t):
         seen[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
-        return t
+        # detached: a hook that returns an output of the graph itself closes a cycle through autograd's C++
+        # nodes that Python's gc cannot free, and the forward's whole graph stayed alive (17,060 MiB per
+        # contender at 124M, B=32)
+        return t.detach()
 
     batch = torch.randint(0, min(vocab_size or args.shape.get("vocab_size", 50257), 50257),
                           (args.batch_size, args.seq_len + 1), device=args.device)
@@ -137,6 +173,36 @@ def saved_for_backward_bytes(model, args, vocab_size):
             _, loss = model(batch[:, :-1], batch[:, 1:])
     del loss
     return sum(n for (ptr, _), n in seen.items() if ptr not in params)  # weights are not activation memory
+
+
+def device_memory(device):
+    """The device's allocator statistics (torch.cuda's), or None where torch keeps none (the CPU)."""
+    module = torch.get_device_module(device)
+    names = ("memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "empty_cache")
+    return module if all(hasattr(module, name) for name in names) else None
+
+
+def step_peak(runner, memory):
+    """Peak bytes of this contender's own steps: what it holds plus its step's activations, gradients and
+    workspace. Contenders not yet measured are alive (they were timed interleaved with it) and hold theirs
+    through these steps; those bytes are taken out, so the peak is the one it would have alone."""
+    others = memory.memory_allocated() - storage_bytes(runner.held_tensors())
+    memory.reset_peak_memory_stats()
+    for i in range(2):
+        runner.step(i)
+    return memory.max_memory_allocated() - others
+
+
+def measure(args, c, runner, seconds, memory, plain, device_name):
+    """One contender's row: its median step time, MFU, memory (held, peak of its own steps, saved for backward)."""
+    tokens = args.batch_size * args.seq_len
+    peak = None if args.no_peak else step_peak(runner, memory) if memory else peak_memory_child(args, c["label"])
+    counted = runner.model if isinstance(runner.model, GPT) else plain  # a gated MLP's FLOPs are its own shape's
+    return dict(contender=c, ms_per_step=1000 * seconds, tok_per_s=tokens / seconds,
+                mfu=counted.estimate_mfu(tokens / seconds, args.seq_len, device_name), peak_bytes=peak,
+                held_bytes=storage_bytes(runner.held_tensors()),
+                saved_bytes=saved_for_backward_bytes(runner.model, args, c["vocab_size"]),
+                params=counted.param_counts()["non_embedding"], flops_per_token=counted.flops_per_token(args.seq_len))
 
 
 def peak_rss():
@@ -161,7 +227,7 @@ def peak_memory_child(args, spec):
     return int(out.stdout.strip().splitlines()[-1])
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--acts", default="reference,gelu,aglu,nswish", help="contenders (see above)")
     p.add_argument("--preset", default="tiny", choices=PRESETS)
@@ -180,7 +246,7 @@ def main():
     p.add_argument("--no-peak", action="store_true", help="skip the peak memory (on CPU: a process per contender)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--child-memory", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     try:
         args.shape_text, args.shape = args.shape, {**PRESETS[args.preset], **json.loads(args.shape)}
         unknown = set(args.shape) - {"n_layer", "n_embd", "n_head", "vocab_size", "block_size"}
@@ -196,11 +262,9 @@ def main():
         torch.backends.cudnn.allow_tf32 = True
 
     if args.child_memory:
-        c = parse_contender(args.child_memory, args)
-        model, compiled, opt = build(args, c)
-        step = step_fn(args, compiled, opt, c["vocab_size"])
+        runner = prepare(args, parse_contender(args.child_memory, args))
         for i in range(args.warmup + 2):
-            step(i)
+            runner.step(i)
         print(peak_rss())
         return
 
@@ -210,43 +274,31 @@ def main():
         raise SystemExit(f"error: --acts lists a contender twice: {args.acts}")
     runners = {}
     for c in contenders:
-        model, compiled, opt = build(args, c)
-        runners[c["label"]] = (model, step_fn(args, compiled, opt, c["vocab_size"]))
+        runners[c["label"]] = prepare(args, c)
         for i in range(args.warmup):  # compilation and allocator warm-up stay out of the timings
-            runners[c["label"]][1](i)
+            runners[c["label"]].step(i)
     times = {label: [] for label in labels}
     for _ in range(args.rounds):
         for label in labels:
-            step = runners[label][1]
+            step = runners[label].step
             for i in range(args.steps):
                 t0 = time.perf_counter()
                 step(i)
                 times[label].append(time.perf_counter() - t0)
+    del step
 
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
     with torch.device("meta"):  # the reference's model FLOPs: nanoact's GPT with GPT-2's own MLP
         plain = GPT(GPTConfig(**args.shape))
-    tokens = args.batch_size * args.seq_len
+    memory = device_memory(args.device)
     results = {}
-    for c in contenders:
-        model, step = runners[c["label"]]
-        dt = statistics.median(times[c["label"]])
-        peak = None
-        if args.no_peak:
-            pass
-        elif args.device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
-            for i in range(2):
-                step(i)
-            peak = torch.cuda.max_memory_allocated()
-        else:
-            peak = peak_memory_child(args, c["label"])
-        counted = model if isinstance(model, GPT) else plain  # a gated MLP's FLOPs are its own shape's
-        results[c["label"]] = dict(contender=c, ms_per_step=1000 * dt, tok_per_s=tokens / dt,
-                                   mfu=counted.estimate_mfu(tokens / dt, args.seq_len, device_name), peak_bytes=peak,
-                                   saved_bytes=saved_for_backward_bytes(model, args, c["vocab_size"]),
-                                   params=counted.param_counts()["non_embedding"],
-                                   flops_per_token=counted.flops_per_token(args.seq_len))
+    for c in contenders:  # each measured, then freed: the next one's eager forward finds its memory
+        runner = runners.pop(c["label"])
+        results[c["label"]] = measure(args, c, runner, statistics.median(times[c["label"]]), memory, plain,
+                                      device_name)
+        del runner
+        if memory is not None:
+            memory.empty_cache()
 
     base_label = labels[0]
     base = results[base_label]
@@ -257,12 +309,12 @@ def main():
     width = max(len(label) for label in labels)
     mib = lambda b: "n/a" if b is None else f"{b / 2**20:.0f}"
     ratio = lambda a, b: "n/a" if a is None or b is None else f"{a / b:.3f}"
-    print(f"{'contender':{width}s} {'params*':>9s} {'ms/step':>9s} {'tok/s':>10s} {'MFU':>6s} {'peak MiB':>9s} "
+    print(f"{'contender':{width}s} {'params*':>9s} {'ms/step':>9s} {'tok/s':>10s} {'MFU':>6s} {'held MiB':>9s} {'peak MiB':>9s} "
           f"{'saved MiB':>9s} {'tok/s ratio':>11s} {'peak ratio':>10s}   (ratios to {base_label}; *outside embeddings)")
     for label, r in results.items():
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         print(f"{label:{width}s} {r['params']:9,d} {r['ms_per_step']:9.1f} {r['tok_per_s']:10.0f} {mfu:>6s} "
-              f"{mib(r['peak_bytes']):>9s} "
+              f"{mib(r['held_bytes']):>9s} {mib(r['peak_bytes']):>9s} "
               f"{r['saved_bytes'] / 2**20:9.1f} {r['tok_per_s'] / base['tok_per_s']:11.3f} "
               f"{ratio(r['peak_bytes'], base['peak_bytes']):>10s}")
     if args.json:

@@ -165,3 +165,48 @@ def test_the_step_section_times_a_training_step_on_this_device():
 
     ms, tok_per_s = step_ms(SimpleNamespace(device="cpu", precision="float32"), "tiny", 1, 8, "nswish", False, 1)
     assert ms > 0 and tok_per_s > 0
+
+
+
+def live_bytes():
+    """Bytes of the distinct storages of every tensor Python can reach: a kept loss, logits or autograd graph
+    (saved tensors are tensors) count; a CPU stand-in for torch.cuda.memory_allocated. gc.freeze() before a test
+    leaves out what existed then, and the scan is short."""
+    import gc
+
+    tensors = [o for o in gc.get_objects() if type(o) in (torch.Tensor, torch.nn.Parameter) and o.device.type == "cpu"]
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def test_each_contender_holds_its_state_only_and_its_peak_is_its_own(tmp_path, monkeypatch):
+    """bench/train_step.py with CUDA's memory API stood in for on the CPU: when each contender's peak is measured,
+    what is alive is exactly what the contenders not yet measured hold (weights, optimizer state, batches), no
+    graph of an earlier one (an eager forward once kept 17,060 MiB per contender alive on a GPU), and its peak is
+    its own steps' (a reset per contender, the others' bytes out), not the run's so far."""
+    import gc
+
+    from bench import train_step
+
+    step_bytes = 1000  # what the stand-in's peak adds to the bytes alive: a step's activations
+    alive, before_each = [], []
+    fake = SimpleNamespace(memory_allocated=lambda: alive.append(live_bytes()) or alive[-1],
+                           reset_peak_memory_stats=lambda: before_each.append(alive[-1]),
+                           max_memory_allocated=lambda: live_bytes() + step_bytes, empty_cache=lambda: None)
+    monkeypatch.setattr(train_step, "device_memory", lambda device: fake)
+    shape = '{"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64, "block_size": 16}'
+    gc.collect()  # a kept graph of an eager forward is a cycle through autograd that gc cannot free
+    gc.freeze()
+    try:
+        train_step.main(["--acts", 'reference,aglu,nswish{"loss_chunks": 2}', "--shape", shape, "--batch-size",
+                         "2", "--seq-len", "16", "--rounds", "1", "--steps", "1", "--warmup", "1",
+                         "--json", str(tmp_path / "steps.json")])
+        gc.collect()
+        left = live_bytes()
+    finally:
+        gc.unfreeze()
+    results = list(json.loads((tmp_path / "steps.json").read_text())["results"].values())
+    held = [r["held_bytes"] for r in results]
+    assert min(held) > 0
+    assert before_each == [sum(held[k:]) for k in range(len(held))]
+    assert [r["peak_bytes"] for r in results] == [h + step_bytes for h in held]
+    assert left == 0  # all freed
