@@ -1,7 +1,7 @@
 """One command for any GPU owner: everything nanoact could not run without a GPU, run on yours, PASS/FAIL with numbers.
 
-    python bench/gpu_check.py                      # one GPU: at most ~12 minutes; a CPU: kernels in Triton's interpreter
-    python bench/gpu_check.py --quick              # what decides whether a run is safe: at most ~3 minutes
+    python bench/gpu_check.py                      # one GPU: at most 10 minutes; a CPU: kernels in Triton's interpreter
+    python bench/gpu_check.py --quick              # what decides whether a run is safe: at most 3 min 10 s
     python bench/gpu_check.py --out runs/gpu_check # where gpu_check.json and gpu_check.md go (the default)
     python bench/gpu_check.py --only kernels,resume
     python bench/gpu_check.py --smoke              # every section at toy sizes on this device (tests the script itself)
@@ -30,10 +30,12 @@ a bug report: device, torch/Triton/CUDA versions, every figure). Exits 1 when a 
 """
 import argparse
 import datetime
+import gc
 import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -64,12 +66,17 @@ SECTIONS = ("kernels", "train_step", "loss_chunks", "attention", "resume", "hell
 BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 PARAMETRIC = ("aglu", "apa", "nswish", "nrelu", "nswish/per_instance", "nrelu/per_instance")
 QUICK = ("kernels", "resume", "hellaswag")  # what decides whether a run is safe: ~3 minutes on one GPU
-# Wall-clock bound of each section, seconds (full, --quick). Each section's work is sized to fit one recent GPU
-# (not measured: no GPU where this was written); past its bound a child process is stopped and the section
-# FAILs, and in-process timings start no new case (one already started, e.g. a max-autotune compile, finishes).
-# train_step compiles GPT-2 124M for each of its 6 contenders. One GPU, full: 11 min 45 s; --quick: 3 min 15 s.
-BOUNDS = {"kernels": (120, 60), "train_step": (240, None), "loss_chunks": (45, None), "attention": (90, None),
-          "resume": (90, 90), "hellaswag": (60, 45), "translation": (60, None), "ddp": (90, None)}
+# Wall-clock bound of each section, seconds (full, --quick), and what the command spends outside them (Python,
+# torch, Triton and CUDA starting, the environment read, the report written). Each section's work is sized to
+# fit one recent GPU (not measured: no GPU where this was written). On a GPU each section is a child process
+# (section_in_child), its start included in its bound, stopped with all it started at its bound: the section then
+# FAILs; inside, timings start no new case near the end, so what was timed is reported. train_step compiles GPT-2
+# 124M for each of its 6 contenders, after the activations' probes. One GPU, full: 10 min in all (one window of a
+# lent machine); --quick: 3 min 10 s.
+BOUNDS = {"kernels": (90, 60), "train_step": (240, None), "loss_chunks": (30, None), "attention": (50, None),
+          "resume": (70, 70), "hellaswag": (45, 45), "translation": (60, None), "ddp": (90, None)}
+STARTUP = 15
+CHILD_MARGIN = 5  # a section's child stops its own processes this many seconds before its bound
 
 
 class Skip(Exception):
@@ -107,19 +114,26 @@ def left(ctx):
 
 
 def run(ctx, cmd, env=None):
-    """A child process of this repository (its own torch, as a user runs it), killed when the section's bound is
-    spent; its output kept for the report."""
+    """A child process of this repository (its own torch, as a user runs it), killed with every process it started
+    (torchrun's workers, a probe) when the section's bound is spent; its output kept for the report."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    try:
-        result = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, capture_output=True, text=True,
-                                timeout=left(ctx))
-    except subprocess.TimeoutExpired:
-        raise OverBound(f"{' '.join(map(str, cmd[1:3]))} did not finish within the section's {ctx.bound} s bound; "
-                        "stopped") from None
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd[1:3]))} exited {result.returncode}: "
-                           f"{(result.stderr or result.stdout).strip()[-1500:]}")
-    return result.stdout
+    release()
+    timeout = left(ctx)
+    with subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as child:
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except BaseException as e:  # the bound, or Ctrl-C: a new session gets no terminal signal, so stop it here
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            if isinstance(e, subprocess.TimeoutExpired):
+                raise OverBound(f"{' '.join(map(str, cmd[1:3]))} did not finish within the section's {ctx.bound} s "
+                                "bound; stopped") from None
+            raise
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd[1:3]))} exited {child.returncode}: "
+                           f"{(stderr or stdout).strip()[-1500:]}")
+    return stdout
 
 
 def records(out_dir, kind):
@@ -127,10 +141,23 @@ def records(out_dir, kind):
     return [r for r in rows if r["kind"] == kind]
 
 
+def release():
+    """This process's cached CUDA memory back to the driver: a child (train_step's contenders, a trainer) can
+    use only what no other process keeps, and the caching allocator keeps what this one's sections freed."""
+    if torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def gpu_batch():
-    """B for the 124M training step at T=1024: 64 (the recipe) when the GPU has the memory for it."""
-    gib = torch.cuda.get_device_properties(0).total_memory / 2**30
-    return next(b for need, b in ((70, 64), (35, 32), (18, 16), (0, 8)) if gib >= need), round(gib, 1)
+    """B for the 124M training step at T=1024 from the GPU memory free now: 64 (the recipe) when it fits. Each of
+    the 6 contenders holds ~1.5 GiB (weights and AdamW state, fp32) all along; one step at B=64 adds ~40 GiB (the
+    B=32 peaks measured on an H200, doubled): 64 fits an 80 GB H100."""
+    release()
+    free, total = torch.cuda.mem_get_info()
+    gib = free / 2**30
+    return next(b for need, b in ((70, 64), (35, 32), (18, 16), (0, 8)) if gib >= need), round(gib, 1), \
+        round(total / 2**30, 1)
 
 
 # ---------------------------------------------------------------- sections
@@ -201,7 +228,8 @@ def trainer_choice(model, mlp_shape, ctx):
     """The kernel-or-PyTorch decision a run takes on this GPU: training/loop.py's call, made before compile with
     the run's platform, precision and compile choice (the one place this script asks; follow the trainers): the
     verdict cached for this GPU, or a probe in a child process, exactly as the run's first start would take it."""
-    return policy.select(model, mlp_shape, ctx.platform, ctx.device, PRECISIONS[ctx.precision], ctx.compile)
+    return policy.select(model, mlp_shape, ctx.platform, ctx.device, PRECISIONS[ctx.precision], ctx.compile,
+                         timeout=left(ctx))  # a probe cut short by the section's bound: the PyTorch path, as a run
 
 
 def step_contenders(ctx, preset, batch, seq):
@@ -223,7 +251,7 @@ def step_contenders(ctx, preset, batch, seq):
 
 
 def check_train_step(ctx):
-    batch, gib = (gpu_batch() if ctx.device == "cuda" else (2, None))
+    batch, free_gib, gib = (gpu_batch() if ctx.device == "cuda" else (2, None, None))
     preset, seq = ("gpt2_124m", 1024) if not ctx.smoke else ("tiny", 64)
     specs, chosen = step_contenders(ctx, preset, batch, seq)
     path = ctx.out / "train_step.json"
@@ -240,10 +268,11 @@ def check_train_step(ctx):
     def row(r):
         return {"ms_per_step": round(r["ms_per_step"], 1), "tok_per_s": round(r["tok_per_s"]),
                 "mfu": None if r["mfu"] is None else round(r["mfu"], 4),
-                "peak_mib": None if r["peak_bytes"] is None else round(r["peak_bytes"] / 2**20),
+                "held_mib": round(r["held_bytes"] / 2**20),  # weights, optimizer state, batches
+                "peak_mib": None if r["peak_bytes"] is None else round(r["peak_bytes"] / 2**20),  # its own steps
                 "tok_s_x_reference": round(r["tok_per_s"] / base, 3), "tok_s_x_gelu": round(r["tok_per_s"] / gelu, 3)}
 
-    fig = {"preset": preset, "B": batch, "T": seq, "gpu_memory_gib": gib, "compile": ctx.compile,
+    fig = {"preset": preset, "B": batch, "T": seq, "gpu_memory_gib": gib, "free_gib": free_gib, "compile": ctx.compile,
            "precision": ctx.precision, "reference": row(results["reference"]), "gelu": row(results["gelu"])}
     for act, (impl, reason) in chosen.items():
         fig[f"{act} [run: {impl}]"] = {**row(results[f'{act}{{"impl": "{impl}"}}']), "why": reason}
@@ -501,9 +530,43 @@ def plan(only, quick, runs_here):
     run here (`runs_here(name)`)."""
     names = [n for n in (QUICK if quick else SECTIONS) if n in only]
     running = [n for n in names if runs_here(n)]
-    bound = sum(BOUNDS[n][1 if quick else 0] for n in running)
+    bound = STARTUP + sum(BOUNDS[n][1 if quick else 0] for n in running)
     return names, (f"{len(running)} section(s) to run: {', '.join(running)}; each stops at its time bound, so at "
-                   f"most {bound // 60} min {bound % 60} s in all")
+                   f"most {bound // 60} min {bound % 60} s in all ({STARTUP} s of it starting and reporting)")
+
+
+def section(name, ctx):
+    """Run one section in this process: {"status", "figures"} or {"status", "reason"}."""
+    try:
+        ok, figures = CHECKS[name](ctx)
+        return {"status": "PASS" if ok else "FAIL", "figures": figures}
+    except Skip as e:
+        return {"status": "SKIP", "reason": str(e)}
+    except Exception as e:  # noqa: BLE001 - one broken check must not hide the others' figures
+        return {"status": "FAIL", "reason": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-4000:]}
+
+
+def section_in_child(name, ctx, flags):
+    """On a GPU every section runs in a process of its own: stopped at its bound even inside a compile, and the
+    GPU memory it used (the caching allocator's blocks, compiled graphs, CUDA graph pools) is the driver's again
+    once it exits, so each section finds the GPU as the first one did (the parent holds its CUDA context only)."""
+    try:
+        run(ctx, [sys.executable, "bench/gpu_check.py", "--section", name, "--deadline", ctx.deadline, *flags])
+    except (OverBound, RuntimeError) as e:
+        return {"status": "FAIL", "reason": str(e)}
+    return json.loads((ctx.out / f"section_{name}.json").read_text())
+
+
+def section_child(name, ctx, deadline):
+    """The child's side: the section, its own processes stopped a few seconds before the parent stops it, so
+    that it reports which one ran over; the result in OUT/section_NAME.json."""
+    ctx.bound = BOUNDS[name][1 if ctx.quick else 0]
+    ctx.deadline = deadline - CHILD_MARGIN
+    with tempfile.TemporaryDirectory(prefix=f"gpu_check_{name}_") as tmp:
+        ctx.tmp = Path(tmp)
+        result = section(name, ctx)
+    (ctx.out / f"section_{name}.json").write_text(json.dumps(result, default=str) + "\n")
+    return 0
 
 
 def main(argv=None):
@@ -514,6 +577,8 @@ def main(argv=None):
                    help=f"only what decides whether a run is safe: {', '.join(QUICK)} (kernels without timings)")
     p.add_argument("--smoke", action="store_true", help="every check at toy sizes on this device, eager on a CPU")
     p.add_argument("--reps", type=int, default=10, help="timed repetitions per figure")
+    p.add_argument("--section", choices=SECTIONS, help=argparse.SUPPRESS)  # on a GPU: one section, in a child
+    p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)  # its bound's end, seconds since the epoch
     args = p.parse_args(argv)
     only = args.only.split(",") if args.only else list(SECTIONS)
     unknown = set(only) - set(SECTIONS)
@@ -527,11 +592,14 @@ def main(argv=None):
     ctx = SimpleNamespace(device=device, platform=platform_, smoke=args.smoke, quick=args.quick, out=out,
                           reps=args.reps if not args.smoke else 2, precision=precision, dtype=PRECISIONS[precision],
                           compile=use_compile)
+    if args.section:
+        return section_child(args.section, ctx, args.deadline)
     env = environment(device)
     names, duration = plan(only, args.quick, lambda n: args.smoke or device == "cuda" and (
         n != "ddp" or env["gpus"] >= 2) or n == "kernels")
     print(f"gpu_check on {env['device']} ({env['capability']}) | torch {env['torch']} | Triton {env['triton']} | "
           f"CUDA {env['cuda']}" + (" | smoke sizes" if args.smoke else "") + f"\n{duration}", flush=True)
+    flags = ["--out", out, "--reps", args.reps] + ["--quick"] * args.quick + ["--smoke"] * args.smoke
     results = {}
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
@@ -544,14 +612,7 @@ def main(argv=None):
             t0 = time.time()
             ctx.bound = BOUNDS[name][1 if args.quick else 0]
             ctx.deadline = t0 + ctx.bound
-            try:
-                ok, figures = CHECKS[name](ctx)
-                results[name] = {"status": "PASS" if ok else "FAIL", "figures": figures}
-            except Skip as e:
-                results[name] = {"status": "SKIP", "reason": str(e)}
-            except Exception as e:  # noqa: BLE001 - one broken check must not hide the others' figures
-                results[name] = {"status": "FAIL", "reason": f"{type(e).__name__}: {e}"[:2000],
-                                 "traceback": traceback.format_exc()[-4000:]}
+            results[name] = section_in_child(name, ctx, flags) if device == "cuda" else section(name, ctx)
             results[name]["seconds"] = round(time.time() - t0, 1)
             results[name]["bound_seconds"] = ctx.bound
             r = results[name]
