@@ -199,16 +199,6 @@ def test_the_step_section_times_a_training_step_on_this_device():
 
 
 
-def live_bytes():
-    """Bytes of the distinct storages of every tensor Python can reach: a kept loss, logits or autograd graph
-    (saved tensors are tensors) count; a CPU stand-in for torch.cuda.memory_allocated. gc.freeze() before a test
-    leaves out what existed then, and the scan is short."""
-    import gc
-
-    tensors = [o for o in gc.get_objects() if type(o) in (torch.Tensor, torch.nn.Parameter) and o.device.type == "cpu"]
-    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
-
-
 def test_each_contender_holds_its_state_only_and_its_peak_is_its_own(tmp_path, monkeypatch):
     """bench/train_step.py with CUDA's memory API stood in for on the CPU: when each contender's peak is measured,
     what is alive is exactly what the contenders not yet measured hold (weights, optimizer state, batches), no
@@ -217,6 +207,7 @@ def test_each_contender_holds_its_state_only_and_its_peak_is_its_own(tmp_path, m
     import gc
 
     from bench import train_step
+    from bench.contender_memory import live_bytes  # CPU tensors' bytes: torch.cuda.memory_allocated's stand-in
 
     step_bytes = 1000  # what the stand-in's peak adds to the bytes alive: a step's activations
     alive, before_each = [], []
