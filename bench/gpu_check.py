@@ -25,7 +25,7 @@ and hellaswag (300 items):
     ddp           with 2+ GPUs: torchrun on every GPU against grad accumulation on one, same total batch
 
 It first says how long it may take: every section has a wall-clock bound (BOUNDS), past which its child process
-is stopped and it FAILs. Writes OUT/gpu_check.json and OUT/gpu_check.md (a block to paste into BENCHMARKS.md or
+(on a GPU every section is one, its memory the driver's again when it ends) is stopped and it FAILs. Writes OUT/gpu_check.json and OUT/gpu_check.md (a block to paste into BENCHMARKS.md or
 a bug report: device, torch/Triton/CUDA versions, every figure). Exits 1 when a check FAILs.
 """
 import argparse
