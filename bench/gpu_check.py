@@ -551,7 +551,7 @@ def section_in_child(name, ctx, flags):
     GPU memory it used (the caching allocator's blocks, compiled graphs, CUDA graph pools) is the driver's again
     once it exits, so each section finds the GPU as the first one did (the parent holds its CUDA context only)."""
     try:
-        run(ctx, [sys.executable, "bench/gpu_check.py", "--section", name, "--deadline", ctx.deadline, *flags])
+        run(ctx, [sys.executable, "bench/gpu_check.py", f"--section={name}", "--deadline", ctx.deadline, *flags])
     except (OverBound, RuntimeError) as e:
         return {"status": "FAIL", "reason": str(e)}
     return json.loads((ctx.out / f"section_{name}.json").read_text())
@@ -561,7 +561,7 @@ def section_child(name, ctx, deadline):
     """The child's side: the section, its own processes stopped a few seconds before the parent stops it, so
     that it reports which one ran over; the result in OUT/section_NAME.json."""
     ctx.bound = BOUNDS[name][1 if ctx.quick else 0]
-    ctx.deadline = deadline - CHILD_MARGIN
+    ctx.deadline = (deadline or time.time() + ctx.bound) - CHILD_MARGIN  # by hand, without a parent: its bound
     with tempfile.TemporaryDirectory(prefix=f"gpu_check_{name}_") as tmp:
         ctx.tmp = Path(tmp)
         result = section(name, ctx)

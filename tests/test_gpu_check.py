@@ -116,10 +116,10 @@ def test_on_a_gpu_each_section_is_a_child_that_reports_before_its_bound(tmp_path
     assert gpu_check.section_in_child("ddp", ctx, flags)["reason"] == "0 GPU(s): DDP needs 2 or more"  # a SKIP
 
     def dies(ctx, cmd):
-        raise RuntimeError("bench/gpu_check.py --section exited -9: ")
+        raise RuntimeError("bench/gpu_check.py --section=attention exited -9: ")
     monkeypatch.setattr(gpu_check, "run", dies)
     assert gpu_check.section_in_child("attention", ctx, flags) == {
-        "status": "FAIL", "reason": "bench/gpu_check.py --section exited -9: "}
+        "status": "FAIL", "reason": "bench/gpu_check.py --section=attention exited -9: "}
 
 
 @pytest.fixture
