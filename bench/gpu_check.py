@@ -269,7 +269,8 @@ def check_train_step(ctx):
         return {"ms_per_step": round(r["ms_per_step"], 1), "tok_per_s": round(r["tok_per_s"]),
                 "mfu": None if r["mfu"] is None else round(r["mfu"], 4),
                 "held_mib": round(r["held_bytes"] / 2**20),  # weights, optimizer state, batches
-                "peak_mib": None if r["peak_bytes"] is None else round(r["peak_bytes"] / 2**20),  # its own steps
+                "peak_mib": None if r["peak_bytes"] is None else round(r["peak_bytes"] / 2**20),  # its own steps'
+                "kept_mib_once_freed": None if r.get("kept_bytes") is None else round(r["kept_bytes"] / 2**20),
                 "tok_s_x_reference": round(r["tok_per_s"] / base, 3), "tok_s_x_gelu": round(r["tok_per_s"] / gelu, 3)}
 
     fig = {"preset": preset, "B": batch, "T": seq, "gpu_memory_gib": gib, "free_gib": free_gib, "compile": ctx.compile,

@@ -21,12 +21,13 @@ ladder plan.
 Each step is forward + backward + grad clip + AdamW (the trainers' own, `training/optimizer.py`, for every
 contender) on random tokens (data loading excluded). Contenders are timed in interleaved rounds (reference, gelu,
 aglu, ..., reference, ...) and each reports its median, so drift of a noisy machine hits all of them alike.
-Memory: what each contender holds between steps (weights,
-optimizer state, batches: nothing more), the bytes autograd saves for backward in one eager forward (exact, any
-device), and the peak of its own steps: on CUDA max_memory_allocated from a reset at its first measured step, less
-what the contenders still alive hold (each is freed once measured), so peak ratios compare activations; on CPU the
-peak RSS of a fresh process per contender. MFU: model FLOPs (6N + attention, model.py; N of each contender's own shape, so a gated MLP counts its three
-matrices) over the device's dense bf16 peak; n/a where unknown. params: each contender's parameters outside the
+Memory: what each contender holds between steps (weights, optimizer state, batches: nothing more), the bytes
+autograd saves for backward in one eager forward (exact, any device), and the peak of its own steps: on CUDA
+max_memory_allocated from a reset at its first measured step, less what the contenders still alive hold (each is
+freed once measured), so peak ratios compare activations, and what stays allocated once it is freed (kept: ~0, or
+compiled graphs hold memory); on CPU the peak RSS of a fresh process per contender. MFU: model FLOPs (6N +
+attention, model.py; N of each contender's own shape, so a gated MLP counts its three matrices) over the device's
+dense bf16 peak; n/a where unknown. params: each contender's parameters outside the
 embeddings (a gated name, e.g. swiglu or aglu_glu, is parameter-matched to the plain MLP: activations/gated.py).
 """
 import argparse
@@ -297,8 +298,10 @@ def main(argv=None):
         results[c["label"]] = measure(args, c, runner, statistics.median(times[c["label"]]), memory, plain,
                                       device_name)
         del runner
-        if memory is not None:
+        if memory is not None:  # what stays allocated once it is freed, beyond what the others hold: ~0
             memory.empty_cache()
+            results[c["label"]]["kept_bytes"] = memory.memory_allocated() - storage_bytes(
+                [t for r in runners.values() for t in r.held_tensors()])
 
     base_label = labels[0]
     base = results[base_label]

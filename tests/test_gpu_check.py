@@ -231,4 +231,5 @@ def test_each_contender_holds_its_state_only_and_its_peak_is_its_own(tmp_path, m
     assert min(held) > 0
     assert before_each == [sum(held[k:]) for k in range(len(held))]
     assert [r["peak_bytes"] for r in results] == [h + step_bytes for h in held]
+    assert [r["kept_bytes"] for r in results] == [0] * len(held)  # what train_step reports on a GPU
     assert left == 0  # all freed
