@@ -22,9 +22,10 @@ from activations import mlp_activation, telemetry
 from activations.gated import width_note
 from data.bits_per_byte import bits_per_byte, validation_bytes
 from data.loader import ShardLoader, shards_tokenizer
-from data.tokenizer import TOKENIZERS, VOCAB_SIZE, TokenizerError
+from data.tokenizer import TOKENIZERS, VOCAB_SIZE, TokenizerError, gpt2_tokenizer
+from errors import NanoactError
 from eval import hellaswag_items, internals, sparsity
-from eval.hellaswag import evaluate_model
+from eval.hellaswag import data_file, evaluate_model, load_items
 from model import GPT, GPTConfig, mlp_width, mlp_width_args, pretrained_gpt2
 from training import distributed
 from training.checkpoint import load_checkpoint
@@ -162,6 +163,26 @@ class GPTTrainer(Trainer):
                                  f"act {cfg.model.act} | "
                                  f"grad accum {self.accum}")
 
+    def inputs(self):
+        """HellaSwag's file and tokenizer, resolved before step 0 rather than at the first HellaSwag step."""
+        return [self.resolve_hellaswag] if self.cfg.eval.hellaswag_interval else []
+
+    def resolve_hellaswag(self):
+        """The HellaSwag jsonl (--hellaswag-data, else the cached download, fetched now if absent), read and
+        checked; the GPT-2 tokenizer it is scored with, and a model with a row for each of its tokens."""
+        e = self.cfg.eval
+        try:
+            self.hellaswag_path = data_file(e.hellaswag_data or None, "--hellaswag-data")
+            load_items(self.hellaswag_path, e.hellaswag_limit or None)
+            vocab = gpt2_tokenizer().n_vocab
+        except NanoactError as error:
+            raise type(error)(f"--hellaswag-interval {e.hellaswag_interval}: {error}; or train without HellaSwag: "
+                              "--hellaswag-interval 0") from None
+        if self.cfg.model.vocab_size < vocab:
+            raise ConfigError(f"--hellaswag-interval {e.hellaswag_interval}: HellaSwag is scored in GPT-2 tokens "
+                              f"(ids up to {vocab - 1:,}) but the model's vocab_size is {self.cfg.model.vocab_size:,}; "
+                              "train on GPT-2 shards with --vocab-size 50304, or --hellaswag-interval 0")
+
     def learning_rate(self, step):
         o = self.cfg.optim
         return warmup_cosine(step, o.warmup_steps, o.max_steps, o.max_lr, o.min_lr)
@@ -206,7 +227,7 @@ class GPTTrainer(Trainer):
             # the final evaluation scores both ways and keeps every item's predictions for paired comparisons
             # (eval/compare_items.py, the sweep report); the ones before only the completion scoring they log
             items = hellaswag_items.run_items_file(self.cfg.run.out_dir, step, e.hellaswag_limit) if last else None
-            hella = evaluate_model(model, device=d.device, data_path=e.hellaswag_data or None,
+            hella = evaluate_model(model, device=d.device, data_path=self.hellaswag_path,
                                    limit=e.hellaswag_limit or None, scoring="both" if last else "completion",
                                    dist_info=d, autocast=self.ctx.autocast, progress=False, cache=True,
                                    items_file=items, about={"scored_by": hellaswag_items.TRAINING,

@@ -177,6 +177,17 @@ class TranslationTrainer(Trainer):
                                  f"{cfg.data.max_len}) | step: {step} | {self.loader.steps_per_epoch()} steps/epoch | "
                                  f"{f'{shapes} batch shapes' if shapes else 'exact-length batches'}")
 
+    def inputs(self):
+        """The test split's sources and references, read before step 0 when the run ends with test BLEU."""
+        return [self.read_test_split] if self.cfg.eval.test_at_end else []
+
+    def read_test_split(self):
+        try:
+            self.test_text = split_lines(self.cfg.data, "test")
+        except DataError as e:
+            raise type(e)(f"test BLEU at the end (--test-at-end): {e}; or train without it: --test-at-end false") \
+                from None
+
     def learning_rate(self, step):
         return inverse_sqrt(step, self.cfg.optim.warmup_steps, self.cfg.optim.lr)
 
@@ -251,13 +262,8 @@ class TranslationTrainer(Trainer):
         """Greedy and beam BLEU on the test split: the run's closing record."""
         if not self.cfg.eval.test_at_end:
             return None
-        try:
-            results = split_bleu(self.model, self.sp, *split_lines(self.cfg.data, "test"), self.cfg.eval,
-                                 self.ctx.dist, self.cfg.run.out_dir, "test")
-        except DataError as e:
-            if self.ctx.dist.master:
-                print(f"no test BLEU: {e}", flush=True)
-            return None
+        results = split_bleu(self.model, self.sp, *self.test_text, self.cfg.eval, self.ctx.dist, self.cfg.run.out_dir,
+                             "test")
         return {"sentences": results["greedy"]["sentences"], **{f"bleu_{k}": v["bleu"] for k, v in results.items()},
                 **{f"sent_per_s_{k}": v["sentences_per_s"] for k, v in results.items()}}
 

@@ -6,20 +6,22 @@ A trainer subclasses Trainer and writes only what is its own:
     learning_rate(step) -> float
     forward_backward(model, seed_micro_batch) -> (mean loss tensor, tokens)   one step's passes on this rank
     evaluate(step, last, model) -> Evaluation               its evaluations, on the model evaluations run
-    optional: step_fields(tok_per_s), after_step(step), checkpoint_state(evaluation),
+    optional: inputs() -> checks, step_fields(tok_per_s), after_step(step), checkpoint_state(evaluation),
               finish(step) -> closing record or None
 
 The base class keeps no attribute a trainer reads: a hook gets what it needs as arguments, or from what the
 trainer itself kept in build (its Context, its loaders). tests/test_loop.py trains a trainer of 40 lines.
 
 fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
-build; resume; the activation kernels' decision (activations/policy.py); the run log; compile and DDP; the loop; the trainer's
-closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and at the end),
+build; resume; the preflight (training/preflight.py: the trainer's inputs, out_dir writable, disk for the
+checkpoints); the activation kernels' decision (activations/policy.py); the run log; compile and DDP; the loop;
+the trainer's closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and at the end),
 train step (the trainer's forward_backward, then activations.step_statistics: NSwish/NReLU's running statistics
 from the whole step's batch, one all-reduce; then clipping and the optimizer), log, the trainer's after_step,
 checkpoint (every checkpoint_interval steps and on a signal), stop;
 at the end the checkpoint follows the final evaluation, so the file the closing line names holds the numbers it
-prints. The stdout lines' format is training/runlog.py's.
+prints. An evaluation that raises (the trainer's closing one included) is logged with its traceback, that step's
+checkpoint is written, and the run goes on (`unless_failed`). The stdout lines' format is training/runlog.py's.
 
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
 a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
@@ -28,8 +30,11 @@ whose peer died, ends the rank with one line naming the step and what it waited 
 torchrun --max-restarts the next attempt resumes the newest checkpoint that verifies.
 """
 import contextlib
+import gc
 import math
+import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from activations import policy, step_statistics
 from activations.impl import model_identity
-from training import distributed, hardware, runlog
+from training import distributed, hardware, preflight, runlog
 from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resumed_changes,
                                  resume_training, save_training_checkpoint)
 from training.config import ConfigError, to_dict
@@ -106,6 +111,7 @@ class Run:
     # what the closing line and wandb's summary report, and checkpoints keep: over the whole run, resumes included
     best_val: tuple | None = None  # (lowest val loss, its step)
     config_changes: list = field(default_factory=list)  # [{step, changes: {option: {from, to}}}] (--resume-changes)
+    saved_step: int | None = None  # the step of the newest checkpoint this fit() wrote
 
 
 def param_line(counts):
@@ -146,6 +152,11 @@ class Trainer:
         compiles, never DDP). Every rank calls it: evaluations split their work over ranks."""
         raise NotImplementedError
 
+    def inputs(self):
+        """Checks (callables raising a NanoactError) of what the trainer reads after step 0, e.g. an evaluation's
+        data: run on every rank before the first step (training/preflight.py), so a missing one costs no training."""
+        return []
+
     def step_fields(self, tok_per_s):
         """Extra numbers for the step's record and stdout line (e.g. MFU, epoch)."""
         return {}
@@ -183,6 +194,11 @@ class Trainer:
                 changes = resumed_changes(ckpt, cfg)
                 if ckpt.get("scaler"):
                     ctx.scaler.load_state_dict(ckpt["scaler"])
+            # before step 0, every rank at once: what the run reads later and where it writes (training/preflight.py)
+            self.waiting = (start, "the check of the run's inputs and out_dir (training/preflight.py)")
+            writes = preflight.out_dir_checks(run_cfg.out_dir, parts.model, parts.optimizer, start, parts.max_steps,
+                                              run_cfg.checkpoint_interval, run_cfg.keep_checkpoints) if d.master else []
+            preflight.resolve([*self.inputs(), *writes], d)
             # before compile and DDP: the kernels checked and timed on this GPU, at this run's shape and dtype, or
             # the decision this run (or the run named by --kernels-from) recorded under the same key
             recorded = ckpt.get("kernels") if ckpt else None
@@ -218,7 +234,7 @@ class Trainer:
             stop = GracefulStop()
             self.loop(run, stop)
             if not stop.requested:
-                closing = self.finish(run.step)
+                closing = self.unless_failed(run, lambda: self.finish(run.step))
                 if closing is not None:
                     log.record(run.step, kind="test", **closing)
                 self.close(run, start)
@@ -313,7 +329,11 @@ class Trainer:
 
     def evaluation(self, run, last):
         self.waiting = (run.step, "the evaluation (validation loss all-reduce)")
-        result = self.evaluate(run.step, last, run.eval_model)
+        result = self.unless_failed(run, lambda: self.evaluate(run.step, last, run.eval_model))
+        if result is None:
+            if not last and run.saved_step != run.step:  # the last step saves next anyway
+                self.checkpoint(run)  # this step's weights, to evaluate again
+            return
         run.evals.append(result.fields)
         val = result.fields.get("val_loss")
         if val is not None and (run.best_val is None or val < run.best_val[0]):
@@ -324,6 +344,36 @@ class Trainer:
         run.log.record(run.step, kind="eval", tokens=run.tokens, **flops, **result.fields)
         if run.ctx.dist.master:
             print(runlog.eval_line(run.step, run.parts.max_steps, result.text), flush=True)
+
+    def unless_failed(self, run, evaluation):
+        """evaluation()'s result, or None on every rank when it raised on any: an evaluation's failure (a bad
+        file, a full disk, an OOM) never costs the training. The model goes back to training mode, what the
+        evaluation held on the GPU is freed, and log.txt (`eval_failed`) and metrics.jsonl (`evaluation: failed`,
+        with the lowest failing rank's traceback) record it; the caller saves and goes on."""
+        try:
+            result, failure = evaluation(), None
+        except Exception as e:
+            if run.ctx.dist.ddp and distributed.collective_failure(e):
+                raise  # a lost or stalled peer: fit() ends the rank with its one line
+            failure = "".join(traceback.format_exception(e))
+        self.waiting = (run.step, "the evaluation's outcome (gathered from every rank)")
+        failures = [f for f in distributed.gather_objects(failure, run.ctx.dist) if f]
+        if not failures:
+            return result
+        failure = failures[0]
+        run.parts.model.train()
+        if run.ctx.dist.device_type == "cuda":  # give back what the evaluation held (its traceback's frames too)
+            gc.collect()
+            torch.cuda.empty_cache()
+        error = failure.strip().splitlines()[-1]
+        run.evals.append({"evaluation": "failed", "error": error})
+        run.log.scalar(run.step, "eval_failed", 1)
+        run.log.record(run.step, kind="eval", tokens=run.tokens, evaluation="failed", error=error, traceback=failure)
+        if run.ctx.dist.master:
+            print(failure, end="", file=sys.stderr, flush=True)
+            print(runlog.eval_line(run.step, run.parts.max_steps, f"evaluation failed ({error}); the run goes on"),
+                  flush=True)
+        return None
 
     def train_step(self, run):
         """One optimizer step: (loss, lr, grad norm, seconds, tokens of all ranks)."""
@@ -379,6 +429,7 @@ class Trainer:
                  **self.checkpoint_state(run.evals[-1] if run.evals else None)}
         self.waiting = (run.step, f"checkpoint model_{run.step:05d}.pt (gathering states, then rank 0 saving it)")
         save_training_checkpoint(state, parts.loader, run.ctx.dist, cfg.run.out_dir, run.step, cfg.run.keep_checkpoints)
+        run.saved_step = run.step
 
     def close(self, run, start_step):
         """The finished run's numbers for wandb's summary, and the closing stdout line: the best val loss is the
