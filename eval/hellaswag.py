@@ -285,7 +285,7 @@ def score_plan(model, plan, device, autocast=None, progress=True, dist_info=None
             ll.index_copy_(0, share.to(device), sums[:len(share)])
 
     d = dist_info or distributed.Dist()
-    distributed.before_collective(score_rows, d)  # an OOM on one rank: all ranks fail here, none waits below
+    distributed.before_collective(score_rows, d)  # an OOM on one rank: every rank fails here, none waits below
     if d.ddp:  # each row was scored on one rank, zeros elsewhere: the sum is exact
         dist.all_reduce(ll)
     return ll.cpu()
@@ -311,14 +311,16 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
     if scoring not in (*SCORINGS, "both"):
         raise ConfigError(f"unknown scoring {scoring!r}; choose completion, lm_eval or both")
     scorings = SCORINGS if scoring == "both" else (scoring,)
-    rank, world = (dist_info.rank, dist_info.world_size) if dist_info is not None else (0, 1)
-    plan = prepare(data_path or download(), limit, scorings, block_size_of(model), 4 * batch_items, rank, world,
-                   length_step(model), cache)
+    d = dist_info or distributed.Dist()
+    # a file that went bad under one rank: every rank fails here, none waits for it in score_plan's collectives
+    plan = distributed.before_collective(lambda: prepare(data_path or download(), limit, scorings, block_size_of(model),
+                                                         4 * batch_items, d.rank, d.world_size, length_step(model),
+                                                         cache), d)
     was_training = model.training
     model.eval()
     try:
         t0 = time.time()
-        ll = score_plan(model, plan, device, autocast, progress and rank == 0, dist_info)
+        ll = score_plan(model, plan, device, autocast, progress and d.master, d)
         seconds = time.time() - t0
     finally:
         model.train(was_training)
@@ -333,8 +335,8 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
                          "acc_norm_ci95": wilson(k_norm, n), "correct": k_acc, "correct_norm": k_norm,
                          "interval": "wilson", "seconds": seconds, "scored_with": "+".join(scorings),
                          "rows": plan.n_rows, "forwards": len(plan.batches)}
-    if items_file is not None and rank == 0:
-        setup = scoring_setup(model, device, autocast, 4 * batch_items, world)
+    if items_file is not None and d.master:
+        setup = scoring_setup(model, device, autocast, 4 * batch_items, d.world_size)
         write_items(items_file, plan, ll, scorings, data_path or download(), limit, {**(about or {}), "setup": setup})
     return results
 

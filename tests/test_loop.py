@@ -151,11 +151,12 @@ def test_a_failed_evaluation_costs_no_training(tmp_path, capsys):
     assert "step    20/40 | evaluation failed (torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 " \
            "GiB); the run goes on" in out.out and 'in evaluate\n    raise torch.OutOfMemoryError' in out.err
     assert [p.name for p in sorted((tmp_path / "failed").glob("model_*.pt"))] == ["model_00020.pt", "model_00040.pt"]
-    assert load_checkpoint(tmp_path / "failed" / "model_00020.pt", kind="linear")["loader"] == [{"pos": 20}]
     records = [json.loads(line) for line in (tmp_path / "failed" / "metrics.jsonl").read_text().splitlines()]
     failure, = [r for r in records if r.get("evaluation") == "failed"]
-    assert failure["step"] == 20 and failure["kind"] == "eval" and failure["error"].startswith("torch.OutOfMemoryError")
+    assert failure["step"] == 20 and failure["kind"] == "eval" and failure["error"].startswith("torch.OutOfMemory")
     assert failure["traceback"].startswith("Traceback (most recent call last):") and "in evaluate" in failure["traceback"]
+    saved = load_checkpoint(tmp_path / "failed" / "model_00020.pt", kind="linear")
+    assert saved["loader"] == [{"pos": 20}] and saved["val_loss"] is None
     assert [r["step"] for r in records if "val_loss" in r] == [0, 40]
     assert "20 eval_failed 1.000000\n" in (tmp_path / "failed" / "log.txt").read_text()
 

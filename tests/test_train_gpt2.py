@@ -321,10 +321,11 @@ def test_hellaswag_is_resolved_before_step_0(tmp_path, hellaswag_file, gpt2_enc,
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=200)
     bad = hellaswag_file(2)
     bad.write_text(bad.read_text() + "{not json\n")
-    options, message = {"offline": ({}, "offline? pass --hellaswag-data path/to/hellaswag_val.jsonl, fetched where"),
-                        "malformed file": ({"hellaswag_data": bad}, f"{bad.name}:3: not valid JSON"),
-                        "vocabulary": ({"hellaswag_data": hellaswag_file(2, name="ok.jsonl")},
-                                       "the model's vocab_size is 64; train on GPT-2 shards with --vocab-size 50304")}[case]
+    options, message = {
+        "offline": ({}, "offline? pass --hellaswag-data path/to/hellaswag_val.jsonl, fetched where"),
+        "malformed file": ({"hellaswag_data": bad}, f"{bad.name}:3: not valid JSON"),
+        "vocabulary": ({"hellaswag_data": hellaswag_file(2, name="ok.jsonl")},
+                       "the model's vocab_size is 64; train on GPT-2 shards with --vocab-size 50304")}[case]
     error = cli_error(args(data, tmp_path / "out", hellaswag_interval=250, checkpoint_interval=0, max_steps=3,
                            **options))
     assert error.startswith("error: --hellaswag-interval 250: ") and message in error and "\n" not in error, error

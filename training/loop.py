@@ -15,12 +15,11 @@ trainer itself kept in build (its Context, its loaders). tests/test_loop.py trai
 fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
 build; resume; the preflight (training/preflight.py: the trainer's inputs, out_dir writable, disk for the
 checkpoints); the activation kernels' decision (activations/policy.py); the run log; compile and DDP; the loop;
-the trainer's closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and at the end),
-train step (the trainer's forward_backward, then activations.step_statistics: NSwish/NReLU's running statistics
-from the whole step's batch, one all-reduce; then clipping and the optimizer), log, the trainer's after_step,
-checkpoint (every checkpoint_interval steps and on a signal), stop;
-at the end the checkpoint follows the final evaluation, so the file the closing line names holds the numbers it
-prints. An evaluation that raises (the trainer's closing one included) is logged with its traceback, that step's
+the trainer's closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and
+at the end), train step (the trainer's forward_backward, then activations.step_statistics: NSwish/NReLU's running
+statistics from the whole step's batch, one all-reduce; then clipping and the optimizer), log, the trainer's
+after_step, checkpoint (every checkpoint_interval steps and on a signal), stop; at the end the checkpoint follows
+the final evaluation, so the file the closing line names holds the numbers it prints. An evaluation that raises (the trainer's closing one included) is logged with its traceback, that step's
 checkpoint is written, and the run goes on (`unless_failed`). The stdout lines' format is training/runlog.py's.
 
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
@@ -331,6 +330,7 @@ class Trainer:
         self.waiting = (run.step, "the evaluation (validation loss all-reduce)")
         result = self.unless_failed(run, lambda: self.evaluate(run.step, last, run.eval_model))
         if result is None:
+            run.evals.append({"evaluation": "failed"})  # this step's checkpoint holds no val loss
             if not last and run.saved_step != run.step:  # the last step saves next anyway
                 self.checkpoint(run)  # this step's weights, to evaluate again
             return
@@ -366,7 +366,6 @@ class Trainer:
             gc.collect()
             torch.cuda.empty_cache()
         error = failure.strip().splitlines()[-1]
-        run.evals.append({"evaluation": "failed", "error": error})
         run.log.scalar(run.step, "eval_failed", 1)
         run.log.record(run.step, kind="eval", tokens=run.tokens, evaluation="failed", error=error, traceback=failure)
         if run.ctx.dist.master:
@@ -434,15 +433,15 @@ class Trainer:
     def close(self, run, start_step):
         """The finished run's numbers for wandb's summary, and the closing stdout line: the best val loss is the
         whole run's (a resumed run's earlier evaluations are in its checkpoint's best_val)."""
-        val = [e["val_loss"] for e in run.evals if e.get("val_loss") is not None]
+        final = run.evals[-1].get("val_loss") if run.evals else None  # None: the final evaluation failed
         best, best_step = run.best_val or (None, None)
         ckpt = latest_checkpoint(self.cfg.run.out_dir)
         seconds = time.time() - run.started
         run.log.summary(start_step=start_step, final_step=run.step, tokens=run.tokens, wall_time_s=seconds,
-                        final_val_loss=val[-1] if val else None, best_val_loss=best, best_val_step=best_step,
+                        final_val_loss=final, best_val_loss=best, best_val_step=best_step,
                         checkpoint=str(ckpt) if ckpt else None)
         if run.ctx.dist.master:
-            print(runlog.summary_line(start_step, run.step, seconds, val[-1] if val else None, run.best_val, Path(self.cfg.run.out_dir),
+            print(runlog.summary_line(start_step, run.step, seconds, final, run.best_val, Path(self.cfg.run.out_dir),
                                       ckpt), flush=True)
 
 
