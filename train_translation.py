@@ -228,19 +228,22 @@ class TranslationTrainer(Trainer):
         val = self.validation_loss()
         result = Evaluation({"val_loss": val}, f"val loss {val:.4f}")
         if step > 0:  # an untrained model's BLEU is 0 and its greedy outputs run to the length cap
-            src, ref = self.valid_text
-            n = self.cfg.eval.bleu_sentences or len(src)
-            with self.ctx.autocast:
-                bleu, _, _, seconds = translate_and_score(model, self.sp, src[:n], ref[:n], self.cfg.eval, d, 1)
-            result.scalars["bleu"] = bleu
-            result.fields.update(bleu=bleu, bleu_sentences=n, bleu_seconds=seconds)
-            result.text += f" | valid BLEU (greedy) {bleu:.2f} | {decode_cost(n, seconds)}"
+            result.attempt("bleu", self.valid_bleu, d)  # a BLEU that raises is logged, the val loss kept
         if d.master:
             x, y_in, _ = self.val_loader.batch(len(self.val_loader) // 2)
             result.fields["telemetry"] = telemetry.collect(model, (x.to(d.device), y_in.to(d.device)),
                                                            self.ctx.autocast)
         result.scalars["val"] = val
         return result
+
+    def valid_bleu(self):
+        src, ref = self.valid_text
+        n = self.cfg.eval.bleu_sentences or len(src)
+        with self.ctx.autocast:
+            bleu, _, _, seconds = translate_and_score(self.model, self.sp, src[:n], ref[:n], self.cfg.eval,
+                                                      self.ctx.dist, 1)
+        return Evaluation({"bleu": bleu, "bleu_sentences": n, "bleu_seconds": seconds},
+                          f" | valid BLEU (greedy) {bleu:.2f} | {decode_cost(n, seconds)}", {"bleu": bleu})
 
     @torch.no_grad()
     def validation_loss(self):

@@ -345,6 +345,34 @@ def test_the_hellaswag_file_given_passes_the_preflight_and_is_the_one_scored(tmp
     assert trainer.hellaswag_path == hella
 
 
+def test_a_hellaswag_that_fails_mid_run_keeps_the_val_loss_and_the_run(tmp_path, monkeypatch, capsys):
+    """HellaSwag's file is damaged after step 0: at step 2 its evaluation raises; the val loss of that step is kept,
+    the failure logged with its traceback, model_00002.pt written (none was due), and the run finishes."""
+    import train_gpt2
+    from errors import DataError
+
+    def hellaswag(self, step, last, model):  # its preflight and scoring are tested above: here only its outcome
+        if step == 2:
+            raise DataError("hellaswag_val.jsonl:1: not valid JSON")
+        return train_gpt2.Evaluation({"hellaswag_acc": 0.25}, " | hellaswag acc 0.2500", {"hella": 0.25})
+
+    monkeypatch.setattr(train_gpt2.GPTTrainer, "inputs", lambda self: [])
+    monkeypatch.setattr(train_gpt2.GPTTrainer, "hellaswag", hellaswag)
+    data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
+    train_in_process(args(data, tmp_path / "out", max_steps=3, eval_interval=2, hellaswag_interval=2,
+                          checkpoint_interval=0))
+    out = capsys.readouterr()
+    assert re.search(r"step     2/3 \| val loss \d\.\d{4} \| hellaswag failed\n", out.out), out.out
+    assert "step     2/3 | hellaswag failed (errors.DataError: hellaswag_val.jsonl:1: not valid JSON); the run goes " \
+           "on" in out.out and "in hellaswag\n" in out.err and "done: steps 0-3" in out.out
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], "hellaswag_acc" in r) for r in records if "val_loss" in r] == [(0, True), (2, False), (3, True)]
+    failure, = [r for r in records if r.get("evaluation") == "failed"]
+    assert failure["part"] == "hellaswag" and failure["traceback"].startswith("Traceback")
+    assert "2 eval_failed 1.000000" in (tmp_path / "out" / "log.txt").read_text()
+    assert sorted(p.name for p in (tmp_path / "out").glob("model_*.pt")) == ["model_00002.pt", "model_00003.pt"]
+
+
 def test_init_seed_offset_changes_the_init_and_keeps_the_data_order(tmp_path):
     """A sweep's A/A control: torch's RNG from seed + init_seed_offset, the data order from the seed alone."""
     from training.checkpoint import load_checkpoint

@@ -20,7 +20,7 @@ at the end), train step (the trainer's forward_backward, then activations.step_s
 statistics from the whole step's batch, one all-reduce; then clipping and the optimizer), log, the trainer's
 after_step, checkpoint (every checkpoint_interval steps and on a signal), stop; at the end the checkpoint follows
 the final evaluation, so the file the closing line names holds the numbers it prints. An evaluation that raises (the trainer's closing one included) is logged with its traceback, that step's
-checkpoint is written, and the run goes on (`unless_failed`). The stdout lines' format is training/runlog.py's.
+checkpoint is written, and the run goes on (`outcome`, `Evaluation.attempt`). The stdout lines' format is training/runlog.py's.
 
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
 a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
@@ -91,6 +91,34 @@ class Evaluation:
     fields: dict
     text: str
     scalars: dict = field(default_factory=dict)  # kind -> value, e.g. {"val": 3.28, "hella": 0.29}
+    failed: dict = field(default_factory=dict)  # part -> traceback of the parts that raised (attempt)
+
+    def attempt(self, part, evaluation, d):
+        """Add evaluation()'s Evaluation to this one, or, when it raised on any rank, its traceback to `failed`:
+        a part that fails (HellaSwag) leaves the others (the val loss) recorded. Every rank calls it."""
+        done, failure = outcome(evaluation, d)
+        if failure is not None:
+            self.failed[part] = failure
+            self.text += f" | {part} failed"
+            return
+        self.fields.update(done.fields)
+        self.scalars.update(done.scalars)
+        self.text += done.text
+        self.failed.update(done.failed)
+
+
+def outcome(work, d):
+    """(work()'s result, None), or (None, the traceback of the lowest rank where it raised) on every rank (one gather):
+    an evaluation's failure (a bad file, a full disk, an OOM) is recorded, never the end of the run. A lost or
+    stalled peer is re-raised: fit() ends the rank with its one line."""
+    try:
+        result, failure = work(), None
+    except Exception as e:
+        if d.ddp and distributed.collective_failure(e):
+            raise
+        result, failure = None, "".join(traceback.format_exception(e))
+    failures = [f for f in distributed.gather_objects(failure, d) if f]
+    return (result, None) if not failures else (None, failures[0])
 
 
 @dataclass
@@ -233,7 +261,9 @@ class Trainer:
             stop = GracefulStop()
             self.loop(run, stop)
             if not stop.requested:
-                closing = self.unless_failed(run, lambda: self.finish(run.step))
+                closing, failure = outcome(lambda: self.finish(run.step), d)
+                if failure is not None:
+                    self.record_failures(run, {"finish": failure})
                 if closing is not None:
                     log.record(run.step, kind="test", **closing)
                 self.close(run, start)
@@ -328,51 +358,40 @@ class Trainer:
 
     def evaluation(self, run, last):
         self.waiting = (run.step, "the evaluation (validation loss all-reduce)")
-        result = self.unless_failed(run, lambda: self.evaluate(run.step, last, run.eval_model))
-        if result is None:
-            run.evals.append({"evaluation": "failed"})  # this step's checkpoint holds no val loss
-            if not last and run.saved_step != run.step:  # the last step saves next anyway
-                self.checkpoint(run)  # this step's weights, to evaluate again
-            return
-        run.evals.append(result.fields)
+        result, failure = outcome(lambda: self.evaluate(run.step, last, run.eval_model), run.ctx.dist)
+        result = result or Evaluation({}, "", failed={"evaluation": failure})
+        run.evals.append(result.fields)  # a failed evaluation's: empty, so this step's checkpoint holds no val loss
         val = result.fields.get("val_loss")
         if val is not None and (run.best_val is None or val < run.best_val[0]):
             run.best_val = (val, run.step)
         for kind, value in result.scalars.items():
             run.log.scalar(run.step, kind, value)
         flops = {} if run.parts.flops_per_token is None else {"flops": run.tokens * run.parts.flops_per_token}
-        run.log.record(run.step, kind="eval", tokens=run.tokens, **flops, **result.fields)
-        if run.ctx.dist.master:
+        if result.fields:
+            run.log.record(run.step, kind="eval", tokens=run.tokens, **flops, **result.fields)
+        if run.ctx.dist.master and result.fields:
             print(runlog.eval_line(run.step, run.parts.max_steps, result.text), flush=True)
+        if result.failed:
+            self.record_failures(run, result.failed)
+            if not last and run.saved_step != run.step:  # the last step saves next anyway
+                self.checkpoint(run)  # this step's weights, to evaluate again
 
-    def unless_failed(self, run, evaluation):
-        """evaluation()'s result, or None on every rank when it raised on any: an evaluation's failure (a bad
-        file, a full disk, an OOM) never costs the training. The model goes back to training mode, what the
-        evaluation held on the GPU is freed, and log.txt (`eval_failed`) and metrics.jsonl (`evaluation: failed`,
-        with the lowest failing rank's traceback) record it; the caller saves and goes on."""
-        try:
-            result, failure = evaluation(), None
-        except Exception as e:
-            if run.ctx.dist.ddp and distributed.collective_failure(e):
-                raise  # a lost or stalled peer: fit() ends the rank with its one line
-            failure = "".join(traceback.format_exception(e))
-        self.waiting = (run.step, "the evaluation's outcome (gathered from every rank)")
-        failures = [f for f in distributed.gather_objects(failure, run.ctx.dist) if f]
-        if not failures:
-            return result
-        failure = failures[0]
+    def record_failures(self, run, failures):
+        """Evaluations that raised ({part: traceback}) cost no training: the model goes back to training mode, what
+        they held on the GPU is freed, and log.txt (`eval_failed`), metrics.jsonl (`evaluation: failed`, with the
+        traceback) and stderr record them; the run goes on (docs/training.md says why)."""
         run.parts.model.train()
         if run.ctx.dist.device_type == "cuda":  # give back what the evaluation held (its traceback's frames too)
             gc.collect()
             torch.cuda.empty_cache()
-        error = failure.strip().splitlines()[-1]
-        run.log.scalar(run.step, "eval_failed", 1)
-        run.log.record(run.step, kind="eval", tokens=run.tokens, evaluation="failed", error=error, traceback=failure)
-        if run.ctx.dist.master:
-            print(failure, end="", file=sys.stderr, flush=True)
-            print(runlog.eval_line(run.step, run.parts.max_steps, f"evaluation failed ({error}); the run goes on"),
-                  flush=True)
-        return None
+        run.log.scalar(run.step, "eval_failed", len(failures))
+        for part, failure in failures.items():
+            error = failure.strip().splitlines()[-1]
+            run.log.record(run.step, kind="eval", evaluation="failed", part=part, error=error, traceback=failure)
+            if run.ctx.dist.master:
+                print(failure, end="", file=sys.stderr, flush=True)
+                print(runlog.eval_line(run.step, run.parts.max_steps, f"{part} failed ({error}); the run goes on"),
+                      flush=True)
 
     def train_step(self, run):
         """One optimizer step: (loss, lr, grad norm, seconds, tokens of all ranks)."""
