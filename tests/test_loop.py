@@ -154,7 +154,8 @@ def test_a_failed_evaluation_costs_no_training(tmp_path, capsys):
     records = [json.loads(line) for line in (tmp_path / "failed" / "metrics.jsonl").read_text().splitlines()]
     failure, = [r for r in records if r.get("evaluation") == "failed"]
     assert failure["step"] == 20 and failure["kind"] == "eval" and failure["error"].startswith("torch.OutOfMemory")
-    assert failure["traceback"].startswith("Traceback (most recent call last):") and "in evaluate" in failure["traceback"]
+    assert failure["traceback"].startswith("Traceback (most recent call last):")
+    assert "in evaluate" in failure["traceback"] and failure["part"] == "evaluation"
     saved = load_checkpoint(tmp_path / "failed" / "model_00020.pt", kind="linear")
     assert saved["loader"] == [{"pos": 20}] and saved["val_loss"] is None
     assert [r["step"] for r in records if "val_loss" in r] == [0, 40]

@@ -19,8 +19,9 @@ the trainer's closing work and the summary line. The loop runs, per step: evalua
 at the end), train step (the trainer's forward_backward, then activations.step_statistics: NSwish/NReLU's running
 statistics from the whole step's batch, one all-reduce; then clipping and the optimizer), log, the trainer's
 after_step, checkpoint (every checkpoint_interval steps and on a signal), stop; at the end the checkpoint follows
-the final evaluation, so the file the closing line names holds the numbers it prints. An evaluation that raises (the trainer's closing one included) is logged with its traceback, that step's
-checkpoint is written, and the run goes on (`outcome`, `Evaluation.attempt`). The stdout lines' format is training/runlog.py's.
+the final evaluation, so the file the closing line names holds the numbers it prints. An evaluation that raises
+(the trainer's closing one included) is logged with its traceback, that step's checkpoint is written, and the run
+goes on (`outcome`, `Evaluation.attempt`). The stdout lines' format is training/runlog.py's.
 
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
 a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
@@ -108,9 +109,9 @@ class Evaluation:
 
 
 def outcome(work, d):
-    """(work()'s result, None), or (None, the traceback of the lowest rank where it raised) on every rank (one gather):
-    an evaluation's failure (a bad file, a full disk, an OOM) is recorded, never the end of the run. A lost or
-    stalled peer is re-raised: fit() ends the rank with its one line."""
+    """(work()'s result, None), or on every rank (one gather) (None, the traceback of the lowest rank where it
+    raised): an evaluation's failure (a bad file, a full disk, an OOM) is recorded, never the end of the run. A lost
+    or stalled peer is re-raised: fit() ends the rank with its one line."""
     try:
         result, failure = work(), None
     except Exception as e:
