@@ -22,9 +22,10 @@ from activations import mlp_activation, telemetry
 from activations.gated import width_note
 from data.bits_per_byte import bits_per_byte, validation_bytes
 from data.loader import ShardLoader, shards_tokenizer
-from data.tokenizer import TOKENIZERS, VOCAB_SIZE, TokenizerError
+from data.tokenizer import TOKENIZERS, VOCAB_SIZE, TokenizerError, gpt2_tokenizer
+from errors import NanoactError
 from eval import hellaswag_items, internals, sparsity
-from eval.hellaswag import evaluate_model
+from eval.hellaswag import data_file, evaluate_model, load_items
 from model import GPT, GPTConfig, mlp_width, mlp_width_args, pretrained_gpt2
 from training import distributed
 from training.checkpoint import load_checkpoint
@@ -162,6 +163,26 @@ class GPTTrainer(Trainer):
                                  f"act {cfg.model.act} | "
                                  f"grad accum {self.accum}")
 
+    def inputs(self):
+        """HellaSwag's file and tokenizer, resolved before step 0 rather than at the first HellaSwag step."""
+        return [self.resolve_hellaswag] if self.cfg.eval.hellaswag_interval else []
+
+    def resolve_hellaswag(self):
+        """The HellaSwag jsonl (--hellaswag-data, else the cached download, fetched now if absent), read and
+        checked; the GPT-2 tokenizer it is scored with, and a model with a row for each of its tokens."""
+        e = self.cfg.eval
+        try:
+            self.hellaswag_path = data_file(e.hellaswag_data or None, "--hellaswag-data")
+            load_items(self.hellaswag_path, e.hellaswag_limit or None)
+            vocab = gpt2_tokenizer().n_vocab
+        except NanoactError as error:
+            raise type(error)(f"--hellaswag-interval {e.hellaswag_interval}: {error}; or train without HellaSwag: "
+                              "--hellaswag-interval 0") from None
+        if self.cfg.model.vocab_size < vocab:
+            raise ConfigError(f"--hellaswag-interval {e.hellaswag_interval}: HellaSwag is scored in GPT-2 tokens "
+                              f"(ids up to {vocab - 1:,}) but the model's vocab_size is {self.cfg.model.vocab_size:,}; "
+                              "train on GPT-2 shards with --vocab-size 50304, or --hellaswag-interval 0")
+
     def learning_rate(self, step):
         o = self.cfg.optim
         return warmup_cosine(step, o.warmup_steps, o.max_steps, o.max_lr, o.min_lr)
@@ -202,34 +223,44 @@ class GPTTrainer(Trainer):
             result.fields["measure"] = {"sparsity": sparsity.on_batch(self.model, batch, self.ctx.autocast),
                                         **internals.measure(self.model, batch, self.ctx.autocast)}
         if e.hellaswag_interval and (step % e.hellaswag_interval == 0 or last):
-            t0 = time.time()  # the whole call: the first one also tokenizes (then cached) and compiles
-            # the final evaluation scores both ways and keeps every item's predictions for paired comparisons
-            # (eval/compare_items.py, the sweep report); the ones before only the completion scoring they log
-            items = hellaswag_items.run_items_file(self.cfg.run.out_dir, step, e.hellaswag_limit) if last else None
-            hella = evaluate_model(model, device=d.device, data_path=e.hellaswag_data or None,
-                                   limit=e.hellaswag_limit or None, scoring="both" if last else "completion",
-                                   dist_info=d, autocast=self.ctx.autocast, progress=False, cache=True,
-                                   items_file=items, about={"scored_by": hellaswag_items.TRAINING,
-                                                            "run": self.cfg.run.out_dir, "step": step,
-                                                            "act": self.cfg.model.act})["completion"]
-            seconds = time.time() - t0
-            result.scalars["hella"] = hella["acc_norm"]
-            result.fields.update(hellaswag_acc=hella["acc"], hellaswag_acc_norm=hella["acc_norm"],
-                                 hellaswag_seconds=seconds)
-            result.text += f" | hellaswag acc {hella['acc']:.4f} acc_norm {hella['acc_norm']:.4f} ({seconds:.1f}s)"
+            # a HellaSwag that raises (a damaged file, an OOM) is logged, and the val loss above kept
+            result.attempt("hellaswag", lambda: self.hellaswag(step, last, model), d)
         return result
+
+    def hellaswag(self, step, last, model):
+        d, e = self.ctx.dist, self.cfg.eval
+        t0 = time.time()  # the whole call: the first one also tokenizes (then cached) and compiles
+        # the final evaluation scores both ways and keeps every item's predictions for paired comparisons
+        # (eval/compare_items.py, the sweep report); the ones before only the completion scoring they log
+        items = hellaswag_items.run_items_file(self.cfg.run.out_dir, step, e.hellaswag_limit) if last else None
+        hella = evaluate_model(model, device=d.device, data_path=self.hellaswag_path,
+                               limit=e.hellaswag_limit or None, scoring="both" if last else "completion",
+                               dist_info=d, autocast=self.ctx.autocast, progress=False, cache=True,
+                               items_file=items, about={"scored_by": hellaswag_items.TRAINING,
+                                                        "run": self.cfg.run.out_dir, "step": step,
+                                                        "act": self.cfg.model.act})["completion"]
+        seconds = time.time() - t0
+        return Evaluation({"hellaswag_acc": hella["acc"], "hellaswag_acc_norm": hella["acc_norm"],
+                           "hellaswag_seconds": seconds},
+                          f" | hellaswag acc {hella['acc']:.4f} acc_norm {hella['acc_norm']:.4f} ({seconds:.1f}s)",
+                          {"hella": hella["acc_norm"]})
 
     @torch.no_grad()
     def validation_loss(self, model):
         d = self.ctx.dist
+
+        def loss_sum():
+            total = torch.zeros((), device=d.device)
+            for _ in range(self.val_steps):
+                x, y = self.val_loader.next_batch()
+                with self.ctx.autocast:
+                    _, loss = model(x.to(d.device), y.to(d.device))
+                total += loss.detach()
+            return total
+
         model.eval()
         self.val_loader.reset()
-        total = torch.zeros((), device=d.device)
-        for _ in range(self.val_steps):
-            x, y = self.val_loader.next_batch()
-            with self.ctx.autocast:
-                _, loss = model(x.to(d.device), y.to(d.device))
-            total += loss.detach()
+        total = distributed.before_collective(loss_sum, d)  # an OOM on one rank: all fail here, none waits below
         model.train()
         return distributed.all_reduce_mean(total / self.val_steps, d).item()
 

@@ -177,6 +177,17 @@ class TranslationTrainer(Trainer):
                                  f"{cfg.data.max_len}) | step: {step} | {self.loader.steps_per_epoch()} steps/epoch | "
                                  f"{f'{shapes} batch shapes' if shapes else 'exact-length batches'}")
 
+    def inputs(self):
+        """The test split's sources and references, read before step 0 when the run ends with test BLEU."""
+        return [self.read_test_split] if self.cfg.eval.test_at_end else []
+
+    def read_test_split(self):
+        try:
+            self.test_text = split_lines(self.cfg.data, "test")
+        except DataError as e:
+            raise type(e)(f"test BLEU at the end (--test-at-end): {e}; or train without it: --test-at-end false") \
+                from None
+
     def learning_rate(self, step):
         return inverse_sqrt(step, self.cfg.optim.warmup_steps, self.cfg.optim.lr)
 
@@ -217,19 +228,22 @@ class TranslationTrainer(Trainer):
         val = self.validation_loss()
         result = Evaluation({"val_loss": val}, f"val loss {val:.4f}")
         if step > 0:  # an untrained model's BLEU is 0 and its greedy outputs run to the length cap
-            src, ref = self.valid_text
-            n = self.cfg.eval.bleu_sentences or len(src)
-            with self.ctx.autocast:
-                bleu, _, _, seconds = translate_and_score(model, self.sp, src[:n], ref[:n], self.cfg.eval, d, 1)
-            result.scalars["bleu"] = bleu
-            result.fields.update(bleu=bleu, bleu_sentences=n, bleu_seconds=seconds)
-            result.text += f" | valid BLEU (greedy) {bleu:.2f} | {decode_cost(n, seconds)}"
+            result.attempt("bleu", self.valid_bleu, d)  # a BLEU that raises is logged, the val loss kept
         if d.master:
             x, y_in, _ = self.val_loader.batch(len(self.val_loader) // 2)
             result.fields["telemetry"] = telemetry.collect(model, (x.to(d.device), y_in.to(d.device)),
                                                            self.ctx.autocast)
         result.scalars["val"] = val
         return result
+
+    def valid_bleu(self):
+        src, ref = self.valid_text
+        n = self.cfg.eval.bleu_sentences or len(src)
+        with self.ctx.autocast:
+            bleu, _, _, seconds = translate_and_score(self.model, self.sp, src[:n], ref[:n], self.cfg.eval,
+                                                      self.ctx.dist, 1)
+        return Evaluation({"bleu": bleu, "bleu_sentences": n, "bleu_seconds": seconds},
+                          f" | valid BLEU (greedy) {bleu:.2f} | {decode_cost(n, seconds)}", {"bleu": bleu})
 
     @torch.no_grad()
     def validation_loss(self):
@@ -251,13 +265,8 @@ class TranslationTrainer(Trainer):
         """Greedy and beam BLEU on the test split: the run's closing record."""
         if not self.cfg.eval.test_at_end:
             return None
-        try:
-            results = split_bleu(self.model, self.sp, *split_lines(self.cfg.data, "test"), self.cfg.eval,
-                                 self.ctx.dist, self.cfg.run.out_dir, "test")
-        except DataError as e:
-            if self.ctx.dist.master:
-                print(f"no test BLEU: {e}", flush=True)
-            return None
+        results = split_bleu(self.model, self.sp, *self.test_text, self.cfg.eval, self.ctx.dist, self.cfg.run.out_dir,
+                             "test")
         return {"sentences": results["greedy"]["sentences"], **{f"bleu_{k}": v["bleu"] for k, v in results.items()},
                 **{f"sent_per_s_{k}": v["sentences_per_s"] for k, v in results.items()}}
 

@@ -37,8 +37,10 @@ def translate_and_score(model, sp, src, ref, ecfg, d, beam, progress=False):
     """Translate src (split over ranks), gather, score: (BLEU, signature, hypotheses, decode seconds) on
     every rank."""
     t0 = time.time()
-    mine = translate(model, sp, src[d.rank::d.world_size], beam, ecfg.len_penalty, ecfg.max_len_a, ecfg.max_len_b,
-                     ecfg.decode_batch, d.device, progress and d.master)
+    # an OOM on one rank: every rank fails before the gather, none waits there for it
+    mine = distributed.before_collective(lambda: translate(model, sp, src[d.rank::d.world_size], beam, ecfg.len_penalty,
+                                                           ecfg.max_len_a, ecfg.max_len_b, ecfg.decode_batch, d.device,
+                                                           progress and d.master), d)
     parts = distributed.gather_objects(mine, d)
     hyps = [None] * len(src)
     for r, part in enumerate(parts):

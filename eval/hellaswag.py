@@ -64,8 +64,9 @@ SCORINGS = ("completion", "lm_eval")
 
 
 
-def download(url=URL):
-    """The validation jsonl, fetched once into the cache (atomically, so concurrent ranks are safe)."""
+def download(url=URL, flag="--data"):
+    """The validation jsonl, fetched once into the cache (atomically, so concurrent ranks are safe). `flag`: the
+    option of the calling command that takes a local copy instead, for the offline error."""
     path = cache_root() / "hellaswag_val.jsonl"
     if path.is_file():
         return path
@@ -74,7 +75,8 @@ def download(url=URL):
         with urllib.request.urlopen(url, timeout=30) as r, atomic_file(path) as f:
             f.write(r.read())
     except OSError as e:
-        raise DataError(f"cannot download {url} ({e}); offline? pass --data path/to/hellaswag_val.jsonl") from None
+        raise DataError(f"cannot download {url} ({e}); offline? pass {flag} path/to/hellaswag_val.jsonl, fetched where "
+                        f"there is a network with `curl -fLo hellaswag_val.jsonl {url}`") from None
     return path
 
 
@@ -97,11 +99,16 @@ def check_item(item):
     return None
 
 
-def require_file(path):
+def require_file(path, flag="--data"):
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: no such file; pass --data path/to/hellaswag_val.jsonl or omit it to download")
+        raise DataError(f"{path}: no such file; pass {flag} path/to/hellaswag_val.jsonl or omit it to download")
     return path
+
+
+def data_file(path=None, flag="--data"):
+    """The HellaSwag jsonl to score: `path` when given, else the cached copy, downloaded first if absent."""
+    return require_file(path, flag) if path else download(flag=flag)
 
 
 def load_items(path, limit=None):
@@ -268,13 +275,18 @@ def prepare(data_path, limit, scorings, block_size, batch_rows, rank=0, world_si
     return _PLANS[key]
 
 
-def score_plan(model, plan, device, autocast=None, progress=True, world_size=1):
+def score_plan(model, plan, device, autocast=None, progress=True, dist_info=None):
     """Summed log-likelihood of every row (float64, on the CPU), the same on every rank."""
     ll = torch.zeros(plan.n_rows, dtype=torch.float64, device=device)
-    for share, idx, tgt in tqdm(plan.batches, desc="hellaswag", unit="batch", disable=not progress, leave=False):
-        sums, _, _ = score_batch(model, idx.to(device), tgt.to(device), autocast, greedy=False)
-        ll.index_copy_(0, share.to(device), sums[:len(share)])
-    if world_size > 1:  # each row was scored on one rank, zeros elsewhere: the sum is exact
+
+    def score_rows():
+        for share, idx, tgt in tqdm(plan.batches, desc="hellaswag", unit="batch", disable=not progress, leave=False):
+            sums, _, _ = score_batch(model, idx.to(device), tgt.to(device), autocast, greedy=False)
+            ll.index_copy_(0, share.to(device), sums[:len(share)])
+
+    d = dist_info or distributed.Dist()
+    distributed.before_collective(score_rows, d)  # an OOM on one rank: every rank fails here, none waits below
+    if d.ddp:  # each row was scored on one rank, zeros elsewhere: the sum is exact
         dist.all_reduce(ll)
     return ll.cpu()
 
@@ -299,14 +311,16 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
     if scoring not in (*SCORINGS, "both"):
         raise ConfigError(f"unknown scoring {scoring!r}; choose completion, lm_eval or both")
     scorings = SCORINGS if scoring == "both" else (scoring,)
-    rank, world = (dist_info.rank, dist_info.world_size) if dist_info is not None else (0, 1)
-    plan = prepare(data_path or download(), limit, scorings, block_size_of(model), 4 * batch_items, rank, world,
-                   length_step(model), cache)
+    d = dist_info or distributed.Dist()
+    # a file that went bad under one rank: every rank fails here, none waits for it in score_plan's collectives
+    plan = distributed.before_collective(lambda: prepare(data_path or download(), limit, scorings, block_size_of(model),
+                                                         4 * batch_items, d.rank, d.world_size, length_step(model),
+                                                         cache), d)
     was_training = model.training
     model.eval()
     try:
         t0 = time.time()
-        ll = score_plan(model, plan, device, autocast, progress and rank == 0, world)
+        ll = score_plan(model, plan, device, autocast, progress and d.master, d)
         seconds = time.time() - t0
     finally:
         model.train(was_training)
@@ -321,8 +335,8 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
                          "acc_norm_ci95": wilson(k_norm, n), "correct": k_acc, "correct_norm": k_norm,
                          "interval": "wilson", "seconds": seconds, "scored_with": "+".join(scorings),
                          "rows": plan.n_rows, "forwards": len(plan.batches)}
-    if items_file is not None and rank == 0:
-        setup = scoring_setup(model, device, autocast, 4 * batch_items, world)
+    if items_file is not None and d.master:
+        setup = scoring_setup(model, device, autocast, 4 * batch_items, d.world_size)
         write_items(items_file, plan, ll, scorings, data_path or download(), limit, {**(about or {}), "setup": setup})
     return results
 

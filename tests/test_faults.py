@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import errors
 from errors import DistributedError
 from test_data import fineweb  # noqa: F401 (a fixture: data.fineweb with an offline tokenizer, or a skip)
 from test_train_gpt2 import ROOT, args, cli_error, final_weights, train_in_process, train_losses, write_corpus
@@ -256,6 +258,74 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_checkpoints(tmp_p
     assert sorted(p.name for p in (tmp_path / "out").glob("*.pt*")) == ["model_00002.pt", "model_00002.pt.sha256"]
     assert not list((tmp_path / "out").glob(".*tmp*"))
     assert checkpoint.verify_checksum(tmp_path / "out" / "model_00002.pt")
+
+
+def test_a_disk_without_room_for_the_checkpoints_is_refused_before_step_0(tmp_path, monkeypatch):
+    """The preflight's estimate of a checkpoint (weights and AdamW's moments) is the file's tensors; the disk must
+    hold the checkpoints the run keeps at once, the one being saved included, before the first step."""
+    from training import preflight
+
+    estimates, estimate = [], preflight.checkpoint_bytes
+    monkeypatch.setattr(preflight, "checkpoint_bytes", lambda *a: estimates.append(estimate(*a)) or estimates[-1])
+    data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
+    train_in_process(args(data, tmp_path / "room", max_steps=2, checkpoint_interval=0))
+    size = (tmp_path / "room" / "model_00002.pt").stat().st_size
+    assert 0 < size - estimates[0] < 2**16, (estimates, size)  # the rest: Adam's step counts, RNG, the zip's framing
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: usage._replace(free=3 * estimates[0]))
+    # checkpoints at steps 2, 4, 6 and 8, three kept: four at once while the fourth replaces the first
+    error = cli_error(args(data, tmp_path / "full", max_steps=8, checkpoint_interval=2, keep_checkpoints=3))
+    assert error.startswith(f"error: --out-dir {tmp_path / 'full'}: ") and "the 4 new checkpoint(s)" in error, error
+    assert "lower --keep-checkpoints" in error and not (tmp_path / "full" / "metrics.jsonl").exists()
+    preflight.disk_room(tmp_path / "full", estimates[0], written=4, keep=2)()  # three fit
+    with pytest.raises(errors.ConfigError, match="the 2 new checkpoint"):  # a resume: 2 of the 3 kept are there
+        preflight.disk_room(tmp_path / "room", 2 * estimates[0], written=4, keep=2)()
+
+
+def test_the_preflight_stops_every_rank_with_the_first_failing_ranks_error(monkeypatch):
+    """Rank 0 checks first (a download then lands once), the others after it; every rank raises the lowest failing
+    rank's error at once (the gather is faked here: this is the decision each rank takes from it)."""
+    from training import preflight
+
+    ran = []
+
+    def fake_gather(verdicts):
+        rounds = iter(verdicts)
+        monkeypatch.setattr(preflight.distributed, "gather_objects", lambda problem, d: next(rounds))
+
+    fake_gather([[("DataNotFound", "hellaswag_val.jsonl: no such file; pass --hellaswag-data"), None]])
+    with pytest.raises(errors.DataNotFound, match=r"^rank 0: hellaswag_val\.jsonl: no such file"):
+        preflight.resolve([lambda: ran.append("rank 1 checked")], Dist(rank=1, world_size=2))
+    assert ran == []  # rank 0 failed first: rank 1 never checked
+
+    def offline():
+        raise errors.TokenizerError("cannot load tiktoken's gpt2 encoding")
+
+    fake_gather([[None, None], [None, ("TokenizerError", "cannot load tiktoken's gpt2 encoding")]])
+    with pytest.raises(errors.TokenizerError, match="^rank 1: cannot load"):
+        preflight.resolve([lambda: ran.append("rank 0 checked")], Dist(rank=0, world_size=2))
+    assert ran == ["rank 0 checked"]
+    fake_gather([[None, None], [None, ("TokenizerError", "cannot load tiktoken's gpt2 encoding")]])
+    with pytest.raises(errors.TokenizerError, match="^cannot load"):  # its own error: no rank named
+        preflight.resolve([offline], Dist(rank=1, world_size=2))
+
+
+def test_work_that_fails_on_one_rank_fails_on_every_rank_before_the_next_collective(monkeypatch):
+    """HellaSwag's scoring on one GPU runs out of memory: the other ranks raise too, rather than wait in the
+    all-reduce that follows for a rank that never comes (the all-reduce of the outcome is faked here)."""
+    from training import distributed
+
+    monkeypatch.setattr(distributed, "any_rank", lambda failed, d: True)  # the other rank's work raised
+    with pytest.raises(RuntimeError, match="^this work failed on another rank"):
+        distributed.before_collective(lambda: "scored", Dist(rank=0, world_size=2))
+
+    def out_of_memory():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(torch.OutOfMemoryError):  # its own error, on the rank that failed
+        distributed.before_collective(out_of_memory, Dist(rank=1, world_size=2))
+    monkeypatch.setattr(distributed, "any_rank", lambda failed, d: failed)
+    assert distributed.before_collective(lambda: "scored", Dist(rank=0, world_size=2)) == "scored"
 
 
 @pytest.mark.long

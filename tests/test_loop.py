@@ -125,6 +125,43 @@ def test_resume_of_the_new_trainer_is_exact(tmp_path):
     assert [s["start_step"] for s in segments] == [0, 20] and segments[1]["environment"]["grad_accum"] == 1
 
 
+class EvaluationFails(LinearTrainer):
+    """Its evaluation at step 20 switches the model to eval mode, then runs out of memory."""
+
+    def evaluate(self, step, last, model):
+        if step == 20:
+            model.eval()
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().evaluate(step, last, model)
+
+    def forward_backward(self, model, seed_micro_batch):
+        assert model.training, "a step trained in eval mode"
+        return super().forward_backward(model, seed_micro_batch)
+
+
+def test_a_failed_evaluation_costs_no_training(tmp_path, capsys):
+    """The failure is logged with its traceback, the step's checkpoint written (none was due: interval 0), and
+    the run goes on to the weights of a run whose evaluations never failed."""
+    runs = {name: config(tmp_path / name, checkpoint_interval=0) for name in ("straight", "failed")}
+    for cfg in runs.values():
+        cfg.optim.max_steps = 40
+    straight, failed = LinearTrainer(runs["straight"]).fit(), EvaluationFails(runs["failed"]).fit()
+    assert torch.equal(failed.weight, straight.weight) and torch.equal(failed.bias, straight.bias)
+    out = capsys.readouterr()
+    assert "step    20/40 | evaluation failed (torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 " \
+           "GiB); the run goes on" in out.out and 'in evaluate\n    raise torch.OutOfMemoryError' in out.err
+    assert [p.name for p in sorted((tmp_path / "failed").glob("model_*.pt"))] == ["model_00020.pt", "model_00040.pt"]
+    records = [json.loads(line) for line in (tmp_path / "failed" / "metrics.jsonl").read_text().splitlines()]
+    failure, = [r for r in records if r.get("evaluation") == "failed"]
+    assert failure["step"] == 20 and failure["kind"] == "eval" and failure["error"].startswith("torch.OutOfMemory")
+    assert failure["traceback"].startswith("Traceback (most recent call last):")
+    assert "in evaluate" in failure["traceback"] and failure["part"] == "evaluation"
+    saved = load_checkpoint(tmp_path / "failed" / "model_00020.pt", kind="linear")
+    assert saved["loader"] == [{"pos": 20}] and saved["val_loss"] is None
+    assert [r["step"] for r in records if "val_loss" in r] == [0, 40]
+    assert "20 eval_failed 1.000000\n" in (tmp_path / "failed" / "log.txt").read_text()
+
+
 class FailingTrainer(LinearTrainer):
     """Fails in its first forward_backward: a bug of its own (numpy's ValueError for shapes that do not
     broadcast), or bad input it reports as the project does."""

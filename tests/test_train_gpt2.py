@@ -306,6 +306,73 @@ def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc,
         assert sum(items.correct("completion", metric, range(8))) / 8 == evals[-1][key]
 
 
+@pytest.mark.parametrize("case", ["offline", "malformed file", "vocabulary"])
+def test_hellaswag_is_resolved_before_step_0(tmp_path, hellaswag_file, gpt2_enc, monkeypatch, case):
+    """The recipe offline: HellaSwag's download fails, or its file is bad, or the model cannot score GPT-2 tokens;
+    the run stops before its first step (no log written, nothing trained) with one line naming the trainer's
+    option, not eval/hellaswag.py's --data."""
+    from eval import hellaswag
+
+    def offline(*args, **kwargs):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(hellaswag.urllib.request, "urlopen", offline)
+    monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "cache"))  # no cached copy either
+    data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=200)
+    bad = hellaswag_file(2)
+    bad.write_text(bad.read_text() + "{not json\n")
+    options, message = {
+        "offline": ({}, "offline? pass --hellaswag-data path/to/hellaswag_val.jsonl, fetched where"),
+        "malformed file": ({"hellaswag_data": bad}, f"{bad.name}:3: not valid JSON"),
+        "vocabulary": ({"hellaswag_data": hellaswag_file(2, name="ok.jsonl")},
+                       "the model's vocab_size is 64; train on GPT-2 shards with --vocab-size 50304")}[case]
+    error = cli_error(args(data, tmp_path / "out", hellaswag_interval=250, checkpoint_interval=0, max_steps=3,
+                           **options))
+    assert error.startswith("error: --hellaswag-interval 250: ") and message in error and "\n" not in error, error
+    assert " --data " not in error and "--hellaswag-interval 0" in error
+    assert not (tmp_path / "out" / "metrics.jsonl").exists() and not (tmp_path / "out" / "log.txt").exists()
+
+
+def test_the_hellaswag_file_given_passes_the_preflight_and_is_the_one_scored(tmp_path, hellaswag_file, gpt2_enc):
+    import train_gpt2
+    from training.config import load_config
+
+    hella = hellaswag_file(3)
+    trainer = train_gpt2.GPTTrainer(load_config(train_gpt2.TrainConfig, ["--hellaswag-interval", "250",
+                                                                         "--hellaswag-data", str(hella)]))
+    assert trainer.inputs() == [trainer.resolve_hellaswag]
+    trainer.resolve_hellaswag()  # reads the file and loads the tokenizer; downloads nothing
+    assert trainer.hellaswag_path == hella
+
+
+def test_a_hellaswag_that_fails_mid_run_keeps_the_val_loss_and_the_run(tmp_path, monkeypatch, capsys):
+    """HellaSwag's file is damaged after step 0: at step 2 its evaluation raises; the val loss of that step is kept,
+    the failure logged with its traceback, model_00002.pt written (none was due), and the run finishes."""
+    import train_gpt2
+    from errors import DataError
+
+    def hellaswag(self, step, last, model):  # its preflight and scoring are tested above: here only its outcome
+        if step == 2:
+            raise DataError("hellaswag_val.jsonl:1: not valid JSON")
+        return train_gpt2.Evaluation({"hellaswag_acc": 0.25}, " | hellaswag acc 0.2500", {"hella": 0.25})
+
+    monkeypatch.setattr(train_gpt2.GPTTrainer, "inputs", lambda self: [])
+    monkeypatch.setattr(train_gpt2.GPTTrainer, "hellaswag", hellaswag)
+    data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
+    train_in_process(args(data, tmp_path / "out", max_steps=3, eval_interval=2, hellaswag_interval=2,
+                          checkpoint_interval=0))
+    out = capsys.readouterr()
+    assert re.search(r"step     2/3 \| val loss \d\.\d{4} \| hellaswag failed\n", out.out), out.out
+    assert "step     2/3 | hellaswag failed (errors.DataError: hellaswag_val.jsonl:1: not valid JSON); the run goes " \
+           "on" in out.out and "in hellaswag\n" in out.err and "done: steps 0-3" in out.out
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], "hellaswag_acc" in r) for r in records if "val_loss" in r] == [(0, True), (2, False), (3, True)]
+    failure, = [r for r in records if r.get("evaluation") == "failed"]
+    assert failure["part"] == "hellaswag" and failure["traceback"].startswith("Traceback")
+    assert "2 eval_failed 1.000000" in (tmp_path / "out" / "log.txt").read_text()
+    assert sorted(p.name for p in (tmp_path / "out").glob("model_*.pt")) == ["model_00002.pt", "model_00003.pt"]
+
+
 def test_init_seed_offset_changes_the_init_and_keeps_the_data_order(tmp_path):
     """A sweep's A/A control: torch's RNG from seed + init_seed_offset, the data order from the seed alone."""
     from training.checkpoint import load_checkpoint

@@ -140,6 +140,17 @@ def test_bad_files_stop_with_one_line_errors(tmp_path):
                                     "--valid-prefix", str(tmp_path / "nowhere" / "valid")))
 
 
+def test_a_missing_test_split_stops_the_run_before_step_0(tmp_path):
+    """Test BLEU at the end needs the test references: a run without them stops before its first step, not after
+    its last (where it used to end without test BLEU)."""
+    corpus = write_corpus(tmp_path / "c", n_train=30)
+    (corpus / "test.en").unlink()
+    with pytest.raises(SystemExit, match=r"^error: test BLEU at the end \(--test-at-end\): .*test\.en not found .*"
+                                         r"--test-prefix .*--test-at-end false$"):
+        train_translation.main(args(corpus, tmp_path / "o", tmp_path / "spm", "--max-steps", "2"))
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
 def test_compiled_training_gets_padded_static_shapes(runs, tmp_path, monkeypatch, capsys):
     """With compile on, the trainer pads batches (pad_multiple 8 by default) and compiles with dynamic=False;
     the step is the same computation (torch.compile is replaced by a recorder: compiling is tested above)."""

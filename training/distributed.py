@@ -173,6 +173,22 @@ def any_rank(flag, d):
     return bool(t.item())
 
 
+def before_collective(work, d):
+    """work() (it must use no collective), then one all-reduce saying whether it raised on any rank: every rank
+    raises before the collective that follows, so a failure on one rank (a CUDA OOM on one GPU) never leaves the
+    others waiting in that collective for it. Returns work()'s result."""
+    error = None
+    try:
+        result = work()
+    except Exception as e:
+        if not d.ddp:
+            raise
+        error = e
+    if any_rank(error is not None, d):
+        raise error or RuntimeError("this work failed on another rank (that rank's log has its traceback)")
+    return result
+
+
 def gather_objects(obj, d):
     """Every rank's `obj`, as a list on every rank (used for per-rank RNG states in checkpoints)."""
     if not d.ddp:

@@ -6,20 +6,22 @@ A trainer subclasses Trainer and writes only what is its own:
     learning_rate(step) -> float
     forward_backward(model, seed_micro_batch) -> (mean loss tensor, tokens)   one step's passes on this rank
     evaluate(step, last, model) -> Evaluation               its evaluations, on the model evaluations run
-    optional: step_fields(tok_per_s), after_step(step), checkpoint_state(evaluation),
+    optional: inputs() -> checks, step_fields(tok_per_s), after_step(step), checkpoint_state(evaluation),
               finish(step) -> closing record or None
 
 The base class keeps no attribute a trainer reads: a hook gets what it needs as arguments, or from what the
 trainer itself kept in build (its Context, its loaders). tests/test_loop.py trains a trainer of 40 lines.
 
 fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
-build; resume; the activation kernels' decision (activations/policy.py); the run log; compile and DDP; the loop; the trainer's
-closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and at the end),
-train step (the trainer's forward_backward, then activations.step_statistics: NSwish/NReLU's running statistics
-from the whole step's batch, one all-reduce; then clipping and the optimizer), log, the trainer's after_step,
-checkpoint (every checkpoint_interval steps and on a signal), stop;
-at the end the checkpoint follows the final evaluation, so the file the closing line names holds the numbers it
-prints. The stdout lines' format is training/runlog.py's.
+build; resume; the preflight (training/preflight.py: the trainer's inputs, out_dir writable, disk for the
+checkpoints); the activation kernels' decision (activations/policy.py); the run log; compile and DDP; the loop;
+the trainer's closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and
+at the end), train step (the trainer's forward_backward, then activations.step_statistics: NSwish/NReLU's running
+statistics from the whole step's batch, one all-reduce; then clipping and the optimizer), log, the trainer's
+after_step, checkpoint (every checkpoint_interval steps and on a signal), stop; at the end the checkpoint follows
+the final evaluation, so the file the closing line names holds the numbers it prints. An evaluation that raises
+(the trainer's closing one included) is logged with its traceback, that step's checkpoint is written, and the run
+goes on (`outcome`, `Evaluation.attempt`). The stdout lines' format is training/runlog.py's.
 
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
 a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
@@ -28,8 +30,11 @@ whose peer died, ends the rank with one line naming the step and what it waited 
 torchrun --max-restarts the next attempt resumes the newest checkpoint that verifies.
 """
 import contextlib
+import gc
 import math
+import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from activations import policy, step_statistics
 from activations.impl import model_identity
-from training import distributed, hardware, runlog
+from training import distributed, hardware, preflight, runlog
 from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resumed_changes,
                                  resume_training, save_training_checkpoint)
 from training.config import ConfigError, to_dict
@@ -87,6 +92,34 @@ class Evaluation:
     fields: dict
     text: str
     scalars: dict = field(default_factory=dict)  # kind -> value, e.g. {"val": 3.28, "hella": 0.29}
+    failed: dict = field(default_factory=dict)  # part -> traceback of the parts that raised (attempt)
+
+    def attempt(self, part, evaluation, d):
+        """Add evaluation()'s Evaluation to this one, or, when it raised on any rank, its traceback to `failed`:
+        a part that fails (HellaSwag) leaves the others (the val loss) recorded. Every rank calls it."""
+        done, failure = outcome(evaluation, d)
+        if failure is not None:
+            self.failed[part] = failure
+            self.text += f" | {part} failed"
+            return
+        self.fields.update(done.fields)
+        self.scalars.update(done.scalars)
+        self.text += done.text
+        self.failed.update(done.failed)
+
+
+def outcome(work, d):
+    """(work()'s result, None), or on every rank (one gather) (None, the traceback of the lowest rank where it
+    raised): an evaluation's failure (a bad file, a full disk, an OOM) is recorded, never the end of the run. A lost
+    or stalled peer is re-raised: fit() ends the rank with its one line."""
+    try:
+        result, failure = work(), None
+    except Exception as e:
+        if d.ddp and distributed.collective_failure(e):
+            raise
+        result, failure = None, "".join(traceback.format_exception(e))
+    failures = [f for f in distributed.gather_objects(failure, d) if f]
+    return (result, None) if not failures else (None, failures[0])
 
 
 @dataclass
@@ -106,6 +139,7 @@ class Run:
     # what the closing line and wandb's summary report, and checkpoints keep: over the whole run, resumes included
     best_val: tuple | None = None  # (lowest val loss, its step)
     config_changes: list = field(default_factory=list)  # [{step, changes: {option: {from, to}}}] (--resume-changes)
+    saved_step: int | None = None  # the step of the newest checkpoint this fit() wrote
 
 
 def param_line(counts):
@@ -146,6 +180,11 @@ class Trainer:
         compiles, never DDP). Every rank calls it: evaluations split their work over ranks."""
         raise NotImplementedError
 
+    def inputs(self):
+        """Checks (callables raising a NanoactError) of what the trainer reads after step 0, e.g. an evaluation's
+        data: run on every rank before the first step (training/preflight.py), so a missing one costs no training."""
+        return []
+
     def step_fields(self, tok_per_s):
         """Extra numbers for the step's record and stdout line (e.g. MFU, epoch)."""
         return {}
@@ -183,6 +222,11 @@ class Trainer:
                 changes = resumed_changes(ckpt, cfg)
                 if ckpt.get("scaler"):
                     ctx.scaler.load_state_dict(ckpt["scaler"])
+            # before step 0, every rank at once: what the run reads later and where it writes (training/preflight.py)
+            self.waiting = (start, "the check of the run's inputs and out_dir (training/preflight.py)")
+            writes = preflight.out_dir_checks(run_cfg.out_dir, parts.model, parts.optimizer, start, parts.max_steps,
+                                              run_cfg.checkpoint_interval, run_cfg.keep_checkpoints) if d.master else []
+            preflight.resolve([*self.inputs(), *writes], d)
             # before compile and DDP: the kernels checked and timed on this GPU, at this run's shape and dtype, or
             # the decision this run (or the run named by --kernels-from) recorded under the same key
             recorded = ckpt.get("kernels") if ckpt else None
@@ -218,7 +262,9 @@ class Trainer:
             stop = GracefulStop()
             self.loop(run, stop)
             if not stop.requested:
-                closing = self.finish(run.step)
+                closing, failure = outcome(lambda: self.finish(run.step), d)
+                if failure is not None:
+                    self.record_failures(run, {"finish": failure})
                 if closing is not None:
                     log.record(run.step, kind="test", **closing)
                 self.close(run, start)
@@ -313,17 +359,40 @@ class Trainer:
 
     def evaluation(self, run, last):
         self.waiting = (run.step, "the evaluation (validation loss all-reduce)")
-        result = self.evaluate(run.step, last, run.eval_model)
-        run.evals.append(result.fields)
+        result, failure = outcome(lambda: self.evaluate(run.step, last, run.eval_model), run.ctx.dist)
+        result = result or Evaluation({}, "", failed={"evaluation": failure})
+        run.evals.append(result.fields)  # a failed evaluation's: empty, so this step's checkpoint holds no val loss
         val = result.fields.get("val_loss")
         if val is not None and (run.best_val is None or val < run.best_val[0]):
             run.best_val = (val, run.step)
         for kind, value in result.scalars.items():
             run.log.scalar(run.step, kind, value)
         flops = {} if run.parts.flops_per_token is None else {"flops": run.tokens * run.parts.flops_per_token}
-        run.log.record(run.step, kind="eval", tokens=run.tokens, **flops, **result.fields)
-        if run.ctx.dist.master:
+        if result.fields:
+            run.log.record(run.step, kind="eval", tokens=run.tokens, **flops, **result.fields)
+        if run.ctx.dist.master and result.fields:
             print(runlog.eval_line(run.step, run.parts.max_steps, result.text), flush=True)
+        if result.failed:
+            self.record_failures(run, result.failed)
+            if not last and run.saved_step != run.step:  # the last step saves next anyway
+                self.checkpoint(run)  # this step's weights, to evaluate again
+
+    def record_failures(self, run, failures):
+        """Evaluations that raised ({part: traceback}) cost no training: the model goes back to training mode, what
+        they held on the GPU is freed, and log.txt (`eval_failed`), metrics.jsonl (`evaluation: failed`, with the
+        traceback) and stderr record them; the run goes on (docs/training.md says why)."""
+        run.parts.model.train()
+        if run.ctx.dist.device_type == "cuda":  # give back what the evaluation held (its traceback's frames too)
+            gc.collect()
+            torch.cuda.empty_cache()
+        run.log.scalar(run.step, "eval_failed", len(failures))
+        for part, failure in failures.items():
+            error = failure.strip().splitlines()[-1]
+            run.log.record(run.step, kind="eval", evaluation="failed", part=part, error=error, traceback=failure)
+            if run.ctx.dist.master:
+                print(failure, end="", file=sys.stderr, flush=True)
+                print(runlog.eval_line(run.step, run.parts.max_steps, f"{part} failed ({error}); the run goes on"),
+                      flush=True)
 
     def train_step(self, run):
         """One optimizer step: (loss, lr, grad norm, seconds, tokens of all ranks)."""
@@ -379,19 +448,20 @@ class Trainer:
                  **self.checkpoint_state(run.evals[-1] if run.evals else None)}
         self.waiting = (run.step, f"checkpoint model_{run.step:05d}.pt (gathering states, then rank 0 saving it)")
         save_training_checkpoint(state, parts.loader, run.ctx.dist, cfg.run.out_dir, run.step, cfg.run.keep_checkpoints)
+        run.saved_step = run.step
 
     def close(self, run, start_step):
         """The finished run's numbers for wandb's summary, and the closing stdout line: the best val loss is the
         whole run's (a resumed run's earlier evaluations are in its checkpoint's best_val)."""
-        val = [e["val_loss"] for e in run.evals if e.get("val_loss") is not None]
+        final = run.evals[-1].get("val_loss") if run.evals else None  # None: the final evaluation failed
         best, best_step = run.best_val or (None, None)
         ckpt = latest_checkpoint(self.cfg.run.out_dir)
         seconds = time.time() - run.started
         run.log.summary(start_step=start_step, final_step=run.step, tokens=run.tokens, wall_time_s=seconds,
-                        final_val_loss=val[-1] if val else None, best_val_loss=best, best_val_step=best_step,
+                        final_val_loss=final, best_val_loss=best, best_val_step=best_step,
                         checkpoint=str(ckpt) if ckpt else None)
         if run.ctx.dist.master:
-            print(runlog.summary_line(start_step, run.step, seconds, val[-1] if val else None, run.best_val, Path(self.cfg.run.out_dir),
+            print(runlog.summary_line(start_step, run.step, seconds, final, run.best_val, Path(self.cfg.run.out_dir),
                                       ckpt), flush=True)
 
 
