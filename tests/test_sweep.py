@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from analysis import sweep
+from analysis import launchers, sweep
 from eval import stats
 from training.runlog import RunLog
 
@@ -38,7 +38,7 @@ def fake_run(path, act, seed, final, max_steps=10, stop_at=None, hella=None, par
 
 def launches(monkeypatch, fake):
     """The sweep's subprocess.run replaced by `fake`; the rest (run.json's git calls) keeps the real one."""
-    monkeypatch.setattr(sweep, "subprocess", SimpleNamespace(run=fake, STDOUT=subprocess.STDOUT))
+    monkeypatch.setattr(launchers, "subprocess", SimpleNamespace(run=fake, STDOUT=subprocess.STDOUT))
 
 
 def t_ci(diffs, q):
