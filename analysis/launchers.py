@@ -222,9 +222,11 @@ class Local:
     def __init__(self, resources, nproc_per_node, folder):
         import submitit
 
-        per_run = nproc_per_node if resources.gpus_per_node is None else resources.gpus_per_node
-        gpus = visible_gpus() if per_run else 0
-        parallel = resources.parallel or (gpus // per_run if gpus and per_run else 2)
+        gpus = visible_gpus()
+        per_run = resources.gpus_per_node
+        if per_run is None:  # a GPU per process; a CPU machine's runs take none
+            per_run = nproc_per_node if gpus else 0
+        parallel = resources.parallel or (gpus // per_run if per_run else 2)
         if per_run and gpus < per_run * parallel:
             raise ConfigError(f"the local launcher needs {per_run} GPU(s) per run x {parallel} runs at once; "
                               f"this machine has {gpus}: lower parallel or gpus_per_node in [launcher]")
