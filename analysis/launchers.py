@@ -176,15 +176,16 @@ class TrainerJob:
         """submitit's preemption/time-limit hook (global rank 0): the trainer saves and stops, the job requeues."""
         import submitit
 
+        code = None
         if self._pid is not None:
             os.kill(self._pid, signal.SIGTERM)  # the trainer finishes its step and saves (training/stop.py)
             try:
-                os.waitpid(self._pid, 0)
+                code = os.waitstatus_to_exitcode(os.waitpid(self._pid, 0)[1])  # 143: saved, unfinished
             except ChildProcessError:  # it had ended already
                 pass
             self._pid = None
         self.requeues += 1
-        write_job(self.run.path, state="requeued", requeues=self.requeues)
+        write_job(self.run.path, state="requeued", requeues=self.requeues, stopped_with=code)
         return submitit.helpers.DelayedSubmission(self)
 
 

@@ -117,6 +117,9 @@ sbatch = {{exclusive = true}}
 @pytest.mark.long
 def test_slurm_array_asks_for_its_resources_and_a_signalled_job_resumes_to_the_uninterrupted_end(tmp_path,
                                                                                                  monkeypatch):
+    """The array of a 2-run plan and its #SBATCH resources; its first job signalled (SIGUSR2) mid-run: the job stops
+    the trainer (SIGTERM: it saves a checkpoint and exits 143), submitit requeues it, and the run resumes to the
+    weights and losses of an uninterrupted run. (This is also the trainer's SIGTERM test.)"""
     max_steps = 60
     config = tiny_config(tmp_path, max_steps)
     out, state = tmp_path / "sweep", tmp_path / "slurm"
@@ -152,6 +155,10 @@ def test_slurm_array_asks_for_its_resources_and_a_signalled_job_resumes_to_the_u
     assert f"resuming {out / 'gelu_seed1'}/model_{int(stopped[1]):05d}.pt at step {stopped[1]}" in log, log
     job = launchers.read_job(out / "gelu_seed1")
     assert (job["state"], job["requeues"], job["job_id"]) == ("ended", 1, "1000_0")
+    # the trainer on SIGTERM: saved one checkpoint and exited 128 + 15, so no scheduler takes it for finished
+    assert job["stopped_with"] == 143 and "continue with --resume" in log
+    assert sorted(p.name for p in (out / "gelu_seed1").glob("model_*.pt")) == [
+        f"model_{int(stopped[1]):05d}.pt", f"model_{max_steps:05d}.pt"]
 
     train_in_process(["--config", str(config), "--act", "gelu", "--seed", "1", "--out-dir", str(tmp_path / "straight")])
     assert train_losses(out / "gelu_seed1") == train_losses(tmp_path / "straight")
