@@ -5,9 +5,10 @@ in $FAKE_SLURM (a directory).
 sbatch FILE records FILE's #SBATCH options (submissions.jsonl) and answers "Submitted batch job ID"; the array
 tasks listed in $FAKE_SLURM_RUN run in the background, one after another, as SLURM would run the script (its
 environment variables, srun starting the command); the others stay PENDING. When the file $FAKE_SLURM_SIGNAL_WHEN
-appears during a task's first run, every process of that task gets SIGUSR2, as SLURM signals a job ahead of its
-time limit (--signal): the processes of the task (srun's command and below), not the batch shell or srun. scontrol requeue ID marks the task: when its script ends, it runs again (SLURM_RESTART_COUNT
-1, 2, ...). sacct -j ID prints the tasks' states in the --parsable2 form submitit reads.
+appears during a task's first run, the task's processes (srun's command and everything below it; not the batch
+shell, not srun) get SIGUSR2, as SLURM signals a job ahead of its time limit (--signal). scontrol requeue ID marks
+the task: when its script ends, it runs again (SLURM_RESTART_COUNT 1, 2, ...). sacct -j ID prints the tasks' states
+in the --parsable2 form submitit reads.
 """
 import json
 import os
