@@ -20,7 +20,7 @@ the job; only the job's own process answers). A trainer that exits with an error
 requeued; its state and its log's last lines are in RUN_DIR/job.json, which `python -m analysis.sweep --status`
 reads.
 
-This module is what a job process unpickles: it imports no torch and nothing of the sweep.
+This module is what a job process unpickles: it imports no torch and nothing of the sweep at import time.
 """
 import json
 import os
@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from submitit.helpers import Checkpointable, DelayedSubmission
 from tqdm import tqdm
 
 from data.files import atomic_file
@@ -40,9 +41,11 @@ from errors import ConfigError
 
 JOB_FILE = "job.json"
 TAIL_LINES = 5
-# the scheduler states of a job that has not ended (sacct's names; the local executor's RUNNING)
+# the scheduler states of a job that has not ended (sacct's names; the local executor's RUNNING), and of one the
+# scheduler ended without the job's say
 QUEUED = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
           "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "PREEMPTED"}
+ENDED_BADLY = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
 @dataclass
@@ -123,10 +126,9 @@ def ignore_usr2():
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
-class TrainerJob:
+class TrainerJob(Checkpointable):
     """One run as a submitit job: the trainer (under torchrun when it has several processes), checkpointed and
-    requeued on submitit's signal. A submitit.helpers.Checkpointable by its checkpoint() method (submitit looks
-    for the method; subclassing it would import submitit's helpers into every unpickling process)."""
+    requeued on submitit's signal."""
 
     def __init__(self, run, nproc_per_node, nnodes=1, stop_timeout_s=120):
         self.run, self.nproc_per_node, self.nnodes, self.stop_timeout_s = run, nproc_per_node, nnodes, stop_timeout_s
@@ -164,8 +166,8 @@ class TrainerJob:
         self._pid = None
         if code != 0:
             tail = log_tail(self.run.path)
-            if leader:
-                write_job(self.run.path, state="failed", error=tail)
+            if leader:  # 143: the trainer saved and stopped on someone else's SIGTERM (scancel, preemption)
+                write_job(self.run.path, state="stopped" if code == 128 + signal.SIGTERM else "failed", error=tail)
             raise RuntimeError(f"{self.run.cell}: the trainer exited with code {code}; the last lines of "
                                f"{self.run.path / 'train.out'}:\n" + "\n".join(tail))
         if leader:
@@ -174,8 +176,6 @@ class TrainerJob:
 
     def checkpoint(self):
         """submitit's preemption/time-limit hook (global rank 0): the trainer saves and stops, the job requeues."""
-        import submitit
-
         code = None
         if self._pid is not None:
             os.kill(self._pid, signal.SIGTERM)  # the trainer finishes its step and saves (training/stop.py)
@@ -186,7 +186,7 @@ class TrainerJob:
             self._pid = None
         self.requeues += 1
         write_job(self.run.path, state="requeued", requeues=self.requeues, stopped_with=code)
-        return submitit.helpers.DelayedSubmission(self)
+        return DelayedSubmission(self)
 
 
 class Sequential:
@@ -290,10 +290,9 @@ class Slurm:
             setup=r.setup, additional_parameters=r.sbatch, **{k: v for k, v in named.items() if v is not None})
 
     def launch(self, runs):
-        queued = {run.path: read_job(run.path) for run in runs}
-        queued = {path: job for path, job in queued.items() if job.get("launcher") == "slurm"}
-        states = slurm_states({path: job["job_id"] for path, job in queued.items()}, self.folder)
-        waiting = [run for run in runs if states.get(run.path) in QUEUED]
+        jobs = {run.path: read_job(run.path) for run in runs}
+        states = job_states(jobs, self.folder)
+        waiting = [run for run in runs if still_queued(jobs[run.path], states.get(run.path))]
         todo = [run for run in runs if run not in waiting]
         if todo:
             jobs = self.executor.submit_array([TrainerJob(run.now(), self.nproc_per_node, self.resources.nodes,
@@ -302,6 +301,15 @@ class Slurm:
                 write_job(run.path, launcher="slurm", job_id=job.job_id, folder=str(self.folder), state="submitted",
                           requeues=0, error=None)
         return waiting + todo
+
+
+def still_queued(job, state):
+    """Whether a run's job (its job.json, its scheduler state) may still run it: then it is not submitted again. A
+    job the scheduler does not know (sacct lags a new job, forgets an old one) counts while it has not said it
+    ended."""
+    if state in QUEUED:
+        return True
+    return state == "UNKNOWN" and job.get("state") in ("submitted", "running", "requeued")
 
 
 def slurm_states(job_ids, folder):

@@ -107,8 +107,10 @@ def run_sweep(args, overrides, out, corpus_options=()):
         # the other sizes run at each arm's best lr of the whole grid, known once every grid run finished;
         # their FLOPs do not depend on it
         phases = [ladder_jobs(args, grid_sizes, lrs), ladder_jobs(args, rest, {label: [None] for label in lrs})]
-    print(cost_text(args.trainer, args.config, [(size, [*opts, *overrides]) for phase in phases
-                                                 for _, opts, _, size, _ in phase], *throughput(args, out)))
+    sizes = list(ladder.sizes) if ladder else [None]
+    runs = sorted(((size, [*opts, *overrides]) for phase in phases for _, opts, _, size, _ in phase),
+                  key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
+    print(cost_text(args.trainer, args.config, runs, *throughput(args, out)))
     if args.dry_run:
         for label, opts, seed, size, lr in phases[0]:
             path = run_dir(out, label, seed, size, lr)

@@ -4,8 +4,9 @@
 
 States: done (its final evaluation is logged), running, pending (not started, or queued), requeued (stopped at a
 time limit or preemption with its checkpoint, queued again), failed (the trainer exited with an error, or the
-scheduler ended the job: its log's last lines follow), unfinished (a sequential run that has not finished: no
-scheduler to ask whether it still runs). The requeues column counts a run's requeues so far. Job states come from
+scheduler ended the job: its log's last lines follow), stopped (its job ended, or was cancelled, before the run
+finished: submit again), unfinished (a sequential run that has not finished: no scheduler to ask whether it still
+runs). The requeues column counts a run's requeues so far. Job states come from
 the run's RUN_DIR/job.json (written at submission and by the job itself) and the scheduler (sacct for SLURM).
 """
 import fnmatch
@@ -15,9 +16,6 @@ from pathlib import Path
 from analysis import launchers
 from analysis.runs import RunError, load_run, markdown_table
 from analysis.sweep_report import finished
-
-ENDED_BADLY = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-
 
 def planned_runs(args, out):
     """The names of the plan's run directories; a ladder's runs after its lr grid as patterns (lr not known yet)."""
@@ -78,11 +76,11 @@ def run_state(path, job, scheduler):
     if finished(path):
         return "done", ""
     tail = job.get("error") or launchers.log_tail(path, 1)
-    if job.get("state") == "failed" or scheduler in ENDED_BADLY:
+    if job.get("state") == "failed" or scheduler in launchers.ENDED_BADLY:
         return "failed", " | ".join(tail)[-200:]
     if scheduler == "RUNNING" and job.get("state") != "requeued":
         return "running", ""
-    if scheduler is not None and scheduler in launchers.QUEUED:
+    if launchers.still_queued(job, scheduler):
         return ("requeued" if job.get("state") == "requeued" else "pending"), ""
     if not path.is_dir() or is_empty(path):
         return "pending", ""
