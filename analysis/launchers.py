@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -90,6 +91,12 @@ def read_resources(table, where, kind=None):
     known = {f.name: f.type for f in fields(Resources)}
     if unknown := sorted(set(table) - set(known)):
         raise ConfigError(f"{where}: [launcher] has unknown key(s) {unknown}; it takes {', '.join(known)}")
+    for name, value in table.items():
+        allowed = tuple(t for t in typing.get_args(known[name]) if t is not type(None)) or (known[name],)
+        allowed += (int,) if float in allowed else ()
+        if not isinstance(value, allowed) or isinstance(value, bool):
+            expected = " or ".join(t.__name__ for t in allowed)
+            raise ConfigError(f"{where}: [launcher] {name} = {value!r}; expected {expected}")
     resources = Resources(**table)
     resources.kind = kind or resources.kind
     if resources.kind not in LAUNCHERS:

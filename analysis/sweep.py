@@ -330,7 +330,7 @@ def parse_args(argv):
     try:
         args.resources = launchers.read_resources(launcher_table, f"--plan {args.plan}" if args.plan else "--launcher",
                                                   args.launcher)
-    except (ConfigError, TypeError) as e:
+    except ConfigError as e:
         p.error(str(e))
     args.baseline = args.baseline or labels[0]
     if args.control:

@@ -270,3 +270,15 @@ def test_a_job_runs_torchrun_across_its_nodes_and_a_failing_trainer_fails_it_wit
     assert launchers.read_job(tmp_path) == {"job_id": "4242", "state": "failed", "requeues": 0,
                                             "host": launchers.read_job(tmp_path)["host"],
                                             "error": ["step 3", "error: out of memory"]}
+
+
+@pytest.mark.parametrize("table, message", [
+    ("[launcher]\nnodez = 2", "[launcher] has unknown key(s) ['nodez']; it takes kind, nodes,"),
+    ("[launcher]\nnodes = \"2\"", "[launcher] nodes = '2'; expected int"),
+    ("[launcher]\nkind = \"pbs\"", "launcher 'pbs' is not one of sequential, local, slurm"),
+    ("[launcher]\nkind = \"local\"\nnodes = 2", "the local launcher runs on one machine; nodes = 2 needs slurm")])
+def test_bad_launcher_tables_are_one_line_errors(tmp_path, table, message, capsys):
+    (tmp_path / "plan.toml").write_text(PLAN + table)
+    with pytest.raises(SystemExit):
+        sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
