@@ -25,6 +25,7 @@ This module is what a job process unpickles: it imports no torch and nothing of 
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from submitit.core.utils import FailedJobError, FailedSubmissionError
 from submitit.helpers import Checkpointable, DelayedSubmission
 from tqdm import tqdm
 
@@ -285,6 +287,9 @@ class Slurm:
         import submitit
 
         self.resources, self.nproc_per_node, self.folder = resources, nproc_per_node, folder
+        if missing := [c for c in ("sbatch", "srun", "sacct", "scontrol") if shutil.which(c) is None]:
+            raise ConfigError(f"--launcher slurm needs SLURM's commands; {', '.join(missing)} not on PATH: run the "
+                              "sweep on the cluster's login node (or --launcher local on one machine)")
         r = resources
         gpus = nproc_per_node if r.gpus_per_node is None else r.gpus_per_node
         self.executor = submitit.SlurmExecutor(folder, max_num_timeout=r.max_num_timeout)
@@ -302,8 +307,12 @@ class Slurm:
         waiting = [run for run in runs if still_queued(jobs[run.path], states.get(run.path))]
         todo = [run for run in runs if run not in waiting]
         if todo:
-            jobs = self.executor.submit_array([TrainerJob(run.now(), self.nproc_per_node, self.resources.nodes,
-                                                          self.resources.signal_delay_s) for run in todo])
+            try:
+                jobs = self.executor.submit_array([TrainerJob(run.now(), self.nproc_per_node, self.resources.nodes,
+                                                              self.resources.signal_delay_s) for run in todo])
+            except (FailedJobError, FailedSubmissionError) as e:  # sbatch refused: its own words
+                raise ConfigError(f"sbatch refused the job array: {str(e).strip()[-300:]}; fix [launcher] in the "
+                                  f"plan (the script: {self.folder})") from None
             for run, job in zip(todo, jobs):
                 write_job(run.path, launcher="slurm", job_id=job.job_id, folder=str(self.folder), state="submitted",
                           requeues=0, error=None)

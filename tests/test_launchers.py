@@ -282,3 +282,16 @@ def test_bad_launcher_tables_are_one_line_errors(tmp_path, table, message, capsy
     with pytest.raises(SystemExit):
         sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_slurm_without_its_commands_or_refused_by_sbatch_is_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "plan.toml").write_text(PLAN)
+    argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--launcher", "slurm"]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(SystemExit, match="needs SLURM's commands; sbatch, srun, sacct, scontrol not on PATH"):
+        sweep.main(argv)
+    bin_dir = fake_slurm.install(tmp_path / "bin")
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    with pytest.raises(SystemExit, match="sbatch refused the job array: .*invalid partition specified: gpu"):
+        sweep.main(argv)
