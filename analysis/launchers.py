@@ -29,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import typing
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields

@@ -11,13 +11,19 @@
     python -m analysis.sweep ... --control                   # with an A/A control, reported first
     python -m analysis.sweep --plan configs/ladder_cpu.toml --out-dir runs/ladder_cpu   # sizes x lrs: a ladder
     python -m analysis.sweep --report-only runs/ladder_cpu --throughput FILE       # + wall-clock multiplier
+    python -m analysis.sweep --plan configs/ladder_gpu.toml --out-dir runs/ladder_gpu --nproc-per-node 8 \
+        --launcher slurm [--dry-run]                      # SLURM jobs (docs/cluster.md); --dry-run: cost, runs, stop
+    python -m analysis.sweep --status runs/ladder_gpu     # every run: state, job, requeues, last logged step
 
 --trainer gpt2 (train_gpt2.py, the default) or translation (train_translation.py). A --plan TOML file names
 the trainer, config and seeds, the variants (a label each, with its trainer options such as act,
 act_kwargs, plain_top_k, and the label it is compared against as `baseline`) and optionally corpora
 (a name each, with trainer options such as train_prefix): each corpus is a sweep of its own in
-OUT_DIR/{corpus}. Runs go one after another, seed by seed (every variant's seed 1, then seed 2 ...), each a
-subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed} (its output in train.out). A variant's later seeds
+OUT_DIR/{corpus}. Before anything runs, the sweep prints its cost (analysis/cost.py: FLOPs per run, per size and
+in all; GPU-hours with --throughput or finished runs). Runs go one after another, seed by seed (every variant's
+seed 1, then seed 2 ...), each a subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed} (its output in
+train.out); --launcher local or slurm (or the plan's [launcher] table) runs them side by side or as SLURM jobs
+instead (analysis/launchers.py). A variant's later seeds
 run the activation kernels' path its first seed decided (the trainer's --kernels-from), or the one its options
 pin (act_kwargs {"impl": ...}); the report names each variant's path. A run whose final
 evaluation (translation: its test-set BLEU) is logged is skipped; an unfinished one continues from its newest
@@ -48,7 +54,6 @@ HellaSwag pairs also get the item-level interval of their difference, from the r
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
