@@ -2,6 +2,7 @@
 It writes a finished run into --out-dir in the trainer's own files (run.json, metrics.jsonl, log.txt), its final
 val loss a fixed function of its options, and when it ran (started/ended) into stand_in.json."""
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,5 +23,6 @@ records += [{"step": s, "kind": "eval", "val_loss": loss + (s == 0), "tokens": s
              "flops": s * tokens_per_step * flops_per_token} for s in (0, max_steps)]
 (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 (out / "log.txt").write_text(f"0 val {loss + 1}\n{max_steps} val {loss}\n")
-time.sleep(0.3)  # long enough for runs that the launcher starts together to overlap
+if os.environ.get("SUBMITIT_EXECUTOR"):  # in a submitit job: long enough for runs started together to overlap
+    time.sleep(0.8)
 (out / "stand_in.json").write_text(json.dumps({"started": started, "ended": time.time()}))
