@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import typing
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
@@ -255,7 +256,8 @@ class Local:
         try:
             job = executor.submit(TrainerJob(run.now(), self.nproc_per_node, stop_timeout_s=self.stop_timeout_s))
             write_job(run.path, launcher="local", job_id=job.job_id, folder=str(executor.folder), state="submitted")
-            job.wait()
+            while not job.done():  # job.wait() looks once a second: a slot would idle up to that long
+                time.sleep(0.1)
         finally:
             self.slots.put(executor)
         return run
