@@ -15,8 +15,8 @@ Runs: arms x sizes x seeds (x lrs). An lr sets the GPT trainer's max_lr and scal
 min_lr / max_lr ratio kept: the cosine schedule keeps its shape), or the translation trainer's lr (inverse square
 root: its whole schedule scales). Each size states its own max_steps, the same for every arm (the same data). The
 rule behind a ladder's budgets is the plan's to state and a test's to check: the shipped plans give every size a
-fixed number of tokens per parameter outside the embeddings (tests/test_ladder.py recomputes them from model.py;
-analysis/ imports no model, so the sweep cannot count parameters itself).
+fixed number of tokens per parameter outside the embeddings (tests/test_ladder.py recomputes them from model.py).
+The sweep builds models only to count a plan's FLOPs for its cost line (analysis/cost.py).
 """
 import math
 import tomllib

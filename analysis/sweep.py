@@ -11,13 +11,19 @@
     python -m analysis.sweep ... --control                   # with an A/A control, reported first
     python -m analysis.sweep --plan configs/ladder_cpu.toml --out-dir runs/ladder_cpu   # sizes x lrs: a ladder
     python -m analysis.sweep --report-only runs/ladder_cpu --throughput FILE       # + wall-clock multiplier
+    python -m analysis.sweep --plan configs/ladder_gpu.toml --out-dir runs/ladder_gpu --nproc-per-node 8 \
+        --launcher slurm [--dry-run]                      # SLURM jobs (docs/cluster.md); --dry-run: cost, runs, stop
+    python -m analysis.sweep --status runs/ladder_gpu     # every run: state, job, requeues, last logged step
 
 --trainer gpt2 (train_gpt2.py, the default) or translation (train_translation.py). A --plan TOML file names
 the trainer, config and seeds, the variants (a label each, with its trainer options such as act,
 act_kwargs, plain_top_k, and the label it is compared against as `baseline`) and optionally corpora
 (a name each, with trainer options such as train_prefix): each corpus is a sweep of its own in
-OUT_DIR/{corpus}. Runs go one after another, seed by seed (every variant's seed 1, then seed 2 ...), each a
-subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed} (its output in train.out). A variant's later seeds
+OUT_DIR/{corpus}. Before anything runs, the sweep prints its cost (analysis/cost.py: FLOPs per run, per size and
+in all; GPU-hours with --throughput or finished runs). Runs go one after another, seed by seed (every variant's
+seed 1, then seed 2 ...), each a subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed} (its output in
+train.out); --launcher local or slurm (or the plan's [launcher] table) runs them side by side or as SLURM jobs
+instead (analysis/launchers.py). A variant's later seeds
 run the activation kernels' path its first seed decided (the trainer's --kernels-from), or the one its options
 pin (act_kwargs {"impl": ...}); the report names each variant's path. A run whose final
 evaluation (translation: its test-set BLEU) is logged is skipped; an unfinished one continues from its newest
@@ -48,7 +54,6 @@ HellaSwag pairs also get the item-level interval of their difference, from the r
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -58,7 +63,8 @@ ROOT = Path(__file__).resolve().parents[1]
 from tqdm import tqdm
 
 import activations
-from analysis import ladder_plan
+from analysis import ladder_plan, launchers, sweep_status
+from analysis.cost import bench_rates, cost_text, run_rates
 from analysis.ladder_report import is_ladder, ladder_report
 from analysis.sweep_report import finished, report
 from errors import ConfigError
@@ -85,18 +91,62 @@ def options(table):
     return out
 
 
-def train_command(trainer, config, variant_options, seed, path, overrides, nproc, kernels_from=None):
-    launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                     f"--nproc_per_node={nproc}"]
-    reuse = ["--kernels-from", str(kernels_from)] if kernels_from else []
-    return [*launcher, str(TRAINERS[trainer]), "--config", config, *variant_options, "--seed", str(seed),
-            "--out-dir", str(path), *reuse, "--auto-resume", *overrides]
+def train_argv(trainer, config, variant_options, seed, path, overrides):
+    """The trainer script and its options for one run (a launcher puts python or torchrun before it)."""
+    return [str(TRAINERS[trainer]), "--config", config, *variant_options, "--seed", str(seed),
+            "--out-dir", str(path), "--auto-resume", *overrides]
 
 
 def run_sweep(args, overrides, out, corpus_options=()):
-    """The runs of one sweep directory: every variant x seed, with the corpus options (if any) before overrides."""
-    out.mkdir(parents=True, exist_ok=True)
+    """The runs of one sweep directory: every variant x seed, with the corpus options (if any) before overrides.
+    Returns the runs still queued on a scheduler (none for the sequential and local launchers)."""
     overrides = [*corpus_options, *overrides]
+    ladder = args.ladder
+    if ladder is None:  # seed by seed: a sweep stopped early still pairs every variant with its baseline
+        jobs = [(label, opts, seed, None, None) for seed in args.seeds for label, opts, _ in args.variants]
+        phases = [jobs]
+    else:
+        grid_sizes = [ladder.lr_size] if ladder.lr_size else list(ladder.sizes)
+        lrs = {label: ladder.lrs for label, _, _ in args.variants}
+        rest = [size for size in ladder.sizes if size not in grid_sizes]
+        # the other sizes run at each arm's best lr of the whole grid, known once every grid run finished;
+        # their FLOPs do not depend on it
+        phases = [ladder_jobs(args, grid_sizes, lrs), ladder_jobs(args, rest, {label: [None] for label in lrs})]
+    sizes = list(ladder.sizes) if ladder else [None]
+    runs = sorted(((size, [*opts, *overrides]) for phase in phases for _, opts, _, size, _ in phase),
+                  key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
+    print(cost_text(args.trainer, args.config, runs, *throughput(args, out)))
+    if args.dry_run:
+        for label, opts, seed, size, lr in phases[0]:
+            path = run_dir(out, label, seed, size, lr)
+            print(f"{path}: {' '.join(train_argv(args.trainer, args.config, opts, seed, path, overrides))}")
+        for label, _, seed, size, _ in [job for phase in phases[1:] for job in phase]:
+            print(f"{label} size {size} seed {seed}: after the lr grid, at {label}'s best lr")
+        return []
+    write_plan(args, overrides, out)
+    queued = launch(args, overrides, out, phases[0])
+    if ladder is None or not phases[1] or queued:
+        return queued
+    try:
+        best = {label: ladder_plan.best_lr(label, {lr: {seed: run_dir(out, label, seed, ladder.lr_size, lr)
+                                                        for seed in args.seeds} for lr in ladder.lrs})
+                for label, _, _ in args.variants}
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    tqdm.write(f"best lr at size {ladder.lr_size}: " + ", ".join(f"{a} {lr:g}" for a, lr in best.items()))
+    return launch(args, overrides, out, ladder_jobs(args, rest, {label: [lr] for label, lr in best.items()}))
+
+
+def throughput(args, out):
+    """({act: FLOP/s per GPU}, its source) for the cost line: --throughput files, else this sweep's finished runs."""
+    if args.throughput:
+        return bench_rates(args.throughput)
+    return run_rates([out] if out.is_dir() else [])
+
+
+def write_plan(args, overrides, out):
+    """OUT/sweep_plan.json: what the sweep runs, so that the same directory never mixes two sweeps' runs."""
+    out.mkdir(parents=True, exist_ok=True)
     plan_path = out / "sweep_plan.json"
     ladder = args.ladder
     plan = {"trainer": args.trainer, "config": args.config, "overrides": overrides,
@@ -112,23 +162,8 @@ def run_sweep(args, overrides, out, corpus_options=()):
                              "use another --out-dir so finished runs are not mixed")
     plan_path.write_text(json.dumps({**plan, "acts": [label for label, _, _ in args.variants], "seeds": args.seeds,
                                      "baseline": args.baseline, "control": args.control or None,
-                                     "baselines": {label: base for label, _, base in args.variants}}, indent=2))
-    if ladder is None:  # seed by seed: a sweep stopped early still pairs every variant with its baseline
-        launch(args, overrides, out, [(label, opts, seed, None, None) for seed in args.seeds
-                                      for label, opts, _ in args.variants])
-        return
-    grid_sizes = [ladder.lr_size] if ladder.lr_size else list(ladder.sizes)
-    launch(args, overrides, out, ladder_jobs(args, grid_sizes, {label: ladder.lrs for label, _, _ in args.variants}))
-    if rest := [size for size in ladder.sizes if size not in grid_sizes]:
-        # the other sizes at each arm's best lr of the whole grid: known once every grid run finished
-        try:
-            best = {label: ladder_plan.best_lr(label, {lr: {seed: run_dir(out, label, seed, ladder.lr_size, lr)
-                                                            for seed in args.seeds} for lr in ladder.lrs})
-                    for label, _, _ in args.variants}
-        except ConfigError as e:
-            raise SystemExit(f"error: {e}") from None
-        tqdm.write(f"best lr at size {ladder.lr_size}: " + ", ".join(f"{a} {lr:g}" for a, lr in best.items()))
-        launch(args, overrides, out, ladder_jobs(args, rest, {label: [lr] for label, lr in best.items()}))
+                                     "baselines": {label: base for label, _, base in args.variants},
+                                     "runs": sweep_status.planned_runs(args, out)}, indent=2))
 
 
 def ladder_jobs(args, sizes, lrs):
@@ -140,25 +175,24 @@ def ladder_jobs(args, sizes, lrs):
 
 
 def launch(args, overrides, out, jobs):
-    """Runs each job not finished yet, one after another; a run that stops is an error saying how to continue."""
-    for label, opts, seed, size, lr in tqdm(jobs, desc=f"sweep {out}", unit="run"):
+    """Hands the jobs not finished yet to the launcher; returns those it left queued on a scheduler."""
+    runs = []
+    for label, opts, seed, size, lr in jobs:
         path = run_dir(out, label, seed, size, lr)
         if finished(path):
             tqdm.write(f"{path}: finished, skipped")
             continue
         path.mkdir(parents=True, exist_ok=True)
-        # every seed of an arm on the numerical path its first seed's run decided (activations/policy.py)
-        first = run_dir(out, label, args.seeds[0], size, lr)
-        cmd = train_command(args.trainer, args.config, opts, seed, path, overrides, args.nproc_per_node,
-                            first if seed != args.seeds[0] and (first / "run.json").is_file() else None)
-        tqdm.write(f"{path}: {' '.join(cmd[1:])}")
-        with open(path / "train.out", "a") as log:
-            code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
-        if code != 0 or not finished(path):
-            tail = (path / "train.out").read_text().strip().splitlines()[-1:] or [""]
-            cell = (f" size {size}" if size else "") + (f" lr {lr:g}" if lr else "")
-            raise SystemExit(f"error: {label}{cell} seed {seed} stopped (exit code {code}): {tail[0][:200]} -- see "
-                             f"{path / 'train.out'}; rerun the same command to continue (finished runs are skipped)")
+        # every seed of an arm on the numerical path its first seed's run decided (activations/policy.py), where
+        # that run has started when this one starts (side by side, each may decide: the report names the paths)
+        first = run_dir(out, label, args.seeds[0], size, lr) if seed != args.seeds[0] else None
+        cell = (f" size {size}" if size else "") + (f" lr {lr:g}" if lr else "")
+        runs.append(launchers.Run(path, train_argv(args.trainer, args.config, opts, seed, path, overrides),
+                                  f"{label}{cell} seed {seed}", first))
+    if not runs:
+        return []
+    launcher = launchers.LAUNCHERS[args.resources.kind](args.resources, args.nproc_per_node, out / "submitit")
+    return launcher.launch(runs)
 
 
 def seed_list(text):
@@ -184,7 +218,8 @@ def read_plan(path, lrs=None):
         plan = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read --plan {path}: {e}") from None
-    unknown = set(plan) - {"trainer", "config", "seeds", "control", "variants", "corpora", *ladder_plan.KEYS}
+    unknown = set(plan) - {"trainer", "config", "seeds", "control", "variants", "corpora", "launcher",
+                           *ladder_plan.KEYS}
     if unknown or not isinstance(plan.get("variants"), dict) or not plan["variants"]:
         raise ConfigError(f"--plan {path}: expected keys trainer, config, seeds, optional control, [variants.LABEL] "
                           f"tables and optional [corpora.NAME] tables{f'; unknown {sorted(unknown)}' if unknown else ''}")
@@ -228,6 +263,11 @@ def parse_args(argv):
                    help="add an A/A control: the baseline again as LABEL (default BASELINE_aa), same seeds and data "
                         "order, another init stream; reported first")
     p.add_argument("--nproc-per-node", type=int, default=1, help="processes per run; >1 uses torchrun")
+    p.add_argument("--launcher", choices=sorted(launchers.LAUNCHERS),
+                   help="where the runs execute (default: the plan's [launcher] kind, else sequential): one after "
+                        "another, side by side on this machine (submitit's local executor), or SLURM jobs")
+    p.add_argument("--dry-run", action="store_true", help="print the cost and the runs, then stop")
+    p.add_argument("--status", metavar="DIR", help="every run of the sweep in DIR: state, job, last logged step")
     p.add_argument("--report-only", metavar="DIR", help="only read the runs in DIR and write the report")
     p.add_argument("--throughput", action="append", metavar="FILE",
                    help="a ladder's wall-clock multiplier: bench/train_step.py --json FILE of the arms at a ladder "
@@ -236,10 +276,11 @@ def parse_args(argv):
                    help="final val loss difference whose seeds the report counts (default: the observed one)")
     args, overrides = p.parse_known_args(argv)
     args.variants, args.corpora, args.ladder = [], [], None
-    if args.report_only:
+    if args.report_only or args.status:
         if overrides:
-            p.error(f"--report-only only reads runs; unexpected {' '.join(overrides)}")
+            p.error(f"--report-only and --status only read runs; unexpected {' '.join(overrides)}")
         return args, overrides
+    launcher_table = None
     if args.plan:
         if args.acts or args.baseline:
             p.error("--plan names the variants and their baselines; leave out --acts and --baseline")
@@ -248,6 +289,7 @@ def parse_args(argv):
         except ConfigError as e:
             p.error(str(e))
         args.control = args.control or control
+        launcher_table = tomllib.loads(Path(args.plan).read_text()).get("launcher")
         args.trainer, args.config, args.seeds = args.trainer or trainer, args.config or config, args.seeds or seeds
     elif args.acts:
         args.variants = [(a, ["--act", a], None) for a in args.acts]
@@ -290,6 +332,11 @@ def parse_args(argv):
         p.error(f"--baseline {args.baseline} is not one of --acts {','.join(labels)}")
     if args.nproc_per_node < 1:
         p.error("--nproc-per-node must be at least 1")
+    try:
+        args.resources = launchers.read_resources(launcher_table, f"--plan {args.plan}" if args.plan else "--launcher",
+                                                  args.launcher)
+    except ConfigError as e:
+        p.error(str(e))
     args.baseline = args.baseline or labels[0]
     if args.control:
         label = args.control if isinstance(args.control, str) else f"{args.baseline}_aa"
@@ -305,19 +352,38 @@ def parse_args(argv):
 
 def main(argv=None):
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.status:
+        if not Path(args.status).is_dir():
+            raise SystemExit(f"error: {args.status}: no such sweep directory")
+        for directory in sweep_dirs(args.status):
+            print(sweep_status.status_text(directory))
+        return
     out = Path(args.report_only or args.out_dir)
     if not args.report_only:
-        for corpus, corpus_options in args.corpora or [(None, [])]:
-            run_sweep(args, overrides, out / corpus if corpus else out, corpus_options)
+        queued = []
+        try:
+            for corpus, corpus_options in args.corpora or [(None, [])]:
+                queued += run_sweep(args, overrides, out / corpus if corpus else out, corpus_options)
+        except ConfigError as e:
+            raise SystemExit(f"error: {e}") from None
+        if args.dry_run:
+            return
+        if queued:
+            print(f"{len(queued)} runs queued as SLURM jobs (job.json in each run's directory). Follow them with "
+                  f"`python -m analysis.sweep --status {out}`; once they end, run this command again: it skips "
+                  "finished runs, leaves queued ones alone, submits what comes next (a ladder's sizes after its lr "
+                  "grid) and writes the report")
+            return
     if not out.is_dir():
         raise SystemExit(f"error: {out}: no such sweep directory")
     for directory in sweep_dirs(out):
         if is_ladder(directory):
             print(ladder_report(directory, None if args.plan else args.baseline, args.throughput))
-            print(f"wrote {directory / 'sweep.md'}, sweep.json and the PNGs there")
-            continue
-        print(report(directory, args.acts, None if args.plan else args.baseline, args.target_diff))
+        else:
+            print(report(directory, args.acts, None if args.plan else args.baseline, args.target_diff))
         print(f"wrote {directory / 'sweep.md'}, sweep.json and the PNGs there")
+        if missing := sweep_status.missing_text(directory):
+            print(missing)
 
 
 if __name__ == "__main__":

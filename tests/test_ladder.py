@@ -10,7 +10,7 @@ import torch
 
 from analysis import ladder_report, sweep
 from model import GPT, GPTConfig
-from test_sweep import launches
+from test_sweep import launches, without_plots
 from training.runlog import RunLog
 
 
@@ -89,6 +89,7 @@ def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path
     assert result["best_lr"] == {"gelu": {"L1-d32-h2": 2e-3}, "relu": {"L1-d32-h2": 4e-3}}
     assert result["lr_grid"]["L1-d32-h2"]["picks"]["relu"]["edge"] == "high"
     calls.clear()
+    without_plots(monkeypatch)
     sweep.main(argv)
     assert calls == []
 
@@ -155,6 +156,7 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path, m
     assert "bench/train_step.py on Test CPU" in text and "paired by seed twice" in text
     assert (tmp_path / "scaling.png").is_file() and (tmp_path / "lr_grid.png").is_file()
 
+    without_plots(monkeypatch)
     sweep.main(["--report-only", str(tmp_path), "--baseline", "gelu"])
     assert "Wall-clock: not measured" in (tmp_path / "sweep.md").read_text()
 

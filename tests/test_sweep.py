@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from analysis import sweep
+from analysis import launchers, sweep
 from eval import stats
 from training.runlog import RunLog
 
@@ -36,9 +36,18 @@ def fake_run(path, act, seed, final, max_steps=10, stop_at=None, hella=None, par
     log.close()
 
 
+def without_plots(monkeypatch):
+    """For a test's reports after its first: their PNGs were drawn once (each report draws them again, ~0.4 CPU-s)."""
+    from analysis import ladder_report, sweep_report
+
+    for module, name in ((sweep_report, "plot_sweep"), (sweep_report, "plot_telemetry"),
+                         (ladder_report, "plot_lr_grid"), (ladder_report, "plot_scaling")):
+        monkeypatch.setattr(module, name, lambda *args, **kwargs: None)
+
+
 def launches(monkeypatch, fake):
     """The sweep's subprocess.run replaced by `fake`; the rest (run.json's git calls) keeps the real one."""
-    monkeypatch.setattr(sweep, "subprocess", SimpleNamespace(run=fake, STDOUT=subprocess.STDOUT))
+    monkeypatch.setattr(launchers, "subprocess", SimpleNamespace(run=fake, STDOUT=subprocess.STDOUT))
 
 
 def t_ci(diffs, q):
@@ -148,6 +157,7 @@ def test_sweep_skips_finished_runs_and_launches_the_rest(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "s" / "sweep.json").read_text())["paired"]["aglu"]["final_val"]["n"] == 2
 
     calls.clear()  # the same command again: everything is finished
+    without_plots(monkeypatch)
     sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu", "--seeds", "1,2",
                 "--out-dir", str(tmp_path / "s"), "--nproc-per-node", "2", "--max-steps", "10"])
     assert calls == []
@@ -285,9 +295,7 @@ def test_translation_plan_runs_variants_per_corpus_and_reports_bleu(tmp_path, mo
 
     # the reports below re-read the same runs: drawing the same plots again (most of this test's time) proves
     # nothing the first report did not
-    from analysis import sweep_report
-    monkeypatch.setattr(sweep_report, "plot_sweep", lambda *args: None)
-    monkeypatch.setattr(sweep_report, "plot_telemetry", lambda *args: None)
+    without_plots(monkeypatch)
     commands.clear()  # the same command again: every run has its test BLEU, nothing is launched
     sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out)])
     assert commands == []
@@ -316,6 +324,7 @@ def test_plan_corpora_are_separate_sweeps(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "s" / "bb" / "sweep.json").read_text())["per_act"]["gelu"]["final_val"]["mean"] == 3.2
     with pytest.raises(SystemExit):
         sweep.main(["--report-only", str(tmp_path / "s" / "missing")])
+    without_plots(monkeypatch)
     sweep.main(["--report-only", str(tmp_path / "s")])  # both corpora reported again
     assert (tmp_path / "s" / "a" / "sweep.md").is_file()
 
@@ -357,7 +366,7 @@ def fake_sweep(out, finals, control=None, baseline="gelu"):
                                                      "baselines": {a: baseline for a in acts}}))
 
 
-def test_report_power_spread_and_control(tmp_path):
+def test_report_power_spread_and_control(tmp_path, monkeypatch):
     gelu = {1: 3.50, 2: 3.60, 3: 3.40}
     finals = {("gelu", s): v for s, v in gelu.items()}
     finals.update({("gelu_aa", s): v + d for (s, v), d in zip(gelu.items(), (0.004, -0.003, 0.001))})
@@ -382,6 +391,7 @@ def test_report_power_spread_and_control(tmp_path):
     assert result["spread_flags"][0]["ratio"] == pytest.approx(ratio)
     assert f"**aglu needs more seeds**: its seed std of final val loss (0.2179) is {ratio:.1f}x gelu's (0.1000)" in text
 
+    without_plots(monkeypatch)
     sweep.main(["--report-only", str(tmp_path), "--target-diff", "0.03"])  # a named difference, in nats
     text = (tmp_path / "sweep.md").read_text()
     assert "relu - gelu, final val loss: 3 seeds can detect 0.021 nats; the named 0.03 would need 3 seeds." in text

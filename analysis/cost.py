@@ -1,0 +1,95 @@
+"""What a sweep will cost, before anything runs: training FLOPs per run, per size and in all, and GPU-hours
+where a throughput is known.
+
+FLOPs of a run: model.py's flops_per_token (6N plus the attention scores, the count MFU uses) x total_batch_size x
+max_steps, for the model each run's options build (a meta-device model: nothing is allocated). GPU-hours: those
+FLOPs at the FLOP/s one GPU reached, per activation, from bench/train_step.py --json FILE (--throughput) or else
+from the finished runs of the same sweep (their median tok/s x flops_per_token / world size). Measured at one size,
+it is assumed at every size: the rate scales with model FLOPs, as MFU roughly stays put across GPT-2 sizes on one
+GPU type. An arm nobody measured takes the slowest measured rate: an estimate of cost should not undercount.
+"""
+import json
+import statistics
+from pathlib import Path
+
+from analysis.runs import RunError, load_run, markdown_table
+from analysis.sweep_report import finished
+from errors import ConfigError
+
+
+def gpt2_flops(config, options, cache):
+    """(activation, training FLOPs) of one GPT-2 run with these trainer options."""
+    key = tuple(options)
+    if key not in cache:
+        import torch
+
+        import train_gpt2
+        from model import GPT
+        from training.config import load_config
+
+        cfg = load_config(train_gpt2.TrainConfig, ["--config", config, *options])
+        with torch.device("meta"):
+            per_token = GPT(cfg.model).flops_per_token(cfg.optim.seq_len)
+        cache[key] = cfg.model.act, per_token * cfg.optim.total_batch_size * cfg.optim.max_steps
+    return cache[key]
+
+
+def bench_rates(paths):
+    """{act: FLOP/s per GPU} and where they come from, from bench/train_step.py --json files."""
+    rates, devices = {}, set()
+    for path in paths:
+        try:
+            bench = json.loads(Path(path).read_text())
+            for result in bench["results"].values():
+                rates[result["contender"]["act"]] = result["tok_per_s"] * result["flops_per_token"]
+            devices.add(bench.get("device") or "?")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"--throughput {path}: not a bench/train_step.py --json file ({e})") from None
+    return rates, f"bench/train_step.py on {', '.join(sorted(devices))}"
+
+
+def run_rates(directories):
+    """{act: FLOP/s per GPU}: the median over the finished runs in these sweep directories."""
+    seen = {}
+    for directory in directories:
+        for path in sorted(p for p in Path(directory).iterdir() if p.is_dir()):
+            if not finished(path):
+                continue
+            try:
+                run = load_run(path)
+                environment = json.loads((path / "run.json").read_text())["environment"]
+                per_gpu = (statistics.median(run.tok_per_s) * environment["flops_per_token"]
+                           / environment.get("world_size", 1))
+            except (RunError, OSError, ValueError, KeyError, TypeError, statistics.StatisticsError):
+                continue
+            seen.setdefault(run.setting("act"), []).append(per_gpu)
+    return {act: statistics.median(values) for act, values in seen.items()}, "the finished runs of this sweep"
+
+
+def cost_text(trainer, config, runs, rates, source):
+    """The cost lines of runs [(size or None, trainer options)]."""
+    if trainer != "gpt2":
+        return f"cost: {len(runs)} runs; FLOPs are counted for the GPT-2 trainer only"
+    cache, per_size = {}, {}
+    for size, options in runs:
+        try:
+            act, flops = gpt2_flops(config, options, cache)
+        except ConfigError as e:  # the trainer says it again, in its own words, when the run starts
+            return f"cost: {len(runs)} runs; FLOPs not counted: {e}"
+        rate = rates.get(act, min(rates.values())) if rates else None
+        row = per_size.setdefault(size or "all", [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += flops
+        row[2] += flops / rate / 3600 if rate else 0.0
+    total = [sum(row[i] for row in per_size.values()) for i in range(3)]
+    hours = lambda h: f"{h:,.1f}" if rates else "not measured"
+    rows = [[size, n, f"{flops / n:.3g}", f"{flops:.3g}", hours(h)] for size, (n, flops, h) in per_size.items()]
+    rows.append(["total", total[0], "", f"{total[1]:.3g}", hours(total[2])])
+    if rates:
+        speed = ", ".join(f"{act} {rate:.3g}" for act, rate in sorted(rates.items()))
+        note = f"GPU-hours at the FLOP/s per GPU of {source} ({speed}), scaled with model FLOPs"
+    else:
+        note = ("GPU-hours: not measured; pass --throughput FILE (bench/train_step.py --json on the target GPU) or "
+                "finish some runs of this plan")
+    return (f"cost: {total[0]} runs, {total[1]:.3g} training FLOPs (model.py's flops_per_token x tokens)\n"
+            + markdown_table(["size", "runs", "FLOPs/run", "FLOPs", "GPU-hours"], rows) + f"\n{note}")

@@ -1,0 +1,111 @@
+"""Where a sweep stands: every run of its plan with its state, job and last logged step.
+
+    python -m analysis.sweep --status runs/ladder_gpu
+
+States: done (its final evaluation is logged), running, pending (not started, or queued), requeued (stopped at a
+time limit or preemption with its checkpoint, queued again), failed (the trainer exited with an error, or the
+scheduler ended the job: its log's last lines follow), stopped (its job ended, or was cancelled, before the run
+finished: submit again), unfinished (a sequential run that has not finished: no scheduler to ask whether it still
+runs). The requeues column counts a run's requeues so far. Job states come from
+the run's RUN_DIR/job.json (written at submission and by the job itself) and the scheduler (sacct for SLURM).
+"""
+import fnmatch
+import json
+from pathlib import Path
+
+from analysis import launchers
+from analysis.runs import RunError, load_run, markdown_table
+from analysis.sweep_report import finished
+
+def planned_runs(args, out):
+    """The names of the plan's run directories; a ladder's runs after its lr grid as patterns (lr not known yet)."""
+    from analysis.sweep import run_dir  # the sweep imports this module
+
+    names = []
+    ladder = args.ladder
+    for seed in args.seeds:
+        for size in (ladder.sizes if ladder else [None]):
+            for label, _, _ in args.variants:
+                grid = ladder is None or not ladder.lr_size or size == ladder.lr_size
+                for lr in (ladder.lrs if ladder and grid else [None]):
+                    name = run_dir(out, label, seed, size, lr).name
+                    names.append(name if grid else name.replace(f"_seed{seed}", f"_lr*_seed{seed}"))
+    return names
+
+
+def run_names(directory):
+    """The plan's runs (patterns resolved to the directories that match them), then any other run directories."""
+    directory = Path(directory)
+    plan = directory / "sweep_plan.json"
+    planned = json.loads(plan.read_text()).get("runs", []) if plan.is_file() else []
+    present = sorted(p.name for p in directory.iterdir() if p.is_dir() and p.name != "submitit")
+    names = []
+    for name in planned:
+        matches = fnmatch.filter(present, name) if "*" in name else [name]
+        names += matches or [name]
+    return names + [name for name in present if name not in names and not is_empty(directory / name)]
+
+
+def is_empty(path):
+    return not any((path / f).exists() for f in ("train.out", "log.txt", "metrics.jsonl", launchers.JOB_FILE))
+
+
+def last_step(path):
+    try:
+        return load_run(path).last_step
+    except RunError:
+        return None
+
+
+def status_rows(directory):
+    """[(name, state, job id, requeues, last step, note)] of every run of the sweep in `directory`."""
+    directory = Path(directory)
+    names = run_names(directory)
+    jobs = {name: launchers.read_job(directory / name) for name in names}
+    states = launchers.job_states(jobs, directory / "submitit")
+    rows = []
+    for name in names:
+        path, job = directory / name, jobs[name]
+        state, note = run_state(path, job, states.get(name))
+        rows.append((name, state, job.get("job_id") or "", job.get("requeues") or 0, last_step(path), note))
+    return rows
+
+
+def run_state(path, job, scheduler):
+    """(state, note) of one run from its directory, its job.json and its scheduler state (None: not asked)."""
+    if finished(path):
+        return "done", ""
+    tail = job.get("error") or launchers.log_tail(path, 1)
+    if job.get("state") == "failed" or scheduler in launchers.ENDED_BADLY:
+        return "failed", " | ".join(tail)[-200:]
+    if scheduler == "RUNNING" and job.get("state") != "requeued":
+        return "running", ""
+    if launchers.still_queued(job, scheduler):
+        return ("requeued" if job.get("state") == "requeued" else "pending"), ""
+    if not path.is_dir() or is_empty(path):
+        return "pending", ""
+    if not job:
+        return "unfinished", "no job: a sequential run, still running or stopped; rerun the sweep to continue"
+    return "stopped", f"the job ended without finishing the run ({scheduler or job.get('state')}): rerun the sweep"
+
+
+def status_text(directory):
+    rows = status_rows(directory)
+    counts = {}
+    for row in rows:
+        counts[row[1]] = counts.get(row[1], 0) + 1
+    table = markdown_table(["run", "state", "job", "requeues", "last step", "note"],
+                           [[name, state, job, requeues, "" if step is None else step, note]
+                            for name, state, job, requeues, step, note in rows])
+    return f"{directory}: {len(rows)} runs, " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) \
+        + "\n" + table
+
+
+def missing_text(directory):
+    """One line naming the plan's runs that have not finished, for a report written from part of a sweep."""
+    names = [name for name in run_names(directory) if not finished(Path(directory) / name)]
+    if not names:
+        return ""
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return (f"missing: {len(names)} run(s) of the plan have not finished ({shown}); this report is from the "
+            f"finished ones (python -m analysis.sweep --status {directory})")

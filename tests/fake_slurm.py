@@ -1,0 +1,165 @@
+"""Stand-in sbatch, srun, sacct and scontrol for tests/test_launchers.py: `fake_slurm.py NAME ARGS` behaves as
+command NAME (install() writes a script per name into a directory that goes first on PATH); they keep their state
+in $FAKE_SLURM (a directory).
+
+sbatch FILE records FILE's #SBATCH options (submissions.jsonl) and answers "Submitted batch job ID"; the array
+tasks listed in $FAKE_SLURM_RUN run in the background, one after another, as SLURM would run the script (its
+environment variables, srun starting the command); the others stay PENDING. When the file $FAKE_SLURM_SIGNAL_WHEN
+appears during a task's first run, the task's processes (srun's command and everything below it; not the batch
+shell, not srun) get SIGUSR2, as SLURM signals a job ahead of its time limit (--signal). scontrol requeue ID marks
+the task: when its script ends, it runs again (SLURM_RESTART_COUNT 1, 2, ...). sacct -j ID prints the tasks' states
+in the --parsable2 form submitit reads.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STATE = Path(os.environ.get("FAKE_SLURM", "."))
+
+
+def task_file(job):
+    return STATE / f"task_{job}.json"
+
+
+def read_task(job):
+    return json.loads(task_file(job).read_text())
+
+
+def write_task(job, **changes):
+    record = {**(read_task(job) if task_file(job).exists() else {}), **changes}
+    tmp = task_file(job).with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(task_file(job))
+
+
+def sbatch(script):
+    options = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", Path(script).read_text(), re.M))
+    ids = STATE / "next_id"
+    job_id = int(ids.read_text()) if ids.exists() else 1000
+    ids.write_text(str(job_id + 1))
+    with open(STATE / "submissions.jsonl", "a") as f:
+        f.write(json.dumps({"job_id": job_id, "script": Path(script).read_text(), "options": options}) + "\n")
+    array = re.fullmatch(r"0-(\d+)(%\d+)?", options.get("array", "0-0"))
+    tasks = range(int(array[1]) + 1)
+    for task in tasks:
+        write_task(f"{job_id}_{task}", state="PENDING", restarts=0, requeue=False)
+    wanted = os.environ.get("FAKE_SLURM_RUN", "")
+    run = [t for t in tasks if str(t) in wanted.split(",")]
+    if run:
+        subprocess.Popen([sys.executable, __file__, "_run", str(job_id), script, *map(str, run)],
+                         stdout=subprocess.DEVNULL, stderr=open(STATE / "runner.err", "a"), start_new_session=True)
+    print(f"Submitted batch job {job_id}")
+
+
+def process_children():
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return children
+
+
+def children_of(pid):
+    return process_children().get(pid, [])
+
+
+def descendants(pid):
+    """pid and every process below it (from /proc)."""
+    children, found, todo = process_children(), [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+def run_tasks(job_id, script, tasks):
+    trigger = os.environ.get("FAKE_SLURM_SIGNAL_WHEN")
+    for task in tasks:
+        job = f"{job_id}_{task}"
+        while True:
+            restarts = read_task(job)["restarts"]
+            write_task(job, state="RUNNING", requeue=False)
+            env = {**os.environ, "SLURM_JOB_ID": str(job_id + 1 + int(task)), "SLURM_ARRAY_JOB_ID": str(job_id),
+                   "SLURM_ARRAY_TASK_ID": task, "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "1",
+                   "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+                   "SLURM_RESTART_COUNT": str(restarts)}
+            proc = subprocess.Popen(["bash", script], env=env)
+            signalled = False
+            while proc.poll() is None:
+                if trigger and not signalled and restarts == 0 and Path(trigger).exists():
+                    shell_and_srun = [proc.pid, *children_of(proc.pid)]
+                    for pid in [p for p in descendants(proc.pid) if p not in shell_and_srun]:
+                        try:
+                            os.kill(pid, signal.SIGUSR2)
+                        except ProcessLookupError:
+                            pass
+                    signalled = True
+                time.sleep(0.005)
+            if not read_task(job)["requeue"]:
+                write_task(job, state="COMPLETED" if proc.returncode == 0 else "FAILED")
+                break
+            write_task(job, restarts=restarts + 1)
+
+
+def srun(argv):
+    """srun --unbuffered --output FILE [--error FILE] COMMAND: the command, its output to FILE (%A %a %j %t filled)."""
+    files = {}
+    while argv[0].startswith("--"):
+        option = argv.pop(0)
+        if option in ("--output", "--error"):
+            files[option] = argv.pop(0)
+    fill = {"%A": os.environ["SLURM_ARRAY_JOB_ID"], "%a": os.environ["SLURM_ARRAY_TASK_ID"],
+            "%j": os.environ["SLURM_JOB_ID"], "%t": "0"}
+    for key, name in files.items():
+        for pattern, value in fill.items():
+            name = name.replace(pattern, value)
+        files[key] = open(name, "a")
+    out = files.get("--output")
+    return subprocess.run(argv, stdout=out, stderr=files.get("--error", out)).returncode
+
+
+def sacct(argv):
+    ids = [argv[i + 1] for i, a in enumerate(argv) if a == "-j"]
+    print("JobID|State|NodeList")
+    for path in sorted(STATE.glob("task_*.json")):
+        job = path.stem[len("task_"):]
+        if job.split("_")[0] in ids:
+            print(f"{job}|{read_task(job)['state']}|localhost")
+
+
+def scontrol(argv):
+    with open(STATE / "scontrol.log", "a") as f:
+        f.write(" ".join(argv) + "\n")
+    if argv[0] == "requeue":
+        write_task(argv[1], requeue=True, state="REQUEUED")
+
+
+def install(directory):
+    """A script per command in `directory` (put it first on PATH), each calling this file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("sbatch", "srun", "sacct", "scontrol"):
+        (directory / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" "{__file__}" {name} "$@"\n')
+        (directory / name).chmod(0o755)
+    return directory
+
+
+if __name__ == "__main__":
+    command, argv = sys.argv[1], sys.argv[2:]
+    if command == "_run":
+        run_tasks(int(argv[0]), argv[1], argv[2:])
+    elif command == "sbatch":
+        sbatch(argv[0])
+    elif command == "srun":
+        sys.exit(srun(argv))
+    elif command == "sacct":
+        sacct(argv)
+    elif command == "scontrol":
+        scontrol(argv)

@@ -1,0 +1,297 @@
+"""Launchers (analysis/launchers.py): a plan side by side through submitit's local executor reports as the sequential
+sweep does; as a SLURM job array (stand-in sbatch, srun, sacct, scontrol: tests/fake_slurm.py) it asks for its
+resources, and a job signalled mid-run checkpoints, requeues and ends bit-for-bit where an uninterrupted run ends;
+the cost line and --status."""
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import fake_slurm
+from analysis import ladder_report, launchers, sweep, sweep_status
+from model import GPT, GPTConfig
+from test_sweep import fake_run
+from test_train_gpt2 import final_weights, train_in_process, train_losses, write_corpus
+
+HERE = Path(__file__).resolve().parent
+PLAN = """config = "configs/gpt2_cpu_tiny.toml"
+seeds = [1, 2]
+[sizes.a]
+n_layer = 1
+n_embd = 32
+n_head = 2
+max_steps = 4
+[sizes.b]
+n_layer = 2
+n_embd = 32
+n_head = 2
+max_steps = 4
+[variants.gelu]
+act = "gelu"
+[variants.relu]
+act = "relu"
+"""
+
+
+@pytest.mark.long
+def test_local_launcher_runs_two_at_a_time_and_reports_as_the_sequential_sweep(tmp_path, monkeypatch):
+    """2 sizes x 2 arms x 2 seeds through submitit's LocalExecutor, two at a time (a CPU machine), each run the
+    stand-in trainer (tests/stand_in_trainer.py: a torch import per run would cost seconds): its report is the one
+    the sequential sweep writes for the same runs."""
+    monkeypatch.setitem(sweep.TRAINERS, "gpt2", HERE / "stand_in_trainer.py")
+    monkeypatch.setattr(ladder_report, "plot_scaling", lambda *a, **k: None)
+    monkeypatch.setattr(ladder_report, "plot_lr_grid", lambda *a, **k: None)
+    (tmp_path / "plan.toml").write_text(PLAN)
+    reports = {}
+    for launcher in ("sequential", "local"):
+        out = tmp_path / launcher
+        sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out), "--launcher", launcher])
+        reports[launcher] = (out / "sweep.md").read_text().replace(str(out), "OUT")
+    assert reports["local"] == reports["sequential"]
+    runs = sorted((tmp_path / "local").glob("*_seed*"))
+    assert len(runs) == 8 and all(launchers.read_job(run)["state"] == "ended" for run in runs)
+    spans = [json.loads((run / "stand_in.json").read_text()) for run in runs]
+    at_once = [sum(s["started"] <= t["started"] < s["ended"] for s in spans) for t in spans]
+    assert max(at_once) == 2  # side by side, never more than two
+
+
+def tiny_config(tmp_path, max_steps):
+    """A trainer config of a few CPU-milliseconds per step (1 layer, d 16, vocab 64): checkpoints only at the end
+    and on a signal."""
+    data = write_corpus(tmp_path / "data")
+    (tmp_path / "tiny.toml").write_text(f"""
+[model]
+vocab_size = 64
+block_size = 16
+n_layer = 1
+n_head = 1
+n_embd = 16
+[data]
+data_dir = "{data}"
+val_tokens = 128
+[optim]
+total_batch_size = 128
+batch_size = 4
+seq_len = 16
+warmup_steps = 2
+max_lr = 3e-3
+min_lr = 3e-4
+max_steps = {max_steps}
+[eval]
+eval_interval = 0
+[run]
+device = "cpu"
+compile = false
+checkpoint_interval = 0
+""")
+    return tmp_path / "tiny.toml"
+
+
+SLURM_PLAN = """config = "{config}"
+seeds = [1]
+[variants.gelu]
+act = "gelu"
+[variants.relu]
+act = "relu"
+[launcher]
+kind = "slurm"
+gpus_per_node = 1
+cpus_per_task = 4
+mem_gb = 8
+timeout_min = 30
+partition = "gpu"
+account = "acct"
+qos = "high"
+constraint = "h100"
+array_parallelism = 1
+signal_delay_s = 90
+max_num_timeout = 2
+sbatch = {{exclusive = true}}
+"""
+
+
+@pytest.mark.long
+def test_slurm_array_asks_for_its_resources_and_a_signalled_job_resumes_to_the_uninterrupted_end(tmp_path,
+                                                                                                 monkeypatch):
+    """The array of a 2-run plan and its #SBATCH resources; its first job signalled (SIGUSR2) mid-run: the job stops
+    the trainer (SIGTERM: it saves a checkpoint and exits 143), submitit requeues it, and the run resumes to the
+    weights and losses of an uninterrupted run. (This is also the trainer's SIGTERM test.)"""
+    max_steps = 60
+    config = tiny_config(tmp_path, max_steps)
+    out, state = tmp_path / "sweep", tmp_path / "slurm"
+    state.mkdir()
+    monkeypatch.setenv("PATH", f"{fake_slurm.install(tmp_path / 'bin')}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM", str(state))
+    monkeypatch.setenv("FAKE_SLURM_RUN", "0")  # the array's first task runs; the second stays pending
+    monkeypatch.setenv("FAKE_SLURM_SIGNAL_WHEN", str(out / "gelu_seed1" / "metrics.jsonl"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    (tmp_path / "plan.toml").write_text(SLURM_PLAN.format(config=config))
+    argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out)]
+    sweep.main(argv)
+
+    submitted = [json.loads(line) for line in (state / "submissions.jsonl").read_text().splitlines()]
+    assert len(submitted) == 1  # one array for both runs
+    options = submitted[0]["options"]
+    assert {k: options[k] for k in ("array", "signal", "time", "nodes", "ntasks-per-node", "gpus-per-node",
+                                    "cpus-per-task", "mem", "partition", "account", "qos", "constraint")} == {
+        "array": "0-1%1", "signal": "USR2@90", "time": "30", "nodes": "1", "ntasks-per-node": "1",
+        "gpus-per-node": "1", "cpus-per-task": "4", "mem": "8GB", "partition": "gpu", "account": "acct",
+        "qos": "high", "constraint": "h100"}
+    assert "exclusive" in options and "srun" in submitted[0]["script"]
+
+    deadline = time.time() + 240
+    while fake_slurm_state(state, "1000_0") != "COMPLETED":
+        assert fake_slurm_state(state, "1000_0") != "FAILED", (out / "gelu_seed1" / "train.out").read_text()
+        assert time.time() < deadline, "the job did not end"
+        time.sleep(0.1)
+    assert (state / "scontrol.log").read_text() == "requeue 1000_0\n"  # submitit's requeue, once
+    log = (out / "gelu_seed1" / "train.out").read_text()
+    stopped = re.search(r"stopped by signal at step (\d+)", log)
+    assert stopped and 0 < int(stopped[1]) < max_steps, log  # the signal came mid-run: something was resumed
+    assert f"resuming {out / 'gelu_seed1'}/model_{int(stopped[1]):05d}.pt at step {stopped[1]}" in log, log
+    job = launchers.read_job(out / "gelu_seed1")
+    assert (job["state"], job["requeues"], job["job_id"]) == ("ended", 1, "1000_0")
+    # the trainer on SIGTERM: saved one checkpoint and exited 128 + 15, so no scheduler takes it for finished
+    assert job["stopped_with"] == 143 and "continue with --resume" in log
+    assert sorted(p.name for p in (out / "gelu_seed1").glob("model_*.pt")) == [
+        f"model_{int(stopped[1]):05d}.pt", f"model_{max_steps:05d}.pt"]
+
+    train_in_process(["--config", str(config), "--act", "gelu", "--seed", "1", "--out-dir", str(tmp_path / "straight")])
+    assert train_losses(out / "gelu_seed1") == train_losses(tmp_path / "straight")
+    a, b = final_weights(tmp_path / "straight", max_steps), final_weights(out / "gelu_seed1", max_steps)
+    assert all(torch.equal(a[key], b[key]) for key in a)
+
+    status = {row[0]: row[1:] for row in sweep_status.status_rows(out)}
+    assert status["gelu_seed1"][:4] == ("done", "1000_0", 1, max_steps)
+    assert status["relu_seed1"][:3] == ("pending", "1000_1", 0)
+    sweep.main(argv)  # again: the pending job is left alone, nothing is submitted twice
+    assert len((state / "submissions.jsonl").read_text().splitlines()) == 1
+
+
+def fake_slurm_state(state, job):
+    try:
+        return json.loads((state / f"task_{job}.json").read_text())["state"]
+    except (OSError, ValueError):
+        return None
+
+
+def test_dry_run_prints_the_cost_and_the_runs_and_launches_nothing(tmp_path, monkeypatch, capsys):
+    """FLOPs per run: model.py's count for the run's model x tokens; GPU-hours at the bench file's FLOP/s per GPU
+    (here 1e9 for gelu, and the slowest measured for relu, which the file lacks)."""
+    monkeypatch.setattr(launchers, "subprocess", None)  # any launch would fail
+    (tmp_path / "plan.toml").write_text(PLAN.replace("seeds = [1, 2]", 'seeds = [1, 2]\nlrs = [1e-3, 2e-3]\n'
+                                                                     'lr_size = "a"'))
+    (tmp_path / "bench.json").write_text(json.dumps({"device": "Test GPU", "results": {
+        "gelu": {"contender": {"act": "gelu"}, "tok_per_s": 1000.0, "flops_per_token": 1e6}}}))
+    sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--dry-run",
+                "--throughput", str(tmp_path / "bench.json")])
+    text = capsys.readouterr().out
+    flops = {}
+    for size, n_layer in (("a", 1), ("b", 2)):
+        with torch.device("meta"):
+            model = GPT(GPTConfig(vocab_size=50304, block_size=128, n_layer=n_layer, n_embd=32, n_head=2))
+        flops[size] = model.flops_per_token(128) * 1024 * 4  # the config's seq_len and tokens per step, 4 steps
+    # size a: 2 arms x 2 lrs x 2 seeds (the grid); size b: 2 arms x 2 seeds at their best lr
+    runs = {"a": 8, "b": 4}
+    table = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")]
+                                               for line in text.splitlines() if line.startswith("| "))}
+    for size, n in runs.items():
+        assert table[size] == [str(n), f"{flops[size]:.3g}", f"{n * flops[size]:.3g}",
+                               f"{n * flops[size] / 1e9 / 3600:,.1f}"]
+    total = sum(n * flops[size] for size, n in runs.items())
+    assert f"cost: 12 runs, {total:.3g} training FLOPs" in text
+    assert "GPU-hours at the FLOP/s per GPU of bench/train_step.py on Test GPU (gelu 1e+09)" in text
+    assert text.count("--auto-resume") == 8 and "relu size b seed 2: after the lr grid, at relu's best lr" in text
+    assert not (tmp_path / "s").exists()
+
+
+def test_status_names_every_run_with_its_state_job_and_last_step(tmp_path, monkeypatch, capsys):
+    """done, running, requeued (with its count), failed (with its log's last line), pending (planned, never
+    started): from job.json and the scheduler (the stand-in sacct); --report-only says what is missing."""
+    state = tmp_path / "slurm"
+    state.mkdir()
+    monkeypatch.setenv("PATH", f"{fake_slurm.install(tmp_path / 'bin')}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM", str(state))
+    out = tmp_path / "s"
+    names = ["gelu_seed1", "relu_seed1", "gelu_seed2", "relu_seed2", "gelu_seed3"]
+    out.mkdir()
+    (out / "sweep_plan.json").write_text(json.dumps({"runs": names, "acts": ["gelu", "relu"]}))
+    fake_run(out / "gelu_seed1", "gelu", 1, 3.0)
+    fake_run(out / "relu_seed1", "relu", 1, 3.0, stop_at=6)
+    fake_run(out / "gelu_seed2", "gelu", 2, 3.0, stop_at=3)
+    fake_run(out / "relu_seed2", "relu", 2, 3.0, stop_at=2)
+    for name, job, task_state, record in (
+            ("gelu_seed1", "1000_0", "COMPLETED", {"state": "ended"}),
+            ("relu_seed1", "1000_1", "RUNNING", {"state": "running"}),
+            ("gelu_seed2", "1000_2", "PENDING", {"state": "requeued", "requeues": 2}),
+            ("relu_seed2", "1000_3", "FAILED", {"state": "failed", "error": ["Traceback", "error: out of memory"]})):
+        launchers.write_job(out / name, launcher="slurm", job_id=job, **record)
+        (state / f"task_{job}.json").write_text(json.dumps({"state": task_state}))
+    sweep.main(["--status", str(out)])
+    text = capsys.readouterr().out
+    rows = {row[0]: row[1:5] for row in sweep_status.status_rows(out)}
+    assert rows == {"gelu_seed1": ("done", "1000_0", 0, 10), "relu_seed1": ("running", "1000_1", 0, 6),
+                    "gelu_seed2": ("requeued", "1000_2", 2, 3), "relu_seed2": ("failed", "1000_3", 0, 2),
+                    "gelu_seed3": ("pending", "", 0, None)}
+    assert "5 runs, 1 done, 1 failed, 1 pending, 1 requeued, 1 running" in text
+    assert "Traceback | error: out of memory" in text
+    sweep.main(["--report-only", str(out)])
+    assert "missing: 4 run(s) of the plan have not finished (relu_seed1, gelu_seed2, relu_seed2, gelu_seed3)" in \
+        capsys.readouterr().out
+
+
+def test_a_job_runs_torchrun_across_its_nodes_and_a_failing_trainer_fails_it_with_its_last_lines(tmp_path,
+                                                                                                 monkeypatch):
+    """Node 1 of a 2-node SLURM job: torchrun with c10d rendezvous on the job's first host. A trainer that exits
+    with an error: the job raises (submitit records it as failed; only a signal requeues) and job.json keeps the
+    log's last lines for --status."""
+    for key, value in dict(SUBMITIT_EXECUTOR="slurm", SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="gpu[07-08]",
+                           SLURM_NODEID="1", SLURM_PROCID="1", SLURM_JOB_NUM_NODES="2", SLURM_NTASKS="2").items():
+        monkeypatch.setenv(key, value)
+    import submitit
+
+    run = launchers.Run(tmp_path, ["train_gpt2.py", "--act", "gelu"], "gelu seed 1")
+    command = launchers.TrainerJob(run, nproc_per_node=8, nnodes=2, stop_timeout_s=90).command(
+        submitit.JobEnvironment())
+    assert command[1:] == ["-m", "torch.distributed.run", "--nproc_per_node=8", "--shutdown-timeout=90",
+                           "--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d",
+                           f"--rdzv-endpoint=gpu07:{20000 + 4242}", "--rdzv-id=4242", "train_gpt2.py", "--act", "gelu"]
+
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    failing = launchers.Run(tmp_path, ["-c", "import sys; print('step 3'); sys.exit('error: out of memory')"], "x")
+    with pytest.raises(RuntimeError, match=r"x: the trainer exited with code 1; the last lines .*\nstep 3\n"
+                                           r"error: out of memory"):
+        launchers.TrainerJob(failing, nproc_per_node=1)()
+    assert launchers.read_job(tmp_path) == {"job_id": "4242", "state": "failed", "requeues": 0,
+                                            "host": launchers.read_job(tmp_path)["host"],
+                                            "error": ["step 3", "error: out of memory"]}
+
+
+@pytest.mark.parametrize("table, message", [
+    ("[launcher]\nnodez = 2", "[launcher] has unknown key(s) ['nodez']; it takes kind, nodes,"),
+    ("[launcher]\nnodes = \"2\"", "[launcher] nodes = '2'; expected int"),
+    ("[launcher]\nkind = \"pbs\"", "launcher 'pbs' is not one of sequential, local, slurm"),
+    ("[launcher]\nkind = \"local\"\nnodes = 2", "the local launcher runs on one machine; nodes = 2 needs slurm")])
+def test_bad_launcher_tables_are_one_line_errors(tmp_path, table, message, capsys):
+    (tmp_path / "plan.toml").write_text(PLAN + table)
+    with pytest.raises(SystemExit):
+        sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_slurm_without_its_commands_or_refused_by_sbatch_is_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "plan.toml").write_text(PLAN)
+    argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--launcher", "slurm"]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(SystemExit, match="needs SLURM's commands; sbatch, srun, sacct, scontrol not on PATH"):
+        sweep.main(argv)
+    bin_dir = fake_slurm.install(tmp_path / "bin")
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    with pytest.raises(SystemExit, match="sbatch refused the job array: .*invalid partition specified: gpu"):
+        sweep.main(argv)
