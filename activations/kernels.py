@@ -15,8 +15,8 @@ in and out, lam clamped at lam_min, ln eta = -softplus(ln lam - kappa z) / lam. 
 lam's gradient takes softplus(v) - sigmoid(v) from a series where the two cancel, so it stays accurate
 near the clamp (aglu.py's fp32 path is about 0.5% off there). Only the input is saved for backward.
 
-The kernels are bound by instructions issued, not by memory, once they count more than ~50 per element on an
-H100/H200 (bench/kernel_instructions.py counts them, without a GPU): so each exp is one MUFU.EX2 in base 2 and
+The kernels are bound by instructions issued, not by memory, above ~28 per element forward and ~42 backward on an
+H200 (bench/kernel_instructions.py counts them, without a GPU): so each exp is one MUFU.EX2 in base 2 and
 each reciprocal one MUFU.RCP (documented errors 2 and 1 ulp), a division is one reciprocal shared where it can
 be, log1p is an atanh series on one reciprocal, and per-program constants (1/lam, kappa/lam) multiply block sums
 rather than elements. libdevice's precise exp, log, log1p and division cost 10-30 instructions each. In fp32,

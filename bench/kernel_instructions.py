@@ -8,16 +8,18 @@ target with no GPU present (Triton's bundled ptxas and cuobjdump), with register
 The kernels are straight-line code (no loops): each thread handles BLOCK / (32 num_warps) elements, unrolled, so
 the static SASS count divided by that is the instructions issued per element, the program's fixed work (loads
 of the parameters, the block reductions) spread over its elements. Precise division and libdevice's slow paths
-count in full (they are in the code even when rarely taken). The pointwise kernels issue one instruction per
-element per cycle and SM quarter at best: on an H200 (132 SMs, ~1.8 GHz) 100 instructions per element over
-65536x3072 elements cost ~0.2 ms per pass, so the count, not memory, bounds a kernel above ~100.
+count in full (they are in the code even when rarely taken). An H200 issues 132 SMs x 128 lanes x ~1.98 GHz: at
+65536x3072 each instruction per element costs ~6 us, while bf16 moves 4 bytes per element forward (~0.17 ms at
+4.8 TB/s) and 6 backward, so above ~28 instructions forward and ~42 backward a kernel waits on issue, not on
+memory (an H100, 3.35 TB/s: ~40 and ~60). MUFU instructions (ex2, rcp, lg2) go through a pipe an eighth as wide
+(16 lanes per SM), counted apart: 3 per element cost about as much as 24 others.
 """
 import argparse
 import importlib.util
 import itertools
 import json
 import os
-import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -36,8 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 FLAGS = list(itertools.product((True, False), repeat=2))
 IO = ("x_ptr", "z_ptr", "grad_ptr", "out_ptr")  # the tensors in the activation's dtype; the rest are fp32
-# a SASS instruction line of cuobjdump: "        /*0070*/                   LDG.E R2, desc[UR4][R2.64] ;"
-SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+NOP, MUFU = 0x918, 0x308  # SASS opcodes (sm_70 to sm_90; cuobjdump -sass counts the same on every variant here)
 
 
 @triton.jit
@@ -68,11 +69,12 @@ def variants(K):
         yield K._apa_kernel, {"n": "i32", "lam_min": "fp32"}, dict(GATED=gated, BACKWARD=backward, BLOCK=K.BLOCK), {}
     for swish in (True, False):
         yield K._anact_stats_kernel, {"n": "i32"}, dict(SWISH=swish, BLOCK=K.STATS_BLOCK), {"num_warps": K.STATS_WARPS}
+    row_warps = getattr(K, "row_warps", lambda block: min(max(block // 256, 1), 8))  # kernels.py before #40's
     for swish, backward in FLAGS:
         yield K._anact_kernel, {"n": "i32"}, dict(SWISH=swish, BACKWARD=backward, BLOCK=K.BLOCK), {}
         for block in (4096, K.MAX_ROW):
             yield (K._anact_rows_kernel, {"n_cols": "i32", "eps": "fp32"}, dict(SWISH=swish, BACKWARD=backward,
-                   BLOCK=block), {"num_warps": K.row_warps(block)})
+                   BLOCK=block), {"num_warps": row_warps(block)})
 
 
 def compile_one(fn, scalars, constexprs, options, dtype, arch):
@@ -86,18 +88,33 @@ def compile_one(fn, scalars, constexprs, options, dtype, arch):
                           options=options)
 
 
-def usage(kernel):
-    """One cuobjdump of the cubin: its resource usage {"REG": 56, "STACK": 0, "LOCAL": 0, ...} and the number of
-    SASS instructions (NOPs, the padding, left out)."""
+def sass_counts(cubin, name):
+    """(SASS instructions, MUFU instructions) in the cubin's code of kernel `name`, read from its ELF .text section
+    without a disassembler (cuobjdump -sass costs ~0.4 CPU-s a cubin): since Volta every instruction is 16 bytes,
+    its opcode the low 12 bits. The NOPs padding the end are left out."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    entsize, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
+    sections = [struct.unpack_from("<I20xQQ", cubin, shoff + i * entsize) for i in range(count)]  # name, offset, size
+    strtab = sections[names][1]
+    for name_at, offset, size in sections:
+        if cubin[strtab + name_at:cubin.index(b"\0", strtab + name_at)] == f".text.{name}".encode():
+            opcodes = [struct.unpack_from("<Q", cubin, at)[0] & 0xFFF for at in range(offset, offset + size, 16)]
+            return sum(op != NOP for op in opcodes), sum(op == MUFU for op in opcodes)
+    raise ValueError(f"no .text.{name} section in the cubin")
+
+
+def usage(kernel, name):
+    """The cubin's resource usage (cuobjdump -res-usage: {"REG": 56, "STACK": 0, "LOCAL": 0, ...}), its SASS
+    instructions and the MUFU ones among them."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        out = subprocess.run([str(BIN / "cuobjdump"), "-res-usage", "-sass", f.name], capture_output=True,
-                             text=True, check=True).stdout
+        out = subprocess.run([str(BIN / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
     line = next(line for line in out.splitlines() if "REG:" in line)
     found = {k: int(v) for k, v in (item.split(":", 1) for item in line.split() if ":" in item and "[" not in item)}
-    ops = [m.group(1) for m in map(SASS_LINE.match, out.splitlines()) if m]
-    return {**found, "sass": sum(op != "NOP" for op in ops)}
+    sass, mufu = sass_counts(kernel.asm["cubin"], name)
+    return {**found, "sass": sass, "mufu": mufu}
 
 
 def arch_rows(arch, commit=None, dtypes=("bf16", "fp32")):
@@ -113,8 +130,9 @@ def arch_rows(arch, commit=None, dtypes=("bf16", "fp32")):
         for dtype in dtypes:
             row = {"arch": arch, "kernel": fn.__name__, "dtype": dtype, **constexprs, **options}
             try:
-                row.update(usage(compile_one(fn, scalars, constexprs, options, dtype, arch)))
+                row.update(usage(compile_one(fn, scalars, constexprs, options, dtype, arch), fn.__name__))
                 row["per_element"] = round(row["sass"] / per_thread, 1)
+                row["mufu_per_element"] = round(row["mufu"] / per_thread, 2)
             except Exception as e:  # noqa: BLE001 - reported as the row, for the caller to fail on
                 row["error"] = f"{type(e).__name__}: {e}"[:1000]
             rows.append(row)
@@ -138,9 +156,12 @@ def main(argv=None):
     p.add_argument("archs", nargs="*", type=int, default=[80, 90], help="sm_XY targets, e.g. 80 90 100")
     p.add_argument("--commit", help="count the kernels.py of this commit instead of the working tree's")
     p.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp32, fp16")
-    p.add_argument("--json", action="store_true", help="one JSON row per variant (fp32 and bf16)")
+    p.add_argument("--json", action="store_true", help="one JSON row per variant (bf16 and fp32)")
     args = p.parse_args(argv)
     missing = toolchain()
+    if missing and args.json:  # for tests/test_kernels.py to skip on, saying why
+        print(json.dumps({"unavailable": missing}))
+        return
     if missing:
         raise SystemExit(f"error: {missing}; reinstall triton (pip install triton) to count instructions")
     dtypes = ("bf16", "fp32") if args.json else tuple(args.dtypes.split(","))
@@ -152,14 +173,15 @@ def main(argv=None):
         for row in rows:
             print(json.dumps(row))
         return
-    print(f"Triton {triton.__version__}, kernels.py of {args.commit or 'the working tree'}; SASS instructions per "
-          f"element (registers, spill bytes)")
+    print(f"Triton {triton.__version__}, kernels.py of {args.commit or 'the working tree'}: SASS instructions per "
+          f"element, of which MUFU (registers, spill bytes)")
     for row in rows:
         if "unsupported" in row or "error" in row:
             print(f"sm_{row['arch']}: {row.get('unsupported') or row['error']}")
             continue
         spills = row["STACK"] + row["LOCAL"]
-        print(f"sm_{row['arch']} {row['dtype']:<4} {label(row):<45} {row['per_element']:6.1f}  "
+        print(f"sm_{row['arch']} {row['dtype']:<4} {label(row):<45} {row['per_element']:6.1f} "
+              f"{row['mufu_per_element']:5.2f}  "
               f"({row['REG']} registers{f', {spills} bytes spilled' if spills else ''})")
 
 
