@@ -8,7 +8,7 @@ target with no GPU present (Triton's bundled ptxas and cuobjdump), with register
 The kernels are straight-line code (no loops): each thread handles BLOCK / (32 num_warps) elements, unrolled, so
 the static SASS count divided by that is the instructions issued per element, the program's fixed work (loads
 of the parameters, the block reductions) spread over its elements. Precise division and libdevice's slow paths
-count in full (they are in the code even when rarely taken). An H200 issues 132 SMs x 128 lanes x ~1.98 GHz: at
+count in full (they are in the code even when rarely taken). An H200 has 132 SMs x 128 lanes at ~1.98 GHz: at
 65536x3072 each instruction per element costs ~6 us, while bf16 moves 4 bytes per element forward (~0.17 ms at
 4.8 TB/s) and 6 backward, so above ~28 instructions forward and ~42 backward a kernel waits on issue, not on
 memory (an H100, 3.35 TB/s: ~40 and ~60). MUFU instructions (ex2, rcp, lg2) go through a pipe an eighth as wide
@@ -69,7 +69,7 @@ def variants(K):
         yield K._apa_kernel, {"n": "i32", "lam_min": "fp32"}, dict(GATED=gated, BACKWARD=backward, BLOCK=K.BLOCK), {}
     for swish in (True, False):
         yield K._anact_stats_kernel, {"n": "i32"}, dict(SWISH=swish, BLOCK=K.STATS_BLOCK), {"num_warps": K.STATS_WARPS}
-    row_warps = getattr(K, "row_warps", lambda block: min(max(block // 256, 1), 8))  # kernels.py before #40's
+    row_warps = getattr(K, "row_warps", lambda block: min(max(block // 256, 1), 8))  # a84bf53's kernels.py
     for swish, backward in FLAGS:
         yield K._anact_kernel, {"n": "i32"}, dict(SWISH=swish, BACKWARD=backward, BLOCK=K.BLOCK), {}
         for block in (4096, K.MAX_ROW):
