@@ -50,23 +50,21 @@ MAX_ROW = 8192
 BLOCK = 2048
 STATS_BLOCK = 4096  # fewer, larger blocks: fewer partials for the float64 merge
 STATS_WARPS = 8  # 16 per thread: its five block sums cost ~30% less per element than at 16 warps, 60 registers
+TINY = tl.constexpr(1.1754943508222875e-38)  # torch.finfo(torch.float32).tiny, anact.py's floor for Var[x]
+# True when TRITON_INTERPRET=1 was set before triton's first import (tl.sum & co. are then interpreted
+# too); a compile-time constant for the kernels.
+INTERPRETED = tl.constexpr(isinstance(tl.sum, InterpretedFunction))
+LOG2E, LN2 = tl.constexpr(1.4426950408889634), tl.constexpr(0.6931471805599453)
+# Q(t) = 2 (atanh(s)/s - 1) / t, t = s^2 <= 1/9: a cubic fitted for relative error (4e-7 of Q at most; t Q is at
+# most 4% of log1p(e) / s, so < 2e-8 of log1p), where the Taylor series 2/3 + 2t/5 + ... needs seven terms
+Q0, Q1 = tl.constexpr(0.6666663994135407), tl.constexpr(0.400076258368243)
+Q2, Q3 = tl.constexpr(0.2823504097984134), tl.constexpr(0.2686102275126062)
 
 
 def row_warps(block):
     """Warps of anact_rows for a row of `block` (a power of two): 16 values per thread up to 8 warps (32 at
     MAX_ROW), so its six row sums spread over as many elements as a pointwise program's."""
     return min(max(block // 512, 1), 8)
-TINY = tl.constexpr(1.1754943508222875e-38)  # torch.finfo(torch.float32).tiny, anact.py's floor for Var[x]
-# True when TRITON_INTERPRET=1 was set before triton's first import (tl.sum & co. are then interpreted
-# too); a compile-time constant for the kernels.
-INTERPRETED = tl.constexpr(isinstance(tl.sum, InterpretedFunction))
-
-
-LOG2E, LN2 = tl.constexpr(1.4426950408889634), tl.constexpr(0.6931471805599453)
-# 2 (atanh(s)/s - 1) / t, t = s^2 <= 1/9: a cubic fitted for relative error (max 4e-7 of itself, which is at most
-# a ninth of log1p: < 2e-8 there), where the Taylor series 2/3 + 2t/5 + ... needs seven terms
-Q0, Q1 = tl.constexpr(0.6666663994135407), tl.constexpr(0.400076258368243)
-Q2, Q3 = tl.constexpr(0.2823504097984134), tl.constexpr(0.2686102275126062)
 
 
 @triton.jit
@@ -137,7 +135,7 @@ def _apa_kernel(z_ptr, grad_ptr, out_ptr, partial_ptr, kappa_ptr, lam_ptr, n, la
 @triton.jit
 def _act(x, SWISH: tl.constexpr):
     """act(x) and act'(x) (anact.py): SiLU and sigma(x)(1 + x(1 - sigma(x))), or ReLU and 1[x > 0].
-    Both are 0 at x = 0 (the masked-off elements), act' of SiLU is not."""
+    act(0) = 0 for both, so masked-off elements (x = 0) add nothing to a sum of act(x); SiLU's act'(0) = 1/2."""
     if SWISH:
         s = _rcp(1.0 + tl.exp2(x * -LOG2E))  # exp2 -> inf for x << 0: rcp(inf) = 0, y = -0
         y = x * s
@@ -200,7 +198,7 @@ def _anact_rows_kernel(x_ptr, grad_ptr, out_ptr, partial_ptr, adj_ptr, n_cols, e
     offs = row.to(tl.int64) * n_cols + cols
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y, d = _act(x, SWISH)
-    inv_cols = 1.0 / n_cols.to(tl.float32)
+    inv_cols = 1.0 / n_cols  # a division per program; n_cols may be specialized to a constexpr 1
     mu = tl.sum(y, axis=0) * inv_cols  # masked-off x = 0 has y = 0
     dy = tl.where(mask, y - mu, 0.0)
     dx = tl.where(mask, x - tl.sum(x, axis=0) * inv_cols, 0.0)
