@@ -15,6 +15,16 @@ in and out, lam clamped at lam_min, ln eta = -softplus(ln lam - kappa z) / lam. 
 lam's gradient takes softplus(v) - sigmoid(v) from a series where the two cancel, so it stays accurate
 near the clamp (aglu.py's fp32 path is about 0.5% off there). Only the input is saved for backward.
 
+The kernels are bound by instructions issued, not by memory, above ~28 per element forward and ~42 backward on an
+H200 (bench/kernel_instructions.py counts them, without a GPU): so each exp is one MUFU.EX2 in base 2 and
+each reciprocal one MUFU.RCP (documented errors 2 and 1 ulp), a division is one reciprocal shared where it can
+be, log1p is an atanh series on one reciprocal, and per-program constants (1/lam, kappa/lam) multiply block sums
+rather than elements. libdevice's precise exp, log, log1p and division cost 10-30 instructions each. In fp32,
+against float64, the approximations keep AGLU within 0.23 of the fp32 tolerance (rtol 1e-4, atol 1e-6; the
+probe's, in activations/selfcheck.py): bench/kernel_fast_math.py replays the arithmetic with every MUFU result off
+by up to its documented error. The interpreter computes them exactly (numpy), so tests/test_kernels.py checks the
+algebra and the series, the GPU's self-check (selfcheck.py) its approximations.
+
 Each op is a torch.library custom op with a fake (shape) kernel, so torch.compile keeps it in its graph;
 its autograd formula is the matching backward op. Double backward is not supported (a clear error; the
 PyTorch path, impl="torch", has it). torch.library.triton_op would let inductor see the kernels, but
@@ -28,30 +38,50 @@ import contextlib
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 from triton.runtime.interpreter import InterpretedFunction
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # anact_rows holds a whole row in registers (8 warps, 32 values per thread at 8192); longer rows take the PyTorch
 # path. 16384 spilled registers to local memory on sm_80 and sm_90 with 8 or 16 warps (tests/test_kernels.py).
 MAX_ROW = 8192
-BLOCK = 1024  # elements per program of the pointwise kernels (not tuned on a GPU yet)
+# Elements per program of the pointwise kernels: 16 per thread (4 warps), so a program's fixed work (its parameters,
+# the block sums of the backward) spreads over twice the elements it did at 1024; 4096 took 143 registers on sm_90
+# (bench/kernel_instructions.py). Not tuned on a GPU yet.
+BLOCK = 2048
 STATS_BLOCK = 4096  # fewer, larger blocks: fewer partials for the float64 merge
-STATS_WARPS = 16  # 8 per thread; with 8 warps (16 per thread) ptxas spilled 8 bytes on sm_90 (tests/test_kernels.py)
+STATS_WARPS = 8  # 16 per thread: its five block sums cost ~30% less per element than at 16 warps, 60 registers
 TINY = tl.constexpr(1.1754943508222875e-38)  # torch.finfo(torch.float32).tiny, anact.py's floor for Var[x]
 # True when TRITON_INTERPRET=1 was set before triton's first import (tl.sum & co. are then interpreted
 # too); a compile-time constant for the kernels.
 INTERPRETED = tl.constexpr(isinstance(tl.sum, InterpretedFunction))
+LOG2E, LN2 = tl.constexpr(1.4426950408889634), tl.constexpr(0.6931471805599453)
+# Q(t) = 2 (atanh(s)/s - 1) / t, t = s^2 <= 1/9: a cubic fitted for relative error (4e-7 of Q at most; t Q is at
+# most 4% of log1p(e) / s, so < 2e-8 of log1p), where the Taylor series 2/3 + 2t/5 + ... needs seven terms
+Q0, Q1 = tl.constexpr(0.6666663994135407), tl.constexpr(0.400076258368243)
+Q2, Q3 = tl.constexpr(0.2823504097984134), tl.constexpr(0.2686102275126062)
+
+
+def row_warps(block):
+    """Warps of anact_rows for a row of `block` (a power of two): 16 values per thread up to 8 warps (32 at
+    MAX_ROW), so its six row sums spread over as many elements as a pointwise program's."""
+    return min(max(block // 512, 1), 8)
 
 
 @triton.jit
-def _log1p(e):
-    if INTERPRETED:  # no libdevice in the interpreter: Goldberg's log1p, exact up to log's rounding
-        u = 1.0 + e
-        d = u - 1.0  # 0 where e is below half an ulp of 1, and there log1p(e) = e
-        return tl.where(d == 0.0, e, tl.log(u) * (e / tl.where(d == 0.0, 1.0, d)))
+def _rcp(x):
+    """1/x in one MUFU.RCP (rcp.approx.ftz: 1 ulp) where Triton's division adds range checks (~10 instructions)."""
+    if INTERPRETED:  # no inline PTX in the interpreter
+        return 1.0 / x
     else:
-        return libdevice.log1p(e)
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _block(n, BLOCK: tl.constexpr):
+    """(first element of this program, in int64; in-range mask of its BLOCK, compared in int32)."""
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    return start, tl.arange(0, BLOCK) < tl.minimum(n - start, BLOCK).to(tl.int32)
 
 
 @triton.jit
@@ -60,48 +90,57 @@ def _apa_kernel(z_ptr, grad_ptr, out_ptr, partial_ptr, kappa_ptr, lam_ptr, n, la
     """Forward: out = z eta (GATED) or eta. Backward: out = grad_z and, per block, the sums
     partial[pid] = (sum t z, sum w D), from which d kappa = sum t z and d lam = sum w D / lam^2.
     aglu.py's docstring: w = grad d out / d ln eta, t = w q, q = sigmoid(v) / lam, v = ln lam - kappa z;
-    D = softplus(v) - sigmoid(v) = -lam (q + ln eta)."""
+    D = softplus(v) - sigmoid(v) = -lam (q + ln eta).
+
+    The exponentials in base 2 (one MUFU.EX2 each), with e = e^-|v|: softplus(v) = max(v, 0) + log1p(e),
+    log1p(e) = 2 atanh(s) = s (2 + t Q(t)) with s = e / (2 + e), t = s^2 <= 1/9: one reciprocal and a cubic,
+    accurate to an ulp relative even where e is below fp32's resolution of 1 + e (where log1p(e) / lam is
+    all of ln eta at lam's clamp, so its relative error, not its absolute one, must be an ulp's)."""
     pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    start, mask = _block(n, BLOCK)
+    offs = tl.arange(0, BLOCK)
+    z = tl.load(z_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
     kappa = tl.load(kappa_ptr).to(tl.float32)
     lam = tl.maximum(tl.load(lam_ptr).to(tl.float32), lam_min)
-    inv_lam = 1.0 / lam  # one division per program, not per element
-    v = tl.log(lam) - kappa * z
-    e = tl.exp(-tl.abs(v))  # shared by softplus(v) = max(v, 0) + log1p(e) and sigmoid(v)
-    softplus = tl.maximum(v, 0.0) + _log1p(e)
-    ln_eta = -softplus * inv_lam
-    eta = tl.exp(ln_eta)
+    inv_lam = _rcp(lam)
+    # precise log2 (~30 instructions per thread, 2 per element): MUFU.LG2's 2 ulp of log2(1e-4) = -13.3 shift v by
+    # 2e-6, which q = sigmoid(v) / lam amplifies to ~1e-4 of grad_z at lam's clamp, the fp32 tolerance
+    # (bench/kernel_fast_math.py --lg2-ulps 2)
+    v2 = tl.log2(lam) - (kappa * LOG2E) * z  # v log2(e)
+    e = tl.exp2(-tl.abs(v2))
+    s = e * _rcp(2.0 + e)
+    t = s * s
+    q = Q0 + t * (Q1 + t * (Q2 + t * Q3))
+    softplus = tl.maximum(v2, 0.0) * LN2 + s * (2.0 + t * q)
+    eta = tl.exp2(softplus * (-LOG2E * inv_lam))
     if not BACKWARD:
         out = z * eta if GATED else eta
-        tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + start + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # 0 off the end: no partials
+        g = tl.load(grad_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)  # 0 off the end: no partials
         ge = g * eta
         w = ge * z if GATED else ge
-        sigmoid = tl.where(v >= 0, 1.0, e) / (1.0 + e)
-        t = w * sigmoid * inv_lam
-        grad_z = ge + t * kappa if GATED else t * kappa
-        tl.store(out_ptr + offs, grad_z.to(out_ptr.dtype.element_ty), mask=mask)
-        # For v << 0 softplus and sigmoid are both ~e^v and D ~ e^{2v}/2: their fp32 difference loses
-        # about 0.5% of lam's gradient at lam_min (aglu.py's fp32 path does, against float64). There take D from
-        # s = e / (2 + e), with log1p(e) = 2 atanh(s) and sigmoid = 2s / (1 + s): all terms positive,
-        # truncated at s^15 (s <= 1/3: relative error < 1e-8).
-        s = e / (2.0 + e)
-        s2 = s * s
-        series = 1 / 3 + s2 * (1 / 5 + s2 * (1 / 7 + s2 * (1 / 9 + s2 * (1 / 11 + s2 * (1 / 13 + s2 / 15)))))
-        d = tl.where(v >= 0, softplus - sigmoid, 2.0 * s2 / (1.0 + s) + 2.0 * s * s2 * series)
-        tl.store(partial_ptr + 2 * pid, tl.sum(t * z, axis=0))
+        sigmoid = tl.where(v2 >= 0, 1.0, e) * _rcp(1.0 + e)
+        ws = w * sigmoid  # t lam: 1 / lam is applied to the block's sum and to kappa, once per program
+        kappa_lam = kappa * inv_lam
+        grad_z = ge + ws * kappa_lam if GATED else ws * kappa_lam
+        tl.store(out_ptr + start + offs, grad_z.to(out_ptr.dtype.element_ty), mask=mask)
+        # For v << 0 softplus and sigmoid are both ~e^v and D ~ e^{2v}/2: their fp32 difference loses about 0.5%
+        # of lam's gradient at lam_min (aglu.py's fp32 path does, against float64). There D = log1p(e) - 2s/(1 + s)
+        # = s (2s / (1 + s) + t Q(t)), with 2s / (1 + s) = e / (1 + e) = sigmoid: all terms positive.
+        d = tl.where(v2 >= 0, softplus - sigmoid, s * (sigmoid + t * q))
+        tl.store(partial_ptr + 2 * pid, tl.sum(ws * z, axis=0) * inv_lam)
         tl.store(partial_ptr + 2 * pid + 1, tl.sum(w * d, axis=0))
 
 
 @triton.jit
 def _act(x, SWISH: tl.constexpr):
-    """act(x) and act'(x) (anact.py): SiLU and sigma(x)(1 + x(1 - sigma(x))), or ReLU and 1[x > 0]."""
+    """act(x) and act'(x) (anact.py): SiLU and sigma(x)(1 + x(1 - sigma(x))), or ReLU and 1[x > 0].
+    act(0) = 0 for both, so masked-off elements (x = 0) add nothing to a sum of act(x); SiLU's act'(0) = 1/2."""
     if SWISH:
-        s = tl.sigmoid(x)
-        return x * s, s * (1.0 + x * (1.0 - s))
+        s = _rcp(1.0 + tl.exp2(x * -LOG2E))  # exp2 -> inf for x << 0: rcp(inf) = 0, y = -0
+        y = x * s
+        return y, s + y * (1.0 - s)
     else:
         return tl.maximum(x, 0.0), tl.where(x > 0, 1.0, 0.0)
 
@@ -111,21 +150,21 @@ def _anact_stats_kernel(x_ptr, partial_ptr, n, SWISH: tl.constexpr, BLOCK: tl.co
     """partial[pid] = (mean y, mean x, M2 y, M2 x, sum act'^2) over this block, y = act(x);
     M2 about the block's own mean, taken from registers (a two-pass variance at one memory pass)."""
     pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    start, mask = _block(n, BLOCK)
+    x = tl.load(x_ptr + start + tl.arange(0, BLOCK), mask=mask, other=0.0).to(tl.float32)
     y, d = _act(x, SWISH)
-    count = tl.minimum(n - pid.to(tl.int64) * BLOCK, BLOCK).to(tl.float32)
-    mean_y = tl.sum(tl.where(mask, y, 0.0), axis=0) / count
-    mean_x = tl.sum(x, axis=0) / count
+    inv_count = 1.0 / tl.minimum(n - start, BLOCK).to(tl.float32)
+    mean_y = tl.sum(y, axis=0) * inv_count  # masked-off x = 0 has y = 0
+    mean_x = tl.sum(x, axis=0) * inv_count
     dy = tl.where(mask, y - mean_y, 0.0)
     dx = tl.where(mask, x - mean_x, 0.0)
+    d = tl.where(mask, d, 0.0)
     p = partial_ptr + 5 * pid
     tl.store(p, mean_y)
     tl.store(p + 1, mean_x)
     tl.store(p + 2, tl.sum(dy * dy, axis=0))
     tl.store(p + 3, tl.sum(dx * dx, axis=0))
-    tl.store(p + 4, tl.sum(tl.where(mask, d * d, 0.0), axis=0))
+    tl.store(p + 4, tl.sum(d * d, axis=0))
 
 
 @triton.jit
@@ -134,17 +173,17 @@ def _anact_kernel(x_ptr, grad_ptr, out_ptr, partial_ptr, scale_ptr, mu_ptr, n,
     """Forward: out = scale (act(x) - mu). Backward: out = grad scale act'(x),
     partial[pid] = sum grad (act(x) - mu) (the scale gradient, anact.py)."""
     pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    start, mask = _block(n, BLOCK)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
     scale = tl.load(scale_ptr).to(tl.float32)
     mu = tl.load(mu_ptr).to(tl.float32)
     y, d = _act(x, SWISH)
     if not BACKWARD:
-        tl.store(out_ptr + offs, (scale * (y - mu)).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + start + offs, (scale * y - scale * mu).to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + offs, (g * scale * d).to(out_ptr.dtype.element_ty), mask=mask)
+        g = tl.load(grad_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + start + offs, ((g * scale) * d).to(out_ptr.dtype.element_ty), mask=mask)
         tl.store(partial_ptr + pid, tl.sum(g * (y - mu), axis=0))
 
 
@@ -160,19 +199,21 @@ def _anact_rows_kernel(x_ptr, grad_ptr, out_ptr, partial_ptr, adj_ptr, n_cols, e
     offs = row.to(tl.int64) * n_cols + cols
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y, d = _act(x, SWISH)
-    mu = tl.sum(tl.where(mask, y, 0.0), axis=0) / n_cols
+    inv_cols = 1.0 / n_cols  # a division per program; n_cols may be specialized to a constexpr 1
+    mu = tl.sum(y, axis=0) * inv_cols  # masked-off x = 0 has y = 0
     dy = tl.where(mask, y - mu, 0.0)
-    dx = tl.where(mask, x - tl.sum(x, axis=0) / n_cols, 0.0)
-    var_y = tl.sum(dy * dy, axis=0) / n_cols
-    var_x = tl.maximum(tl.sum(dx * dx, axis=0) / n_cols, TINY)
+    dx = tl.where(mask, x - tl.sum(x, axis=0) * inv_cols, 0.0)
+    d = tl.where(mask, d, 0.0)
+    var_y = tl.sum(dy * dy, axis=0) * inv_cols
+    var_x = tl.maximum(tl.sum(dx * dx, axis=0) * inv_cols, TINY)
     rho = tl.maximum(var_y / var_x, eps)
-    rho_prime = tl.maximum(tl.sum(tl.where(mask, d * d, 0.0), axis=0) / n_cols, eps)
+    rho_prime = tl.maximum(tl.sum(d * d, axis=0) * inv_cols, eps)
     scale = tl.sqrt((rho + rho_prime) / (2.0 * rho * rho_prime)) + tl.load(adj_ptr).to(tl.float32)
     if not BACKWARD:
         tl.store(out_ptr + offs, (scale * dy).to(out_ptr.dtype.element_ty), mask=mask)
     else:
         g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + offs, (g * scale * d).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + offs, ((g * scale) * d).to(out_ptr.dtype.element_ty), mask=mask)
         tl.store(partial_ptr + row, tl.sum(g * dy, axis=0))
 
 
@@ -325,7 +366,7 @@ def _row_launch(x, grad, out, partial, adj, eps, swish, backward):
     with _on_device(x):
         _anact_rows_kernel[(x.numel() // n_cols,)](x, grad, out, partial, adj, n_cols, eps, SWISH=swish,
                                                    BACKWARD=backward, BLOCK=block,
-                                                   num_warps=min(max(block // 256, 1), 8))
+                                                   num_warps=row_warps(block))
 
 
 @torch.library.custom_op("nanoact::anact_rows", mutates_args=())
