@@ -10,8 +10,8 @@ shard, and the same model at its initialisation (its config rebuilt at the run's
 its exact zeros. It prints a table per checkpoint and writes measure.json (everything) and signal_propagation.png
 (every checkpoint, at init and trained, on one figure) into --out. Training records the one-batch measurements
 (signal, massive activations, attention entropy, zeros, dead) at every evaluation (metrics.jsonl `measure`); the
-CETT and PPL-p% searches run a matmul per calibration step and a forward pass per search step, and are this
-command's only.
+CETT scan (every threshold's CETT, O(tokens x hidden x d) a layer) and the PPL-p% search (a forward pass per
+step) are this command's only.
 """
 import argparse
 import json
