@@ -38,8 +38,8 @@ def held_out(data_dir, vocab_size, block_size, tokens, rows=8):
 def at_init(ckpt):
     """The checkpoint's model as it was before its first step: its config, built at the run's seed."""
     run = (ckpt.get("config") or {}).get("run", {})
-    torch.manual_seed(run.get("seed", 0) + run.get("init_seed_offset", 0))
-    return GPT(GPTConfig(**model_identity(ckpt["model_config"]))).eval()
+    seed = run.get("seed", 0) + run.get("init_seed_offset", 0)
+    return GPT(GPTConfig(**model_identity(ckpt["model_config"])), seed=seed).eval()
 
 
 def measure(model, batches, cett_target, ppl_p):
