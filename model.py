@@ -181,10 +181,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT-2. loss_chunks > 0: with targets, forward computes the LM head and the loss in that many row
-    chunks (linear_cross_entropy) and returns no logits. attention_backend: the SDPA kernel(s) on CUDA."""
+    """GPT-2. seed: the initial weights', every parameter drawn from its own stream of it (the trainers pass the
+    run's seed + init_seed_offset). loss_chunks > 0: with targets, forward computes the LM head and the loss in
+    that many row chunks (linear_cross_entropy) and returns no logits. attention_backend: the SDPA kernel(s) on
+    CUDA."""
 
-    def __init__(self, config, loss_chunks=0, attention_backend="auto"):
+    def __init__(self, config, loss_chunks=0, attention_backend="auto", *, seed):
         super().__init__()
         self.config = config
         if loss_chunks < 0:
@@ -203,9 +205,9 @@ class GPT(nn.Module):
             ))
             self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
-        # one stream per parameter name from the seed torch.manual_seed last set (the trainers: seed +
-        # init_seed_offset), so models that differ in their MLP start equal everywhere else (activations/init_streams.py)
-        init_parameters(self, torch.initial_seed(), self._init_weight)
+        # one stream per parameter name, so models that differ in their MLP start equal everywhere else
+        # (activations/init_streams.py)
+        init_parameters(self, seed, self._init_weight)
 
     def _init_weight(self, name, module, parameter, generator):
         """GPT-2's init: N(0, 0.02), residual projections N(0, 0.02 (2 n_layer)^-0.5), zero biases; the
@@ -292,23 +294,24 @@ class GPT(nn.Module):
         """The model (in eval mode) of a GPT-2 checkpoint as training/checkpoint.py's load_checkpoint(path,
         kind="gpt2") reads it (ours, build-nanogpt's or nanoGPT's; as data, never code). This file reads no
         file itself: it stays the single GPT-2 file that export/ copies as transformers remote code."""
-        model = cls(GPTConfig(**model_identity(ckpt["model_config"])))
+        model = cls(GPTConfig(**model_identity(ckpt["model_config"])), seed=0)  # every weight is the checkpoint's
         model.load_state_dict(ckpt["model"])
         return model.to(device).eval()
 
     @classmethod
-    def from_pretrained(cls, name_or_dir, act="gelu", act_kwargs=None):
+    def from_pretrained(cls, name_or_dir, act="gelu", act_kwargs=None, seed=0):
         """Load GPT-2 weights in transformers' GPT2LMHeadModel layout (a local directory or a hub name such as
         gpt2, gpt2-medium or openai-community/gpt2).
 
         The vocabulary stays 50257 so logits match transformers' exactly. A non-GELU `act` keeps the
-        pretrained weights and adds the activation's own parameters at their init values.
+        pretrained weights and adds the activation's own parameters at their init values (drawn from `seed`
+        where the activation's init is random, as AGLU's).
         """
         if mlp_activation(act)[1]:
             raise ConfigError(f"act {act!r} is a gated MLP: GPT-2's weights are a plain two-matrix MLP, so no weights "
                               "map onto its three matrices; pick a plain activation or train from scratch")
         architecture, state = pretrained_gpt2(name_or_dir)
-        model = cls(GPTConfig(**architecture, act=act, act_kwargs=act_kwargs or {}))
+        model = cls(GPTConfig(**architecture, act=act, act_kwargs=act_kwargs or {}), seed=seed)
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if ".mlp.act." not in k]
         if missing or unexpected:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from activations import mlp_activation, telemetry
+from activations import micro_batch_note, mlp_activation, telemetry
 from activations.gated import width_note
 from data.bits_per_byte import bits_per_byte, validation_bytes
 from data.loader import ShardLoader, shards_tokenizer
@@ -137,7 +137,8 @@ class GPTTrainer(Trainer):
             if d.master:
                 print(f"--init-from {cfg.init_from} not read: the run resumes its own checkpoint", flush=True)
         # the model before the data: a bad activation, option or speed setting fails first
-        self.model = GPT(cfg.model, cfg.speed.loss_chunks, cfg.speed.attention_backend).to(d.device)
+        self.model = GPT(cfg.model, cfg.speed.loss_chunks, cfg.speed.attention_backend, seed=cfg.run.init_seed)
+        self.model.to(d.device)
         origin = init_weights(self.model, *source) if source is not None else "starting from scratch"
         self.tokenizer, unknown = shards_tokenizer(cfg.data.data_dir)
         if self.tokenizer:
@@ -161,7 +162,7 @@ class GPTTrainer(Trainer):
                      params=self.model.param_counts(), accum=self.accum,
                      description=f"{param_line(self.model.param_counts())}{width_note(*mlp_width_args(cfg.model))} | "
                                  f"act {cfg.model.act} | "
-                                 f"grad accum {self.accum}")
+                                 f"grad accum {self.accum}{micro_batch_note(self.model, self.accum * d.world_size)}")
 
     def inputs(self):
         """HellaSwag's file and tokenizer, resolved before step 0 rather than at the first HellaSwag step."""

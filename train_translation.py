@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from activations import telemetry
+from activations import micro_batch_note, telemetry
 from activations.gated import width_note
 from data import DataError
 from data.parallel_corpus import TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model
@@ -153,7 +153,7 @@ class TranslationTrainer(Trainer):
             raise ConfigError(f"pad/bos/eos ids {mcfg.pad_id}/{mcfg.bos_id}/{mcfg.eos_id} differ from the "
                               f"sentencepiece model's {sp.pad_id()}/{sp.bos_id()}/{sp.eos_id()}; leave them at their "
                               "defaults")
-        self.model = Transformer(mcfg).to(d.device)
+        self.model = Transformer(mcfg, seed=cfg.run.init_seed).to(d.device)
         train_ids = encode(sp, train_src, train_tgt, cfg.data.max_len)
         self.valid_text = split_lines(cfg.data, "valid")
         valid_ids = encode(sp, *self.valid_text, mcfg.max_positions - 1)
@@ -175,7 +175,8 @@ class TranslationTrainer(Trainer):
                                  f"{mcfg.plain_top_k}) | {mcfg.norm} {mcfg.enc_layers}-{mcfg.dec_layers} | vocab "
                                  f"{mcfg.vocab_size} | {len(train_ids[0])} train pairs (of {len(train_src)}, max len "
                                  f"{cfg.data.max_len}) | step: {step} | {self.loader.steps_per_epoch()} steps/epoch | "
-                                 f"{f'{shapes} batch shapes' if shapes else 'exact-length batches'}")
+                                 f"{f'{shapes} batch shapes' if shapes else 'exact-length batches'}"
+                                 f"{micro_batch_note(self.model, step_batches)}")
 
     def inputs(self):
         """The test split's sources and references, read before step 0 when the run ends with test BLEU."""

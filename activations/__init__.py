@@ -16,7 +16,7 @@ with NAME on the gate (activations/gated.py). `mlp_activation(setting)` splits a
 import inspect
 
 from activations.aglu import AGLU, APA
-from activations.anact import NReLU, NSwish, step_statistics  # noqa: F401 (the package's API)
+from activations.anact import NReLU, NSwish, micro_batch_note, step_statistics  # noqa: F401 (the package's API)
 from activations.basic import GELU, GELUExact, LeakyReLU2, Mish, ReLU, ReLU2, SiLU
 from activations.expanded import XATLU, XGELU, XSiLU
 from activations.polycom import PolyNorm, PolyReLU

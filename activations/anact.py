@@ -88,8 +88,9 @@ class _NormalizedActivation(nn.Module):
     after its last micro-batch, so each micro-batch normalises with Eq. 16-18 applied to the running
     values as of the step's start and its OWN statistics (torch.where, no buffer written): what the
     update would give if this micro-batch were the step's batch. That depends on the micro-batch alone,
-    never on how the others are grouped over ranks and accumulation; with one micro-batch per step on
-    one process it is exactly the paper's. Evaluation uses the running values, like BatchNorm.
+    never on how the others are grouped over ranks and accumulation, but on its size: the outputs are
+    exactly the paper's only with one micro-batch per step on one process (a run with more says so in its
+    start line: micro_batch_note). Evaluation uses the running values, like BatchNorm.
     Modules trained without step_statistics (a bare module in a test) keep their initial buffers.
     """
 
@@ -215,12 +216,27 @@ class NReLU(_NormalizedActivation):
     kind = "relu"
 
 
+def batch_mode(model):
+    """The NSwish/NReLU modules of `model` that take batch statistics (not per_instance)."""
+    return [m for m in model.modules() if isinstance(m, _NormalizedActivation) and not m.per_instance]
+
+
+def micro_batch_note(model, micro_batches):
+    """For a run's start line: with several micro-batches a step (accumulation x ranks), a batch-mode
+    NSwish/NReLU's forward normalises each with its own statistics (and the step's starting running values),
+    so results depend on the micro-batch size, not only on the step's batch: the paper's exactly only with one."""
+    if micro_batches > 1 and batch_mode(model):
+        return (f" | NSwish/NReLU normalise each of the step's {micro_batches} micro-batches with its own statistics: "
+                "results depend on the micro-batch size (the paper's exactly with 1 micro-batch a step)")
+    return ""
+
+
 def step_statistics(model):
     """End of an optimizer step: every batch-mode NSwish/NReLU in `model` folds the step's pending moments
     into its running buffers (Eq. 16-18, t = the step). The sums of all modules go in one float64
     all-reduce over the default process group when there is one (one collective per step, not one per layer
     per micro-batch), so every rank ends the step with the same buffers. Call it on every rank."""
-    modules = [m for m in model.modules() if isinstance(m, _NormalizedActivation) and not m.per_instance]
+    modules = batch_mode(model)
     if not modules:
         return
     sums = torch.stack([m.pending for m in modules])

@@ -29,7 +29,7 @@ def gpt2_flops(config, options, cache):
 
         cfg = load_config(train_gpt2.TrainConfig, ["--config", config, *options])
         with torch.device("meta"):
-            per_token = GPT(cfg.model).flops_per_token(cfg.optim.seq_len)
+            per_token = GPT(cfg.model, seed=cfg.run.init_seed).flops_per_token(cfg.optim.seq_len)
         cache[key] = cfg.model.act, per_token * cfg.optim.total_batch_size * cfg.optim.max_steps
     return cache[key]
 

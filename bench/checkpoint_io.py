@@ -27,7 +27,7 @@ from training.optimizer import adamw
 
 
 def training_state():
-    model = GPT(GPTConfig())
+    model = GPT(GPTConfig(), seed=0)
     optimizer = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, "cpu")
     for p in model.parameters():
         p.grad = torch.zeros_like(p)

@@ -47,9 +47,9 @@ def main(argv=None):
     if args.checkpoint:
         model = GPT.from_checkpoint(load_checkpoint(args.checkpoint, kind="gpt2"), device)
     else:
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(n_layer=args.n_layer, n_head=max(1, args.n_embd // 64), n_embd=args.n_embd))
+        model = GPT(GPTConfig(n_layer=args.n_layer, n_head=max(1, args.n_embd // 64), n_embd=args.n_embd), seed=0)
         model = model.to(device).eval()
+    torch.manual_seed(0)
     prompt = torch.randint(0, 50257, (args.batch, args.prompt_tokens), device=device)
     report = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
               "threads": torch.get_num_threads(), "params_M": round(model.num_params() / 1e6, 2),

@@ -288,8 +288,7 @@ def check_train_step(ctx):
 def gpt(ctx, preset, act="gelu", **speed):
     from bench.train_step import PRESETS
     from model import GPT, GPTConfig
-    torch.manual_seed(0)
-    return GPT(GPTConfig(**PRESETS[preset], act=act), **speed).to(ctx.device)
+    return GPT(GPTConfig(**PRESETS[preset], act=act), **speed, seed=0).to(ctx.device)
 
 
 def check_loss_chunks(ctx):

@@ -70,9 +70,8 @@ def main(argv=None):
     if args.checkpoint:
         base = GPT.from_checkpoint(load_checkpoint(args.checkpoint, kind="gpt2"), device)
     else:
-        torch.manual_seed(0)
         base = GPT(GPTConfig(n_layer=args.n_layer, n_head=args.n_head or max(1, args.n_embd // 64),
-                             n_embd=args.n_embd)).to(device).eval()
+                             n_embd=args.n_embd), seed=0).to(device).eval()
     report = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
               "threads": torch.get_num_threads(), "params_M": round(base.num_params() / 1e6, 2),
               "n_layer": base.config.n_layer, "n_embd": base.config.n_embd, "items": len(items),

@@ -97,7 +97,7 @@ def build(args, c):
     else:
         config = GPTConfig(**{**args.shape, "vocab_size": c["vocab_size"] or args.shape.get("vocab_size", GPTConfig.vocab_size)}, act=c["act"],
                            act_kwargs=c["act_kwargs"])
-        model = GPT(config, loss_chunks=c["loss_chunks"], attention_backend=c["attention_backend"])
+        model = GPT(config, loss_chunks=c["loss_chunks"], attention_backend=c["attention_backend"], seed=0)
     model = model.to(args.device)
     opt = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, args.device.split(":")[0])
     compiled = torch.compile(model, mode=c["compile_mode"]) if args.compile else model
@@ -290,7 +290,7 @@ def main(argv=None):
 
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
     with torch.device("meta"):  # the reference's model FLOPs: nanoact's GPT with GPT-2's own MLP
-        plain = GPT(GPTConfig(**args.shape))
+        plain = GPT(GPTConfig(**args.shape), seed=0)
     memory = device_memory(args.device)
     results = {}
     for c in contenders:  # each measured, then freed: the next one's eager forward finds its memory

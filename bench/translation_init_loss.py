@@ -61,7 +61,7 @@ def main(argv=None):
             model = Transformer(TranslationConfig(vocab_size=args.vocab, enc_layers=args.layers,
                                                   dec_layers=args.layers, d_model=args.d_model,
                                                   ffn_dim=2 * args.d_model, n_head=4, dropout=0.0, norm=norm,
-                                                  tie_output=tie)).eval()
+                                                  tie_output=tie), seed=0).eval()
             if init == "torchscale":
                 torchscale_init(model)
             loss, copy = step0(model, src, tgt)

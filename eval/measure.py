@@ -10,8 +10,8 @@ shard, and the same model at its initialisation (its config rebuilt at the run's
 its exact zeros. It prints a table per checkpoint and writes measure.json (everything) and signal_propagation.png
 (every checkpoint, at init and trained, on one figure) into --out. Training records the one-batch measurements
 (signal, massive activations, attention entropy, zeros, dead) at every evaluation (metrics.jsonl `measure`); the
-CETT and PPL-p% searches run a matmul per calibration step and a forward pass per search step, and are this
-command's only.
+CETT scan (every threshold's CETT, O(tokens x hidden x d) a layer) and the PPL-p% search (a forward pass per
+step) are this command's only.
 """
 import argparse
 import json
@@ -38,8 +38,8 @@ def held_out(data_dir, vocab_size, block_size, tokens, rows=8):
 def at_init(ckpt):
     """The checkpoint's model as it was before its first step: its config, built at the run's seed."""
     run = (ckpt.get("config") or {}).get("run", {})
-    torch.manual_seed(run.get("seed", 0) + run.get("init_seed_offset", 0))
-    return GPT(GPTConfig(**model_identity(ckpt["model_config"]))).eval()
+    seed = run.get("seed", 0) + run.get("init_seed_offset", 0)
+    return GPT(GPTConfig(**model_identity(ckpt["model_config"])), seed=seed).eval()
 
 
 def measure(model, batches, cett_target, ppl_p):

@@ -5,21 +5,24 @@ its contribution to the MLP's output is n_i = a_i W[:, i], of norm |a_i| ||W[:, 
 - zeros: the fraction of a_i that are exactly 0 (ReLU-family sparsity).
 - dead: the fraction of neurons that are 0 on every evaluated token (only a true zero counts, so GELU has none).
 - CETT (Zhang et al. 2024, "ReLU^2 Wins", Eq. 2): a threshold eps drops the neurons with ||n_i|| < eps, and
-  CETT(eps) = ||sum of the dropped n_i|| / ||sum of all n_i||, per token, averaged. Each layer's eps is found by
-  bisection so that its CETT is the target (the paper's 0.2); the sparsity is the fraction of neurons dropped.
+  CETT(eps) = ||sum of the dropped n_i|| / ||sum of all n_i||, per token, averaged. Each layer's eps is the largest
+  whose CETT is within the target (the paper's 0.2), found by an exact scan over every threshold (curves): CETT
+  is not monotone in eps, so a bisection may stop at a smaller one. The sparsity is the fraction of neurons dropped.
 - top-k at the same target: one k per layer, every token keeping its k largest ||n_i||, the smallest k whose CETT
-  is within the target.
-- PPL-p% sparsity (Luo et al. 2024, "Sparsing Law", §3): one CETT target for every layer, thresholds calibrated as
-  above on the untruncated activations (to 1/32 of a layer's neurons), raised by bisection until the truncated
-  model's perplexity on held-out tokens is (1 + p/100) times the dense one; the sparsity of that model.
+  is within the target (every k's CETT from the same scan).
+- PPL-p% sparsity (Luo, Song et al. 2024, "Sparsing Law", §3, the ProSparse line's measure): one CETT target for
+  every layer, each layer's exact threshold for it calibrated on the untruncated activations, the target raised
+  by bisection from 0 (the dense model, whose dropped neurons are its exact zeros) while the truncated model's
+  perplexity on held-out tokens stays within (1 + p/100) times the dense one; the sparsity of that model.
 """
 import contextlib
 import math
+from typing import NamedTuple
 
 import torch
 
-BISECTIONS = 8  # of the PPL-p% search's CETT target in (0, 1): to 1/256, each a held-out pass
-GRID = 32  # the PPL-p% search truncates each layer at one of 32 quantiles of its neurons' sizes
+BISECTIONS = 10  # of the PPL-p% search's CETT target in (0, 1): to 1/1024, each a held-out pass
+CHUNK_ELEMENTS = 1 << 21  # the CETT scan's working set per chunk of tokens (8 MB of float32: in cache)
 
 
 def mlp_neurons(model):
@@ -49,37 +52,59 @@ def captured(model, store, thresholds=None):
             h.remove()
 
 
-def cett(a, weight, keep, full=None):
-    """Mean over tokens of ||W (a * ~keep)|| / ||W a||: the share of the output the dropped neurons carry. full:
-    ||W a|| per token, when the caller already has it (a search asks for many keeps of one a)."""
-    full = (a @ weight.t()).norm(dim=-1) if full is None else full
-    dropped = ((a * ~keep) @ weight.t()).norm(dim=-1)
-    return (dropped / full.clamp_min(torch.finfo(full.dtype).tiny)).mean().item()
+class Curves(NamedTuple):
+    """A layer's exact CETT curves. thresholds, cett, sparsity: for each threshold that is the largest feasible
+    one of some target, its CETT and the fraction of neurons it drops, all three increasing. topk_cett[j]: the
+    CETT when every token drops its j smallest neurons (keeps hidden - j)."""
+    thresholds: torch.Tensor
+    cett: torch.Tensor
+    sparsity: torch.Tensor
+    topk_cett: torch.Tensor
 
 
-def cett_threshold(a, weight, target):
-    """(eps, sparsity): the largest threshold whose CETT is within `target`, and the fraction of neurons it drops.
-    CETT only changes at the neurons' own sizes, so the bisection runs over them, sorted: exact, no tolerance."""
-    size = a.abs() * weight.norm(dim=0)
-    values, full = size.flatten().unique(), (a @ weight.t()).norm(dim=-1)  # values[0] drops nothing: CETT 0
-    lo, hi = 0, values.numel() - 1
-    while lo < hi:  # the largest index whose threshold keeps CETT <= target
-        k = (lo + hi + 1) // 2
-        lo, hi = (k, hi) if cett(a, weight, size >= values[k], full) <= target else (lo, k - 1)
-    eps = values[lo]
-    return eps.item(), (size < eps).float().mean().item()
+def curves(a, weight):
+    """The exact CETT of every threshold and of every top-k, by one scan over the neurons sorted by size: each
+    token's contributions summed in that order give its CETT after dropping its j smallest (O(tokens hidden d),
+    in chunks of tokens that stay in cache); a threshold eps drops, of every token, the neurons below it, so
+    summing each neuron's change to its token's CETT in the order of all sizes gives CETT(eps) at every eps.
+    CETT is not monotone in eps (dropped contributions are vectors that can cancel), so a threshold is kept only
+    where no larger one has a CETT as small: the largest feasible threshold of a target is then the last one
+    whose CETT is within it."""
+    tokens, hidden = a.shape
+    w = weight.t().contiguous()
+    sizes, order = (a.abs() * weight.norm(dim=0)).sort(dim=-1)
+    full = (a @ w).norm(dim=-1).clamp_min(torch.finfo(a.dtype).tiny)
+    ratio = torch.zeros(tokens, hidden + 1)  # [t, j]: token t's CETT with its j smallest neurons dropped
+    chunk = max(1, CHUNK_ELEMENTS // w.numel())
+    buffer = torch.empty(chunk * hidden, w.size(1))  # one allocation: a fresh 8 MB a chunk costs page faults
+    for s in range(0, tokens, chunk):
+        o = order[s:s + chunk]
+        parts = torch.index_select(w, 0, o.flatten(), out=buffer[:o.numel()]).view(*o.shape, -1)
+        parts.mul_(a[s:s + chunk].gather(1, o).unsqueeze(-1))
+        ratio[s:s + chunk, 1:] = torch.linalg.vector_norm(parts.cumsum_(1), dim=-1)
+    ratio /= full.unsqueeze(1)
+    size, by_size = sizes.flatten().sort()
+    change = (ratio[:, 1:] - ratio[:, :-1]).flatten()[by_size].double()
+    cett_at = torch.cat([torch.zeros(1, dtype=torch.float64), change.cumsum(0)[:-1]]) / tokens  # the j smallest dropped
+    # a threshold drops every size below it: a cut between equal sizes is no threshold's
+    cut = torch.cat([torch.tensor([True]), size[1:] > size[:-1]]).nonzero().squeeze(1)
+    lowest_after = cett_at[cut].flip(0).cummin(0).values.flip(0)
+    best = torch.cat([lowest_after[1:] > lowest_after[:-1], torch.tensor([True])])
+    return Curves(size[cut[best]], lowest_after[best], cut[best] / size.numel(), ratio.double().mean(dim=0))
 
 
-def topk_sparsity(a, weight, target):
-    """The sparsity of the smallest per-layer k whose every-token top-k keeps CETT within `target`."""
-    size = a.abs() * weight.norm(dim=0)
-    order, full = size.argsort(dim=-1, descending=True), (a @ weight.t()).norm(dim=-1)
-    lo, hi = 0, a.size(-1)  # CETT(hi) = 0 <= target; find the smallest k with CETT(k) <= target
-    while lo < hi:
-        k = (lo + hi) // 2
-        keep = torch.zeros_like(a, dtype=torch.bool).scatter_(-1, order[:, :k], True)
-        lo, hi = (lo, k) if cett(a, weight, keep, full) <= target else (k + 1, hi)
-    return 1 - hi / a.size(-1)
+def cett_threshold(layer, target):
+    """(eps, sparsity): the largest threshold whose CETT is within `target` (a layer's Curves), and the fraction
+    of neurons it drops. Exact: every threshold's CETT was computed, none is assumed from its neighbours."""
+    i = torch.searchsorted(layer.cett, torch.tensor([target], dtype=torch.float64), right=True).item() - 1
+    return layer.thresholds[i].item(), layer.sparsity[i].item()
+
+
+def topk_sparsity(layer, target):
+    """The sparsity of the smallest per-layer k whose every-token top-k keeps CETT within `target`: every k's
+    CETT computed, the largest number of neurons dropped that is within it."""
+    dropped = (layer.topk_cett <= target).nonzero().max().item()
+    return dropped / (layer.topk_cett.numel() - 1)
 
 
 def dense_sparsity(neurons):
@@ -116,29 +141,18 @@ def mean_loss(model, batches, thresholds=None):
     return sum(losses) / len(losses), dropped
 
 
-def cett_curve(a, weight, levels=GRID):
-    """(thresholds, CETT at each): the thresholds that drop 0, 1/levels, 2/levels ... of the neurons (quantiles of
-    their sizes), and the CETT each gives; CETT grows along it."""
-    size = a.abs() * weight.norm(dim=0)
-    sorted_sizes = size.flatten().sort().values
-    index = (torch.arange(levels + 1) * (sorted_sizes.numel() - 1)) // levels
-    thresholds, full = torch.cat([torch.zeros(1), sorted_sizes[index[1:]]]), (a @ weight.t()).norm(dim=-1)
-    return thresholds, torch.tensor([cett(a, weight, size >= eps, full) for eps in thresholds])
-
-
-def ppl_sparsity(model, batches, neurons, p):
+def ppl_sparsity(model, batches, layers, p):
     """PPL-p% sparsity: (the common CETT target, the mean fraction of neurons dropped, per layer), where the
-    truncated model's perplexity is (1 + p/100) times the dense model's. Each step of the search truncates every
-    layer at the largest threshold of its CETT curve within the target: to 1/GRID of its neurons, so that the
-    search costs forward passes, not a calibration each."""
-    weights = dict(mlp_neurons(model))
-    curves = {n: cett_curve(torch.cat(a), weights[n].weight.detach().float()) for n, a in neurons.items()}
-    dense, _ = mean_loss(model, batches)
+    truncated model's perplexity is within (1 + p/100) times the dense model's. `layers`: each layer's Curves on
+    the untruncated neurons. The search starts from the dense model, whose dropped neurons are its exact zeros
+    (target 0: a ReLU model reports at least those), and bisects the target; each step truncates every layer at
+    its exact largest threshold within the target and costs one held-out pass."""
+    dense, zeros = mean_loss(model, batches)
     goal = dense + math.log1p(p / 100)  # perplexity ratio -> loss difference
 
     def thresholds(target):
-        return {n: eps[cett_at <= target].max().item() for n, (eps, cett_at) in curves.items()}
-    lo, hi, best = 0.0, 1.0, {n: 0.0 for n in neurons}
+        return {n: cett_threshold(c, target)[0] for n, c in layers.items()}
+    lo, hi, best = 0.0, 1.0, zeros
     for _ in range(BISECTIONS):
         mid = (lo + hi) / 2
         loss, dropped = mean_loss(model, batches, thresholds(mid))
@@ -158,14 +172,13 @@ def measure(model, batches, cett_target=0.2, ppl_p=(1.0,)):
         for x, _ in batches:
             model(x, head=False)
     layers = dense_sparsity(neurons)
-    for name, proj in mlp_neurons(model):
-        a, w = torch.cat(neurons[name]), proj.weight.detach().float()
-        eps, layers[name]["cett"] = cett_threshold(a, w, cett_target)
-        layers[name]["cett_eps"] = eps
-        layers[name]["topk"] = topk_sparsity(a, w, cett_target)
+    exact = {name: curves(torch.cat(neurons[name]), proj.weight.detach().float()) for name, proj in mlp_neurons(model)}
+    for name, layer in exact.items():
+        layers[name]["cett_eps"], layers[name]["cett"] = cett_threshold(layer, cett_target)
+        layers[name]["topk"] = topk_sparsity(layer, cett_target)
     model_mean = {k: sum(v[k] for v in layers.values()) / len(layers) for k in ("zeros", "dead", "cett", "topk")}
     ppl = {}
     for p in ppl_p:
-        target, mean, per_layer = ppl_sparsity(model, batches, neurons, p)
+        target, mean, per_layer = ppl_sparsity(model, batches, exact, p)
         ppl[f"{p:g}"] = {"cett_target": target, "sparsity": mean, "layers": per_layer}
     return {"cett_target": cett_target, "layers": layers, "model": model_mean, "ppl": ppl}

@@ -42,7 +42,7 @@ class NanoactForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config):
         super().__init__(config)
-        self.gpt = GPT(config.gpt_config())
+        self.gpt = GPT(config.gpt_config(), seed=0)  # the export's weights are loaded over it
         self.post_init()
 
     def _init_weights(self, module):

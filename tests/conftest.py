@@ -74,7 +74,7 @@ def tiny_checkpoint(directory, act="gelu", seed=0, step=7, **overrides):
 
     cfg = GPTConfig(**{**dict(block_size=128, n_layer=2, n_head=2, n_embd=32, act=act), **overrides})
     torch.manual_seed(seed)
-    model = GPT(cfg)
+    model = GPT(cfg, seed=seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2:

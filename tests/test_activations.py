@@ -248,6 +248,22 @@ def test_anact_statistics_are_the_steps_whatever_its_split(name):
         assert accumulating.num_batches_tracked == step + 1 and not accumulating.pending.any()
 
 
+def test_anact_outputs_depend_on_the_micro_batch_size_and_the_start_line_says_so():
+    """A step's rows normalised as one micro-batch or as two differ (each micro-batch takes its own statistics),
+    so a run with several micro-batches a step says so in its start line; per-token statistics never depend on it."""
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    x = torch.cat([torch.randn(64, 8), 2 * torch.randn(64, 8) + 1])
+    assert not torch.allclose(activations.build("nswish")(x)[:64], activations.build("nswish")(x[:64]))
+    tiny = dict(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16, act="nswish")
+    model = GPT(GPTConfig(**tiny), seed=0)
+    assert "each of the step's 2 micro-batches with its own statistics" in activations.micro_batch_note(model, 2)
+    assert activations.micro_batch_note(model, 1) == ""
+    per_token = GPT(GPTConfig(**tiny, act_kwargs={"per_instance": True}), seed=0)
+    assert activations.micro_batch_note(per_token, 8) == ""
+
+
 @pytest.mark.parametrize("name", ["nswish", "nrelu"])
 def test_anact_eval_uses_running_values_and_state_dict_round_trips(name):
     torch.manual_seed(0)

@@ -60,7 +60,7 @@ def trained_stats_checkpoint(make_checkpoint, act, **overrides):
 
     path = make_checkpoint(act=act, **overrides)
     ckpt = load_checkpoint(path)
-    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model = GPT(GPTConfig(**ckpt["model_config"]), seed=0)
     model.load_state_dict(ckpt["model"])
     model.train()
     with torch.no_grad():

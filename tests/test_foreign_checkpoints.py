@@ -18,7 +18,7 @@ TINY = dict(block_size=64, n_layer=2, n_head=2, n_embd=32)
 
 def source_model(seed=0, **overrides):
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{**TINY, "vocab_size": 50304, **overrides})).eval()
+    model = GPT(GPTConfig(**{**TINY, "vocab_size": 50304, **overrides}), seed=seed).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:

@@ -193,7 +193,7 @@ def test_dry_run_prints_the_cost_and_the_runs_and_launches_nothing(tmp_path, mon
     flops = {}
     for size, n_layer in (("a", 1), ("b", 2)):
         with torch.device("meta"):
-            model = GPT(GPTConfig(vocab_size=50304, block_size=128, n_layer=n_layer, n_embd=32, n_head=2))
+            model = GPT(GPTConfig(vocab_size=50304, block_size=128, n_layer=n_layer, n_embd=32, n_head=2), seed=0)
         flops[size] = model.flops_per_token(128) * 1024 * 4  # the config's seq_len and tokens per step, 4 steps
     # size a: 2 arms x 2 lrs x 2 seeds (the grid); size b: 2 arms x 2 seeds at their best lr
     runs = {"a": 8, "b": 4}

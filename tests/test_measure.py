@@ -23,33 +23,70 @@ def test_planted_zeros_and_dead_neurons():
     assert result["zeros"] == pytest.approx((200 + 50) / 800)
 
 
+def cett(a, w, keep):
+    """CETT as ReLU^2 Wins writes it: mean over tokens of ||W (a * ~keep)|| / ||W a||."""
+    return ((a * ~keep) @ w.t()).norm(dim=-1).div((a @ w.t()).norm(dim=-1)).mean().item()
+
+
 def test_cett_of_a_known_output():
     """W = identity: a token (3, 4, 0, 0) has output norm 5; dropping the neuron of size 3 leaves an error of 3."""
     a, w = torch.tensor([[3.0, 4.0, 0.0, 0.0]]), torch.eye(4)
-    assert sparsity.cett(a, w, torch.tensor([[False, True, True, True]])) == pytest.approx(0.6)
-    eps, share = sparsity.cett_threshold(a, w, 0.61)
+    assert cett(a, w, torch.tensor([[False, True, True, True]])) == pytest.approx(0.6)
+    layer = sparsity.curves(a, w)
+    eps, share = sparsity.cett_threshold(layer, 0.61)
     assert eps == 4 and share == 0.75  # the zeros and the 3 are dropped, not the 4
-    eps, share = sparsity.cett_threshold(a, w, 0.59)  # below 0.6: only the zeros can go
+    eps, share = sparsity.cett_threshold(layer, 0.59)  # below 0.6: only the zeros can go
     assert eps == 3 and share == 0.5
-    assert sparsity.topk_sparsity(a, w, 0.61) == 0.75  # k = 1 keeps the 4
-    assert sparsity.topk_sparsity(a, w, 0.59) == 0.5  # k = 2
+    assert sparsity.topk_sparsity(layer, 0.61) == 0.75  # k = 1 keeps the 4
+    assert sparsity.topk_sparsity(layer, 0.59) == 0.5  # k = 2
 
 
-def test_ppl_sparsity_keeps_its_perplexity_and_grows_with_p():
+def test_cett_threshold_is_the_largest_feasible_where_cett_is_not_monotone():
+    """Dropped contributions can cancel: a = (1, 1.1, 2) on columns e1, -e1, e2 has CETT 0.499 at eps 1.05 and
+    0.050 at eps 1.5, so the largest threshold within 0.2 drops two neurons, not none. On random neurons the
+    scan's threshold and top-k are those of a brute-force search over every threshold and k."""
+    a, w = torch.tensor([[1.0, 1.1, 2.0]]), torch.tensor([[1.0, -1.0, 0.0], [0.0, 0.0, 1.0]])
+    assert cett(a, w, torch.tensor([[False, True, True]])) == pytest.approx(0.499, abs=1e-3)
+    assert cett(a, w, torch.tensor([[False, False, True]])) == pytest.approx(0.050, abs=1e-3)
+    assert sparsity.cett_threshold(sparsity.curves(a, w), 0.2) == (2.0, pytest.approx(2 / 3))
+    gen = torch.Generator().manual_seed(0)
+    a, w = torch.relu(torch.randn(40, 16, generator=gen)), torch.randn(6, 16, generator=gen)
+    layer, size = sparsity.curves(a, w), a * w.norm(dim=0)
+    eps = max(e for e in size.unique().tolist() if cett(a, w, size >= e) <= 0.2)
+    assert sparsity.cett_threshold(layer, 0.2) == (pytest.approx(eps), (size < eps).float().mean().item())
+    order = size.argsort(dim=-1, descending=True)
+    top = [torch.zeros_like(a, dtype=torch.bool).scatter_(-1, order[:, :k], True) for k in range(17)]
+    k = min(k for k in range(17) if cett(a, w, top[k]) <= 0.2)
+    assert sparsity.topk_sparsity(layer, 0.2) == 1 - k / 16
+
+
+def test_ppl_sparsity_starts_at_the_exact_zeros_and_grows_strictly_with_p():
+    """A ReLU model whose loss needs its MLPs: every c_proj column along the target token's embedding, so each
+    neuron dropped lowers the target's logit. p -> 0 keeps only the exact zeros dropped (about half), each larger p
+    drops strictly more, and the truncated model keeps its perplexity budget."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY, act="relu")).eval()
-    batches = [(torch.randint(0, 64, (4, 16)), torch.randint(0, 64, (4, 16))) for _ in range(2)]
+    model = GPT(GPTConfig(**TINY, act="relu"), seed=0).eval()
+    target = model.transformer.wte.weight[0].detach()
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.mlp.c_proj.weight.copy_(0.1 * torch.outer(target / target.norm(), torch.ones(64)))
+    x = torch.randint(0, 64, (8, 16))
+    batches = [(x[:4], torch.zeros_like(x[:4])), (x[4:], torch.zeros_like(x[4:]))]
     neurons = {}
     with sparsity.captured(model, neurons), torch.no_grad():
         for x, _ in batches:
             model(x, head=False)
+    zeros = sum(layer["zeros"] for layer in sparsity.dense_sparsity(neurons).values()) / 2
+    layers = {n: sparsity.curves(torch.cat(a), model.transformer.h[int(n[2:])].mlp.c_proj.weight.detach())
+              for n, a in neurons.items()}
     dense, _ = sparsity.mean_loss(model, batches)
-    small = sparsity.ppl_sparsity(model, batches, neurons, 0.1)
-    large = sparsity.ppl_sparsity(model, batches, neurons, 20.0)
-    assert 0 < small[1] <= large[1] < 1
-    thresholds = {n: sparsity.cett_threshold(torch.cat(a), model.transformer.h[int(n[2:])].mlp.c_proj.weight.float(),
-                                             small[0])[0] for n, a in neurons.items()}
-    assert sparsity.mean_loss(model, batches, thresholds)[0] <= dense + math.log1p(0.001) + 1e-6
+    assert dense < sparsity.mean_loss(model, batches, {n: math.inf for n in layers})[0] - 0.2  # the MLPs matter
+    found = {p: sparsity.ppl_sparsity(model, batches, layers, p) for p in (0.0, 1e-6, 0.1, 1.0, 10.0)}
+    assert 0.4 < zeros < 0.6 and found[0.0][1] == found[1e-6][1] == zeros
+    assert zeros < found[0.1][1] < found[1.0][1] < found[10.0][1] < 1
+    for p, (target_cett, _, _) in found.items():
+        thresholds = {n: sparsity.cett_threshold(layer, target_cett)[0] for n, layer in layers.items()}
+        assert sparsity.mean_loss(model, batches, thresholds)[0] <= dense + math.log1p(p / 100)
 
 
 def test_signal_propagation_of_known_growth():
@@ -70,7 +107,7 @@ def test_silent_branches_uniform_attention_and_a_massive_activation():
     """Zero output projections: the stream is the embeddings at every depth; zero queries and keys: every head
     attends uniformly, entropy ln(t+1) at position t; one planted value: the massive-activation ratio."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY))
+    model = GPT(GPTConfig(**TINY), seed=0)
     C = model.config.n_embd
     with torch.no_grad():
         for block in model.transformer.h:

@@ -13,7 +13,7 @@ TINY = dict(block_size=32, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
 
 def test_shapes_loss_and_generate():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY))
+    model = GPT(GPTConfig(**TINY), seed=0)
     idx = torch.randint(0, 96, (3, 17))
     logits, loss = model(idx, torch.randint(0, 96, (3, 17)))
     assert logits.shape == (3, 17, 96)
@@ -27,7 +27,7 @@ def test_shapes_loss_and_generate():
 
 def test_gpt2_init_scales_residual_projections():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=64, vocab_size=512, n_layer=8, n_head=4, n_embd=256))
+    model = GPT(GPTConfig(block_size=64, vocab_size=512, n_layer=8, n_head=4, n_embd=256), seed=0)
     block = model.transformer.h[0]
     assert abs(block.attn.c_attn.weight.std().item() - 0.02) < 0.002
     assert abs(block.mlp.c_proj.weight.std().item() - 0.02 / 4) < 0.0005  # (2*8)^-0.5 = 1/4
@@ -35,7 +35,7 @@ def test_gpt2_init_scales_residual_projections():
 
 
 def test_weight_decay_only_on_matrices():
-    model = GPT(GPTConfig(**TINY, act="aglu"))
+    model = GPT(GPTConfig(**TINY, act="aglu"), seed=0)
     opt = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, "cpu")
     decayed, plain = opt.param_groups
     assert decayed["weight_decay"] == 0.1 and all(p.dim() >= 2 for p in decayed["params"])
@@ -46,26 +46,26 @@ def test_weight_decay_only_on_matrices():
 
 
 def test_plain_top_k_uses_the_unnormalized_activation():
-    model = GPT(GPTConfig(**{**TINY, "n_layer": 3}, act="nswish", plain_top_k=1))
+    model = GPT(GPTConfig(**{**TINY, "n_layer": 3}, act="nswish", plain_top_k=1), seed=0)
     names = [type(b.mlp.act).__name__ for b in model.transformer.h]
     assert names[0] == names[1] != names[2]
     with pytest.raises(ValueError, match="plain_top_k"):
-        GPT(GPTConfig(**TINY, plain_top_k=3))
+        GPT(GPTConfig(**TINY, plain_top_k=3), seed=0)
 
 
 def test_plain_top_k_combines_with_activation_options():
     """The top-k plain layers take none of the normalized activation's options; the others keep them."""
     cfg = dict(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=16)
-    model = GPT(GPTConfig(**cfg, act="nswish", act_kwargs={"per_instance": True}, plain_top_k=1))
+    model = GPT(GPTConfig(**cfg, act="nswish", act_kwargs={"per_instance": True}, plain_top_k=1), seed=0)
     bottom, top = (block.mlp.act for block in model.transformer.h)
     assert type(bottom).__name__ == "NSwish" and bottom.per_instance
     assert type(top).__name__ == "SiLU"
-    model = GPT(GPTConfig(**cfg, act="aglu", act_kwargs={"kappa_init": 1.5}, plain_top_k=1))  # no plain form
+    model = GPT(GPTConfig(**cfg, act="aglu", act_kwargs={"kappa_init": 1.5}, plain_top_k=1), seed=0)  # no plain form
     assert all(block.mlp.act.kappa.item() == 1.5 for block in model.transformer.h)
 
 
 def test_mfu_is_none_for_unknown_devices():
-    model = GPT(GPTConfig(**TINY))
+    model = GPT(GPTConfig(**TINY), seed=0)
     assert model.estimate_mfu(1e6, 32, None) is None
     assert model.estimate_mfu(1e6, 32, "Some Unknown Accelerator") is None
     h100 = model.estimate_mfu(1e6, 32, "NVIDIA H100 80GB HBM3")
@@ -130,7 +130,7 @@ def test_reference_gpt2_has_our_init_and_our_loss():
 
     torch.manual_seed(0)
     ref = ReferenceGPT(ReferenceConfig(**TINY))
-    ours = GPT(GPTConfig(**TINY, dropout=0.0))
+    ours = GPT(GPTConfig(**TINY, dropout=0.0), seed=0)
     ref_state = ref.state_dict()
     assert ref_state.keys() == ours.state_dict().keys()
     for k, v in ours.state_dict().items():
@@ -155,7 +155,7 @@ def test_reference_gpt2_has_our_init_and_our_loss():
 
 def test_kv_cache_gives_the_logits_and_tokens_of_the_full_forward():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**{**TINY, "block_size": 16}, act="aglu")).eval()
+    model = GPT(GPTConfig(**{**TINY, "block_size": 16}, act="aglu"), seed=0).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
@@ -184,7 +184,7 @@ def test_head_on_the_scored_rows_equals_the_full_forwards_logits(act):
     from eval.scoring import score_batch
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**TINY, act=act)).eval()
+    model = GPT(GPTConfig(**TINY, act=act), seed=0).eval()
     idx = torch.randint(0, 90, (3, 20))  # targets among the n_vocab=90 real tokens; 6 padding logits
     tgt = torch.full_like(idx, -1)
     tgt[0, 3:9], tgt[1, 15:20], tgt[2, 0] = idx[0, 4:10], idx[1, :5], 7  # rows of different lengths and places

@@ -20,7 +20,7 @@ ARMS = ("gelu", "swiglu", "aglu_glu", "nswish", "aglu", "relu2")
 def gpt(act, seed=3):
     """(state dict, the global RNG's next draws after the build: dropout's stream)."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, act=act))
+    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, act=act), seed=seed)
     return model.state_dict(), torch.rand(4)
 
 
@@ -28,7 +28,7 @@ def translation(act, norm, seed=3):
     torch.manual_seed(seed)
     model = Transformer(TranslationConfig(vocab_size=20, enc_layers=2, dec_layers=2, d_model=32, ffn_dim=128,
                                           n_head=4, act=act, norm=norm, share_embeddings=False, tie_output=False,
-                                          positions="learned"))
+                                          positions="learned"), seed=seed)
     return model.state_dict(), torch.rand(4)
 
 
@@ -91,14 +91,38 @@ def test_another_seed_draws_every_weight_again(build):
 
 
 def test_init_seed_offset_starts_elsewhere_and_equals_that_seed():
-    """The A/A control: Trainer.context seeds torch with seed + init_seed_offset, and the model's streams with it."""
+    """The A/A control: the trainers build their model at RunConfig.init_seed, seed + init_seed_offset, and
+    Trainer.context seeds torch's RNG (dropout's) with it."""
     dist = distributed.setup("cpu")
 
     def weights(seed, offset):
-        Trainer(SimpleNamespace(run=RunConfig(seed=seed, init_seed_offset=offset, device="cpu"))).context(dist)
+        run = RunConfig(seed=seed, init_seed_offset=offset, device="cpu")
+        Trainer(SimpleNamespace(run=run)).context(dist)
+        assert torch.initial_seed() == seed + offset
         config = GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, act="aglu_glu")
-        return random_tensors(GPT(config).state_dict())
+        return random_tensors(GPT(config, seed=run.init_seed).state_dict())
 
     base, control, seed8 = weights(1, 0), weights(1, 7), weights(8, 0)
     assert [k for k in base if torch.equal(base[k], control[k])] == []
     assert all(torch.equal(control[k], seed8[k]) for k in base)
+
+
+def gpt_at(seed):
+    return GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, act="aglu"), seed=seed)
+
+
+def translation_at(seed):
+    return Transformer(TranslationConfig(vocab_size=20, enc_layers=1, dec_layers=1, d_model=32, ffn_dim=64, n_head=4,
+                                         act="aglu"), seed=seed)
+
+
+@pytest.mark.parametrize("build", [gpt_at, translation_at])
+def test_the_weights_come_from_the_seed_argument_not_torchs_global_rng(build):
+    """A reader follows a run's weights to the seed its model is built with: under one global seed two explicit
+    seeds start elsewhere, and one explicit seed starts equal under two global seeds."""
+    torch.manual_seed(5)
+    a, b = random_tensors(build(1).state_dict()), random_tensors(build(2).state_dict())
+    torch.manual_seed(6)
+    c = random_tensors(build(1).state_dict())
+    assert [k for k in a if torch.equal(a[k], b[k])] == []
+    assert all(torch.equal(a[k], c[k]) for k in a)

@@ -106,7 +106,7 @@ def test_tiny_model_learns_in_process(tmp_path):
     assert info["config"]["model"]["act"] == "aglu" and info["environment"]["world_size"] == 1
     assert info["environment"]["grad_accum"] == 2  # 128 tokens a step of 4 x 16-token micro-batches
     # the training compute a ladder reads: model.py's count per token (the one MFU uses) times the tokens seen
-    model = GPT(GPTConfig(**info["config"]["model"]))
+    model = GPT(GPTConfig(**info["config"]["model"]), seed=0)
     assert info["environment"]["flops_per_token"] == model.flops_per_token(16)
     evals = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
              if '"eval"' in line]
@@ -128,11 +128,14 @@ def test_two_gloo_processes_match_grad_accumulation(tmp_path, two_rank_runs, cas
 
 @pytest.mark.long
 @pytest.mark.xdist_group("two_rank_runs")
-def test_dropout_and_nswish_statistics_do_not_depend_on_how_the_step_is_split(tmp_path, two_rank_runs):
+def test_dropout_and_nswish_statistics_do_not_depend_on_how_the_step_is_split(tmp_path, two_rank_runs, capsys):
     """1 process accumulating 2 micro-batches and 2 gloo ranks with 1 each train on the same batches; with dropout
     and NSwish's running statistics (the step's batch, all ranks) they also draw the same masks and normalise
-    alike: the same losses and weights, running statistics included, bit for bit."""
+    alike: the same losses and weights, running statistics included, bit for bit. Each micro-batch normalises
+    with its own statistics, so the start line says the results depend on the micro-batch size."""
     train_in_process(args(two_rank_runs / "gpt_data", tmp_path / "single", **GPT_RUNS["noise"]))
+    start = next(line for line in capsys.readouterr().out.splitlines() if "grad accum 2" in line)
+    assert "NSwish/NReLU normalise each of the step's 2 micro-batches with its own statistics" in start
     assert train_losses(tmp_path / "single") == train_losses(two_rank_runs / "noise")
     a, b = final_weights(tmp_path / "single"), final_weights(two_rank_runs / "noise")
     assert a.keys() == b.keys() and "transformer.h.0.mlp.act.running_rho" in a

@@ -19,7 +19,7 @@ def tiny(**kw):
                act="swish", max_positions=64)
     cfg.update(kw)
     torch.manual_seed(0)
-    return Transformer(TranslationConfig(**cfg)).double().eval()
+    return Transformer(TranslationConfig(**cfg), seed=0).double().eval()
 
 
 def random_batch(B=3, S=7, T=6, seed=1):
@@ -44,7 +44,7 @@ def test_deepnorm_constants_6_6_and_formula():
 def test_deepnorm_init_gains_are_xavier_normal_times_beta():
     torch.manual_seed(0)
     model = Transformer(TranslationConfig(vocab_size=100, enc_layers=6, dec_layers=6, d_model=256, ffn_dim=512,
-                                          norm="deepnorm"))
+                                          norm="deepnorm"), seed=0)
     ea, eb, da, db = deepnorm_constants(6, 6)
     assert model.encoder[0].res_ffn.alpha == pytest.approx(ea) and model.decoder[5].res_cross.alpha == pytest.approx(da)
 
@@ -83,7 +83,7 @@ def test_postln_and_preln_initialise_as_fairseq_transformer(norm):
     d, ffn, vocab = 256, 512, 1000
     torch.manual_seed(0)
     model = Transformer(TranslationConfig(vocab_size=vocab, enc_layers=2, dec_layers=2, d_model=d, ffn_dim=ffn,
-                                          norm=norm, share_embeddings=False, tie_output=False))
+                                          norm=norm, share_embeddings=False, tie_output=False), seed=0)
     seen = set()
     for name, module in model.named_modules():
         if isinstance(module, Attention):
@@ -127,7 +127,7 @@ def test_step0_loss_is_ln_vocab_untied_and_deepnorm_tied_copies_its_input(norm):
     for tie in (False, True):
         torch.manual_seed(0)
         model = Transformer(TranslationConfig(vocab_size=vocab, enc_layers=3, dec_layers=3, d_model=128, ffn_dim=256,
-                                              n_head=4, dropout=0.0, norm=norm, tie_output=tie)).double().eval()
+                                              n_head=4, dropout=0.0, norm=norm, tie_output=tie), seed=0).double().eval()
         assert (model.output is None) == tie
         logits = model(src, tgt[:, :-1])
         losses[tie] = model.loss(logits, tgt[:, 1:]).item()
@@ -242,7 +242,7 @@ def sequence_log_prob(model, src, seq):
 def test_wide_beam_equals_exhaustive_search(len_penalty):
     """With beam >= all hypotheses, beam search is exhaustive: it must return the best normalized sequence."""
     model = Transformer(TranslationConfig(vocab_size=7, enc_layers=1, dec_layers=1, d_model=16, ffn_dim=32,
-                                          n_head=2, dropout=0.0, act="relu")).double().eval()
+                                          n_head=2, dropout=0.0, act="relu"), seed=0).double().eval()
     for p in model.parameters():
         p.data.mul_(2.0)
     src = torch.tensor([[4, 5, 6, 3]])
@@ -260,7 +260,7 @@ def test_wide_beam_equals_exhaustive_search(len_penalty):
 def test_tiny_model_learns_to_reverse(act):
     torch.manual_seed(0)
     model = Transformer(TranslationConfig(vocab_size=V, enc_layers=2, dec_layers=2, d_model=48, ffn_dim=96,
-                                          n_head=4, dropout=0.0, **act))
+                                          n_head=4, dropout=0.0, **act), seed=0)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
     g = torch.Generator().manual_seed(0)
 

@@ -298,6 +298,11 @@ class RunConfig:
         "keep_checkpoints", "dist_timeout", "kernel_cache", "kernel_reprobe", "kernels_from", "tensorboard",
         "wandb_project", "wandb_run_name", "resume_changes")
 
+    @property
+    def init_seed(self):
+        """The initial weights' seed (the models' constructors take it) and torch's RNG's (dropout)."""
+        return self.seed + self.init_seed_offset
+
 
 @dataclasses.dataclass
 class EvalConfig:

@@ -290,7 +290,7 @@ class Trainer:
         """Seed, precision, autocast, GradScaler, TF32 and the compile decision: (Context, the platform, the
         decisions made, for run.json)."""
         run = self.cfg.run
-        torch.manual_seed(run.seed + run.init_seed_offset)
+        torch.manual_seed(run.init_seed)
         platform, precision, use_compile, decisions = hardware.decide(run, d)
         if d.device_type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -401,7 +401,7 @@ class Trainer:
         for group in parts.optimizer.param_groups:
             group["lr"] = lr
         self.waiting = (run.step, "the gradient all-reduce (DDP backward)")
-        seeds = micro_batch_seeds(self.cfg.run.seed + self.cfg.run.init_seed_offset, run.step, ctx.dist)
+        seeds = micro_batch_seeds(self.cfg.run.init_seed, run.step, ctx.dist)
         loss, tokens = self.forward_backward(run.train_model, seeds)
         self.waiting = (run.step, "the activation statistics all-reduce")
         step_statistics(parts.model)

@@ -180,7 +180,10 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg):
+    """The translation Transformer. seed: the initial weights', every parameter drawn from its own stream of it
+    (the trainer passes the run's seed + init_seed_offset)."""
+
+    def __init__(self, cfg, *, seed):
         super().__init__()
         self.check_config(cfg)
         if cfg.vocab_size <= 0:
@@ -208,13 +211,13 @@ class Transformer(nn.Module):
             self.enc_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
             self.dec_ln = nn.LayerNorm(cfg.d_model) if cfg.norm == "preln" else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
-        self.reset_parameters()
+        self.reset_parameters(seed)
 
     @classmethod
     def from_checkpoint(cls, ckpt, device="cpu"):
         """The model (in eval mode) of a translation checkpoint as training/checkpoint.py's
         load_checkpoint(path, kind="translation") reads it; its tokenizer is ckpt["spm"]."""
-        model = cls(TranslationConfig(**model_identity(ckpt["model_config"])))
+        model = cls(TranslationConfig(**model_identity(ckpt["model_config"])), seed=0)  # the checkpoint's weights
         model.load_state_dict(ckpt["model"])
         return model.to(device).eval()
 
@@ -234,10 +237,10 @@ class Transformer(nn.Module):
                 layer_activation(name, cfg.act_kwargs, 0, n, cfg.plain_top_k)
                 layer_activation(name, cfg.act_kwargs, n - 1, n, cfg.plain_top_k)
 
-    def reset_parameters(self):
-        """Every parameter from its own stream of the seed torch.manual_seed last set (the trainer: seed +
-        init_seed_offset), so models that differ in their FFN start equal everywhere else (activations/init_streams.py)."""
-        init_parameters(self, torch.initial_seed(), self.init_weight)
+    def reset_parameters(self, seed):
+        """Every parameter from its own stream of `seed`, so models that differ in their FFN start equal everywhere
+        else (activations/init_streams.py)."""
+        init_parameters(self, seed, self.init_weight)
 
     def init_weight(self, name, module, p, generator):
         """Tables (fairseq: N(0, d^-1/2), scaled by sqrt(d) on input), the untied output (torchscale's: logits
