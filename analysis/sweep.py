@@ -101,7 +101,8 @@ def run_sweep(args, overrides, out, corpus_options=()):
     ladder = args.ladder
     plan = {"trainer": args.trainer, "config": args.config, "overrides": overrides,
             "nproc_per_node": args.nproc_per_node, "variants": {label: opts for label, opts, _ in args.variants},
-            "ladder": ladder and {"sizes": args.size_options, "lrs": ladder.lrs, "lr_size": ladder.lr_size}}
+            "ladder": ladder and {"sizes": args.size_options, "lrs": ladder.lrs, "lr_size": ladder.lr_size,
+                                  **({"lr_seeds": ladder.lr_seeds} if ladder.lr_seeds else {})}}
     kept = ("trainer", "config", "overrides", "nproc_per_node", "ladder")
     if plan_path.exists():  # the same variant in the same directory must mean the same run
         old = {"trainer": "gpt2", **json.loads(plan_path.read_text())}
@@ -118,12 +119,15 @@ def run_sweep(args, overrides, out, corpus_options=()):
                                       for label, opts, _ in args.variants])
         return
     grid_sizes = [ladder.lr_size] if ladder.lr_size else list(ladder.sizes)
-    launch(args, overrides, out, ladder_jobs(args, grid_sizes, {label: ladder.lrs for label, _, _ in args.variants}))
-    if rest := [size for size in ladder.sizes if size not in grid_sizes]:
-        # the other sizes at each arm's best lr of the whole grid: known once every grid run finished
+    grid_seeds = ladder.lr_seeds or args.seeds
+    launch(args, overrides, out, ladder_jobs(args, grid_sizes, {label: ladder.lrs for label, _, _ in args.variants},
+                                             grid_seeds))
+    if rest := [size for size in ladder.sizes if size not in grid_sizes or ladder.lr_seeds]:
+        # the other sizes (with lr_seeds, every size) at each arm's best lr of the whole grid: known once every grid
+        # run finished
         try:
             best = {label: ladder_plan.best_lr(label, {lr: {seed: run_dir(out, label, seed, ladder.lr_size, lr)
-                                                            for seed in args.seeds} for lr in ladder.lrs})
+                                                            for seed in grid_seeds} for lr in ladder.lrs})
                     for label, _, _ in args.variants}
         except ConfigError as e:
             raise SystemExit(f"error: {e}") from None
@@ -131,12 +135,12 @@ def run_sweep(args, overrides, out, corpus_options=()):
         launch(args, overrides, out, ladder_jobs(args, rest, {label: [lr] for label, lr in best.items()}))
 
 
-def ladder_jobs(args, sizes, lrs):
-    """(label, options, seed, size, lr) of each run, seed by seed, then size by size: a ladder stopped early still
-    has every arm and size on its first seeds."""
+def ladder_jobs(args, sizes, lrs, seeds=None):
+    """(label, options, seed, size, lr) of each run, seed by seed (seeds: the sweep's by default), then size by size:
+    a ladder stopped early still has every arm and size on its first seeds."""
     return [(label, [*opts, *args.size_options[size], *ladder_plan.lr_options(args.trainer, lr, args.lr_ratio)],
              seed, size, lr)
-            for seed in args.seeds for size in sizes for label, opts, _ in args.variants for lr in lrs[label]]
+            for seed in seeds or args.seeds for size in sizes for label, opts, _ in args.variants for lr in lrs[label]]
 
 
 def launch(args, overrides, out, jobs):
