@@ -285,6 +285,7 @@ def fit_ladder(ladder, baseline, target=None, extrapolate=False, vocab=None, thr
     vocab: the ladder's vocabulary; throughput: {"ratio": {arm: {C: X's compute per second over the baseline's}},
     "source": text}; n_sims, rng: the coverage simulation's ladders and seed. Each verdict carries its p ("p")."""
     arms, log_c, losses, seeds = check_ladder(ladder, baseline)
+    computes = [sorted(ladder[a]) for a in arms]  # the given values: a throughput ratio is looked up by them
     k, n_sizes, n = losses.shape
     top = float(np.exp(log_c.max()))
     if target is not None:
@@ -319,7 +320,7 @@ def fit_ladder(ladder, baseline, target=None, extrapolate=False, vocab=None, thr
         result["forms"][form] = {"identified": True, "text": FORMS[form], "dof": dof, "rss": rss, "params": {
             a: {name: {"value": float(theta[0, i]), "ci": [float(v) for v in _interval(theta[0, i], sd[i], dof,
                                                                                      confidence)]}
-                for name, i in (("E", e_idx[j]), ("alpha", al[j]), ("log_A", la[j] - 0))}
+                for name, i in (("E", e_idx[j]), ("alpha", al[j]))}
             for j, a in enumerate(arms)}}
     seed_sd = losses.std(axis=2, ddof=1).mean(axis=0) if n > 1 else np.zeros(n_sizes)
     theta, cov, dof = fits["shared"]
@@ -335,9 +336,9 @@ def fit_ladder(ladder, baseline, target=None, extrapolate=False, vocab=None, thr
         t_value, t_se = log_multiplier(*trend[:2], "trend", k, t_at)
         slope, slope_se = trend_slope(*trend[:2], k)
     for j, a in enumerate(arms):
-        result["arms"][a] = {"points": [{"compute": float(np.exp(c)), "mean": float(row.mean()),
+        result["arms"][a] = {"points": [{"compute": float(c), "mean": float(row.mean()),
                                          "low": float(row.min()), "high": float(row.max())}
-                                        for c, row in zip(log_c[j], losses[j])],
+                                        for c, row in zip(computes[j], losses[j])],
                              "E": float(theta[0, 0]), "alpha": float(theta[0, 1]),
                              "A": float(np.exp(theta[0, 2 + j] + theta[0, 1] * ref))}
         if j == 0:
@@ -348,7 +349,7 @@ def fit_ladder(ladder, baseline, target=None, extrapolate=False, vocab=None, thr
         ratio = ((throughput or {}).get("ratio") or {}).get(a) or {}
         rows = []
         for s in range(n_sizes):
-            c = float(np.exp(log_c[j, s]))
+            c = computes[j][s]
             fv, flo, fhi = free[:, j - 1, s]
             row = {"compute": c, "curve_free": _value(np.exp(fv)), "curve_free_ci": [_value(np.exp(flo)),
                                                                                      _value(np.exp(fhi))]}

@@ -11,6 +11,7 @@
     python -m analysis.sweep ... --control                   # with an A/A control, reported first
     python -m analysis.sweep --plan configs/ladder_cpu.toml --out-dir runs/ladder_cpu   # sizes x lrs: a ladder
     python -m analysis.sweep --report-only runs/ladder_cpu --throughput FILE       # + wall-clock multiplier
+    python -m analysis.sweep --report-only runs/ladder_cpu --target 1e13 --level 0.9 --resamples 2000
 
 --trainer gpt2 (train_gpt2.py, the default) or translation (train_translation.py). A --plan TOML file names
 the trainer, config and seeds, the variants (a label each, with its trainer options such as act,
@@ -25,7 +26,9 @@ checkpoint (--auto-resume), so rerunning the same command after a crash finishes
 
 A ladder (analysis/ladder_plan.py): `lrs = [...]` (or --lrs) and [sizes.NAME] tables in a plan run every arm at
 every lr and size, each run in OUT_DIR/{label}_{size}_lr{lr}_seed{seed}; its report is analysis/ladder_report.py's
-(best lr per arm, compute multiplier, trend), read from the runs' run.json, whatever their directories' names.
+(each arm's lr and how it was chosen, compute multiplier fitted and curve-free, trend, the interval's measured
+coverage, every verdict under Holm), read from the runs' run.json, whatever their directories' names. Its
+options: --target (none by default: no extrapolation unless --extrapolate), --level, --resamples, --resample-seed.
 
 --control (or `control = true` / `control = "LABEL"` in a plan) adds an A/A control: the baseline again as
 BASELINE_aa with the same seeds, hence the same data order, but torch's RNG (init, dropout) seeded with
@@ -236,6 +239,16 @@ def parse_args(argv):
     p.add_argument("--throughput", action="append", metavar="FILE",
                    help="a ladder's wall-clock multiplier: bench/train_step.py --json FILE of the arms at a ladder "
                         "size, timed interleaved on one machine (repeat for more sizes)")
+    p.add_argument("--target", metavar="FLOPS",
+                   help="a ladder's multiplier also at this compute (FLOPs on the ladder's data) or gpt2-124m-10b; "
+                        "beyond 10x the largest size or on another vocabulary only with --extrapolate")
+    p.add_argument("--extrapolate", action="store_true",
+                   help="allow a --target the ladder cannot support, printed and drawn as an extrapolation")
+    p.add_argument("--level", type=float, default=0.95,
+                   help="a ladder's interval level; its verdicts hold at family-wise error rate 1 - level (Holm)")
+    p.add_argument("--resamples", type=int, default=400,
+                   help="simulated ladders that measure the coverage of a ladder's multiplier interval")
+    p.add_argument("--resample-seed", type=int, default=0, help="the seed of those simulations")
     p.add_argument("--target-diff", type=float, metavar="NATS",
                    help="final val loss difference whose seeds the report counts (default: the observed one)")
     args, overrides = p.parse_known_args(argv)
@@ -317,7 +330,8 @@ def main(argv=None):
         raise SystemExit(f"error: {out}: no such sweep directory")
     for directory in sweep_dirs(out):
         if is_ladder(directory):
-            print(ladder_report(directory, None if args.plan else args.baseline, args.throughput))
+            print(ladder_report(directory, None if args.plan else args.baseline, args.throughput, args.target,
+                                args.extrapolate, args.level, args.resamples, args.resample_seed))
             print(f"wrote {directory / 'sweep.md'}, sweep.json and the PNGs there")
             continue
         print(report(directory, args.acts, None if args.plan else args.baseline, args.target_diff))
