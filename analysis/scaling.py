@@ -132,22 +132,34 @@ def _start(y, x, idx, form):
 
 def fit(y, x, form, weight=None):
     """Weighted least-squares fits of a batch of ladders y (B, K, S) at centred log C x (K, S), one
-    scipy.optimize.least_squares (Levenberg-Marquardt, analytic Jacobian) per ladder: (theta (B, p), covariance
+    scipy.optimize.least_squares per ladder (analytic Jacobian; Levenberg-Marquardt, or trust-region reflective where the bounds bind): (theta (B, p), covariance
     (B, p, p), residual degrees of freedom). weight (B, S): each size's inverse variance of a mean (the seeds' noise
-    differs between sizes); the residual variance then scales it, so lack of fit still widens every interval."""
+    differs between sizes); the residual variance then scales it, so lack of fit still widens every interval. A
+    parameter held at its bound keeps its column in J: its interval is then the one the data alone would give."""
     idx = layout(form, y.shape[1])
-    p = idx[3]
+    e_idx, al, _, p = idx
     b, k, s = y.shape
     root_w = np.sqrt(np.ones((b, s)) if weight is None else weight / weight.mean(axis=1, keepdims=True))
-    theta, jac = _start(y, x, idx, form), np.empty((b, k * s, p))
+    # a loss floor between 0 and the lowest loss it bounds, an exponent between 0 and 5: outside, the curve is no
+    # longer a loss (a ladder too noisy to identify E would otherwise send it to -infinity with alpha to 0)
+    floor = y.min(axis=2) if form == "per_arm" else y.min(axis=(1, 2))[:, None].repeat(k, 1)
+    lower, upper = np.full((b, p), -np.inf), np.full((b, p), np.inf)
+    lower[:, e_idx], upper[:, e_idx] = 0.0, floor * (1 - 1e-6)
+    lower[:, al], upper[:, al] = 1e-4, 5.0
+    theta = np.clip(_start(y, x, idx, form), lower, np.where(np.isfinite(upper), upper * (1 - 1e-6), upper))
     for i in range(b):
         w = np.broadcast_to(root_w[i], (k, s)).ravel()
 
         def residual(t, i=i):
             return (_model(t[None], x, idx)[0][0] - y[i]).ravel() * w
 
-        theta[i] = least_squares(residual, theta[i], jac=lambda t: _model(t[None], x, idx)[1][0] * w[:, None],
-                                 method="lm", xtol=1e-10, ftol=1e-10).x
+        def jacobian(t):
+            return _model(t[None], x, idx)[1][0] * w[:, None]
+
+        # Levenberg-Marquardt first (fast); only a fit that leaves the bounds is redone inside them
+        free = least_squares(residual, theta[i], jac=jacobian, method="lm", xtol=1e-10, ftol=1e-10).x
+        theta[i] = free if np.all((free >= lower[i]) & (free <= upper[i])) else least_squares(
+            residual, theta[i], jac=jacobian, bounds=(lower[i], upper[i]), xtol=1e-10, ftol=1e-10).x
     fitted, jac = _model(theta, x, idx)
     w = np.broadcast_to(root_w[:, None, :], (b, k, s)).reshape(b, -1)
     jac = jac * w[:, :, None]

@@ -168,8 +168,10 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path):
         "shape": {"n_layer": 2, "n_embd": 64, "n_head": 2}, "device": "Test CPU",
         "results": {"gelu": {"contender": {"act": "gelu"}, "tok_per_s": 1000.0, "flops_per_token": 100},
                     "relu2": {"contender": {"act": "relu2"}, "tok_per_s": 800.0, "flops_per_token": 100}}}))
+    with pytest.raises(SystemExit, match="pass --extrapolate"):
+        sweep.main(["--report-only", str(tmp_path), "--target", "gpt2-124m-10b", "--resamples", "20"])
     sweep.main(["--report-only", str(tmp_path), "--baseline", "gelu", "--throughput", str(tmp_path / "bench.json"),
-                "--resamples", "20"])
+                "--resamples", "20", "--target", "gpt2-124m-10b", "--extrapolate"])
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert result["best_lr"] == {"gelu": {"L1-d32-h2": 3e-3}, "relu2": {"L1-d32-h2": 3e-3}}
     # sizes by compute, not by shape: the largest shape is the cheapest here
@@ -189,19 +191,14 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path):
         "relu2's multiplier over gelu", "relu2's trend"]
     assert "Holm over the 5 verdicts of this report" in text
     assert (tmp_path / "scaling.png").is_file() and (tmp_path / "lr_grid.png").is_file()
-
-    sweep.main(["--report-only", str(tmp_path), "--baseline", "gelu", "--resamples", "20"])
-    assert "Wall-clock: not measured" in (tmp_path / "sweep.md").read_text()
-    with pytest.raises(SystemExit, match="pass --extrapolate"):
-        sweep.main(["--report-only", str(tmp_path), "--target", "gpt2-124m-10b", "--resamples", "20"])
-    sweep.main(["--report-only", str(tmp_path), "--target", "gpt2-124m-10b", "--extrapolate", "--resamples", "20"])
-    assert "EXTRAPOLATION" in (tmp_path / "sweep.md").read_text()
+    assert "relu2 at GPT-2 124M at 10B tokens (8.55e+18 FLOPs), EXTRAPOLATION" in text
 
 
 def test_a_ladder_of_equal_seeds_and_an_aa_control_is_reported(tmp_path):
-    """Every seed equal (a mean above its seeds' maximum by a rounding step once crashed the figure), and an A/A
+    """Every seed equal (at the L2-d64-h2 point their numpy mean exceeds their maximum by a rounding step, which once
+    crashed the figure), and an A/A
     control (the baseline's options, another init seed offset) beside the baseline: reported, the control an arm."""
-    write_ladder(tmp_path, arms=(("gelu", 1.0), ("gelu_aa", 1.0)), noise={1: 0.1, 2: 0.1, 3: 0.1}, grid=False,
+    write_ladder(tmp_path, arms=(("gelu", 1.0), ("gelu_aa", 1.0)), noise={1: 0.2, 2: 0.2, 3: 0.2}, grid=False,
                  offsets={"gelu_aa": 1_000_000})
     for path in tmp_path.glob("job*"):  # the control is gelu in its model options: only its offset differs
         info = json.loads((path / "run.json").read_text())
@@ -212,6 +209,7 @@ def test_a_ladder_of_equal_seeds_and_an_aa_control_is_reported(tmp_path):
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert result["arms"] == ["gelu", "gelu+init_seed_offset=1000000"]
     assert result["fit"]["multipliers"]["gelu+init_seed_offset=1000000"]["fitted"]["multiplier"] == pytest.approx(1)
+    assert "Wall-clock: not measured" in (tmp_path / "sweep.md").read_text()
 
 
 def test_throughput_is_looked_up_by_the_arm_and_a_missing_one_said(tmp_path):
