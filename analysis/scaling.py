@@ -132,10 +132,11 @@ def _start(y, x, idx, form):
 
 def fit(y, x, form, weight=None):
     """Weighted least-squares fits of a batch of ladders y (B, K, S) at centred log C x (K, S), one
-    scipy.optimize.least_squares per ladder (analytic Jacobian; Levenberg-Marquardt, or trust-region reflective where the bounds bind): (theta (B, p), covariance
-    (B, p, p), residual degrees of freedom). weight (B, S): each size's inverse variance of a mean (the seeds' noise
-    differs between sizes); the residual variance then scales it, so lack of fit still widens every interval. A
-    parameter held at its bound keeps its column in J: its interval is then the one the data alone would give."""
+    scipy.optimize.least_squares per ladder (analytic Jacobian; Levenberg-Marquardt, or trust-region reflective
+    where the bounds bind): (theta (B, p), covariance (B, p, p), residual degrees of freedom). weight (B, S): each
+    size's inverse variance of a mean (the seeds' noise differs between sizes); the residual variance then scales
+    it, so lack of fit still widens every interval. A parameter held at its bound keeps its column in J: its
+    interval is then the one the data alone would give."""
     idx = layout(form, y.shape[1])
     e_idx, al, _, p = idx
     b, k, s = y.shape

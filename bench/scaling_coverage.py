@@ -6,8 +6,8 @@ by the report's own code (scaling.simulate), the coverage of the multiplier's in
 
 Configurations (tests/test_scaling.py SHIPPED runs 300 of each): the former CPU plan, 4 sizes x 3 seeds x 4 arms at
 its compute (4.5e10-2.0e12 FLOPs) and its measured seed sd per size (0.03 down to 0.006); the rerun
-(experiments/cpu_ladder.md), 6 sizes x 3 seeds x 3 arms over 1.5e10-5.5e11 FLOPs at sd 0.02; and the same two
-with homoscedastic noise. Truth: E 1.0, alpha 0.2, the arms' multipliers 0.4-1 (a constant multiplier: every trend
+(experiments/cpu_ladder.md), 6 sizes x 3 seeds x 3 arms at its compute (1.13e10-3.06e11 FLOPs), sd 0.02; and each
+with the other noise shape. Truth: E 1.0, alpha 0.2, the arms' multipliers 0.4-1 (a constant multiplier: every trend
 verdict is a false alarm). The binomial 95% interval of each rate is printed beside it.
 """
 import argparse
@@ -26,9 +26,10 @@ CONFIGS = {
     "former plan: 4 sizes x 3 seeds x 4 arms, measured sd": ([4.5e10, 1.6e11, 5.9e11, 2.0e12],
                                                               [0.03, 0.02, 0.01, 0.006], (1.0, 0.8, 0.5, 0.4)),
     "former plan, sd 0.02 at every size": ([4.5e10, 1.6e11, 5.9e11, 2.0e12], [0.02] * 4, (1.0, 0.8, 0.5, 0.4)),
-    "rerun: 6 sizes x 3 seeds x 3 arms, sd 0.02": (np.geomspace(1.5e10, 5.5e11, 6), [0.02] * 6, (1.0, 0.8, 0.6)),
-    "rerun, sd 0.03 falling to 0.006": (np.geomspace(1.5e10, 5.5e11, 6), np.geomspace(0.03, 0.006, 6),
-                                        (1.0, 0.8, 0.6)),
+    "rerun: 6 sizes x 3 seeds x 3 arms, sd 0.02": ([1.13e10, 3.84e10, 8.15e10, 1.41e11, 2.15e11, 3.06e11],
+                                                   [0.02] * 6, (1.0, 0.8, 0.6)),
+    "rerun, sd 0.03 falling to 0.006": ([1.13e10, 3.84e10, 8.15e10, 1.41e11, 2.15e11, 3.06e11],
+                                        np.geomspace(0.03, 0.006, 6), (1.0, 0.8, 0.6)),
 }
 
 

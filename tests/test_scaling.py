@@ -82,7 +82,7 @@ def test_per_arm_curves_are_not_identified_by_four_sizes():
 # noise) and the one experiments/cpu_ladder.md ran (6 sizes x 3 seeds, 3 arms), each arm's multiplier 0.4-1.
 SHIPPED = {
     "4 sizes x 3 seeds": ([4.5e10, 1.6e11, 5.9e11, 2.0e12], [0.03, 0.02, 0.01, 0.006], (1.0, 0.8, 0.5, 0.4)),
-    "6 sizes x 3 seeds": (np.geomspace(1.5e10, 5.5e11, 6), [0.02] * 6, (1.0, 0.8, 0.6)),
+    "6 sizes x 3 seeds": ([1.13e10, 3.84e10, 8.15e10, 1.41e11, 2.15e11, 3.06e11], [0.02] * 6, (1.0, 0.8, 0.6)),
 }
 
 
