@@ -250,13 +250,19 @@ def _report(out, points, unfinished, baseline, throughput, opts):
                 family.append(("pair", f"{a} - {baseline} at {size_label(s)}", pair["p"], pair))
             pair_rows.append((s, a, pair))
 
-    if len(sizes) >= scaling.MIN_SIZES["shared"]:
+    # the fit pairs every arm at every size on the same seeds: a half-finished ladder is fitted on the sizes every
+    # arm has finished, on the seeds all of them share, and says which it left out
+    cell = {(s, a): by_size[s].get(a, {}).get(chosen.get((s, a))) for s in sizes for a in arms}
+    complete = [s for s in sizes if all(cell[(s, a)] for a in arms)]
+    shared = set.intersection(*(set(cell[(s, a)]) for s in complete for a in arms)) if complete else set()
+    if len(complete) < len(sizes) or any(set(cell[(s, a)]) != shared for s in complete for a in arms):
+        md += [f"Fitted on sizes {', '.join(map(size_label, complete)) or 'none'} and seeds "
+               f"{', '.join(map(str, sorted(shared))) or 'none'}: those every arm has finished.", ""]
+    if len(complete) >= scaling.MIN_SIZES["shared"] and shared:
         ladder, compute_at = {}, {}
-        for s in sizes:
+        for s in complete:
             for a in arms:
-                seeds = by_size[s].get(a, {}).get(chosen.get((s, a)))
-                if seeds is None:
-                    continue
+                seeds = {seed: p for seed, p in cell[(s, a)].items() if seed in shared}
                 if any(p["compute"] is None for p in seeds.values()):
                     raise ConfigError(f"{size_label(s)} {a}: a run records no training FLOPs (its eval records have "
                                       "no `flops`: an older nanoact, or the translation trainer, which has no FLOP "
@@ -274,13 +280,13 @@ def _report(out, points, unfinished, baseline, throughput, opts):
             if m["trend"]:
                 family.append(("trend", f"{a}'s trend", m["trend"]["p"], m["trend"]))
         adjust(family, level)
-        md += fit_section(fit, sizes, speeds, opts)
+        md += fit_section(fit, complete, speeds, opts)
         plot_scaling(fit, out / "scaling.png")
         md += ["![loss and multiplier against compute](scaling.png)", ""]
         result.update(fit=fit, wall_clock=fit["throughput_source"] or "not measured")
     else:
         adjust(family, level)
-        md += [f"No fit: {len(sizes)} sizes (the shared fit needs {scaling.MIN_SIZES['shared']}).", ""]
+        md += [f"No fit: {len(complete)} complete sizes (the shared fit needs {scaling.MIN_SIZES['shared']}).", ""]
     md += pairs_section(pair_rows, baseline, level) + verdicts(family, level)
     result["family"] = [{"kind": kind, "claim": name, "p": p, "p_holm": where.get("p_holm")}
                         for kind, name, p, where in family]

@@ -4,12 +4,14 @@ constant multiplier, an lr choice without a winner's curse, no extrapolation unl
 import json
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from analysis import lr_grid, scaling
+from analysis import ladder_plan, lr_grid, scaling
 from analysis.scaling_plot import plot_scaling
 from errors import ConfigError
 from eval.stats import paired
@@ -124,6 +126,9 @@ def test_lr_chosen_on_other_seeds_has_no_winners_curse():
                 for _ in range(sims))
     assert binomtest(same, sims, 0.025, alternative="greater").pvalue < 1e-3, same / sims
     assert binomtest(other, sims, 0.025, alternative="greater").pvalue > 0.01, other / sims
+    # the shipped CPU plan is the second kind: its grid on seeds that no compared run uses
+    plan = tomllib.loads(Path("configs/ladder_cpu.toml").read_text())
+    assert ladder_plan.read(plan, "ladder_cpu").lr_seeds and not set(plan["lr_seeds"]) & set(plan["seeds"])
 
 
 def test_target_beyond_the_ladder_is_refused_without_extrapolate():
