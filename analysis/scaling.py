@@ -15,12 +15,13 @@ scipy.optimize.least_squares (analytic Jacobian) with one of three forms of L = 
                            own sizes, reported only with MIN_SIZES["per_arm"] sizes or more ("not identified" below).
 
 Intervals: the nonlinear least-squares t interval, estimate +- t_{N-p} se, se from sigma^2 (J'J)^-1 with sigma^2 the
-residual sum of squares over its N - p degrees of freedom (N = K sizes... every arm-size mean): the residuals hold
-the seed noise of the means and the curve's lack of fit alike, so a curve that misses the points widens every
-interval, where a bootstrap over seeds (this module's former method) saw the seed noise only and covered the truth
-71-73% of the time with 3 seeds. Functions of the parameters (log m, the trend's slope) get theirs by the delta method.
-The coverage is not assumed: `calibrate` simulates ladders of the report's own configuration (its sizes, seeds, arms,
-the fitted curve as the truth and the measured seed noise of each size) through this same fitting code and counts how
+weighted residual sum of squares over its N - p degrees of freedom (N arm-size means, each size weighted by its seeds'
+variance, smoothed in log C): the residuals hold the seed noise of the means and the curve's lack of fit alike, so a
+curve that misses the points widens every interval, where a bootstrap over seeds (this module's former method) saw
+the seed noise only and covered the truth 71-73% of the time with 3 seeds. Functions of the parameters (log m, the
+trend's slope) get theirs by the delta method.
+The coverage is not assumed: `simulate` draws ladders of the report's own configuration (its sizes, seeds, arms,
+the fitted curve as the truth and the measured seed noise of each size), fits them with this same code and counts how
 often the interval holds the true log m, and how often the trend verdict fires on a constant multiplier. The report
 states both. bench/scaling_coverage.py runs it at scale (BENCHMARKS.md).
 
