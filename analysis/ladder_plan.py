@@ -5,6 +5,9 @@ Beside trainer, config, seeds and [variants.LABEL], a --plan TOML file may name:
     lrs = [1e-3, 2e-3, 4e-3]   # every arm at every lr, log-spaced (or `python -m analysis.sweep --lrs 1e-3,2e-3,4e-3`)
     lr_size = "s2"             # optional: the grid at this size only; the other sizes then run each arm at the best
                                # lr the grid picked for it (analysis/lr_grid.py's rule), after the whole grid
+    lr_seeds = [11, 12]        # optional: the grid on these seeds, disjoint from `seeds`; then every size, lr_size
+                               # too, runs each arm at its picked lr on `seeds`: the lr is chosen on other runs than
+                               # the ones compared, so the choice's luck (a winner's curse) cannot favour an arm
     [sizes.s1]                 # a model size (GPT-2 trainer): n_layer, n_embd, n_head and its budget, max_steps
     n_layer = 2
     n_embd = 64
@@ -29,7 +32,7 @@ from errors import ConfigError
 
 SHAPE_KEYS = ("n_layer", "n_embd", "n_head")
 SIZE_KEYS = (*SHAPE_KEYS, "max_steps")
-KEYS = ("lrs", "lr_size", "sizes")
+KEYS = ("lrs", "lr_size", "lr_seeds", "sizes")
 # what the ladder sets for each run, per trainer: the plan's variants and the options after it must leave them alone
 SET_BY_SIZES = ("--n-layer", "--n-embd", "--n-head", "--max-steps")
 SET_BY_LRS = {"gpt2": ("--max-lr", "--min-lr"), "translation": ("--lr",)}
@@ -40,6 +43,7 @@ class Ladder:
     lrs: list  # [None]: the config's lr
     sizes: dict  # name -> its table; {None: {}}: the config's size
     lr_size: str | None
+    lr_seeds: list | None = None  # the grid's own seeds (None: the sweep's seeds, the choice then made on them)
 
     def fixed_options(self, trainer):
         """The trainer options the ladder sets for each run."""
@@ -76,7 +80,13 @@ def read(plan, where, lrs=None):
     if lr_size is not None and (lr_size not in (sizes or {}) or lrs is None or len(lrs) < 2):
         raise ConfigError(f"{where}: lr_size {lr_size!r} must name one of the [sizes.NAME] tables and needs lrs "
                           "(at least 2)")
-    return Ladder(lrs or [None], sizes or {None: {}}, lr_size)
+    lr_seeds = plan.get("lr_seeds")
+    if lr_seeds is not None and (lr_size is None or not isinstance(lr_seeds, list) or not lr_seeds
+                                 or not all(isinstance(s, int) for s in lr_seeds)
+                                 or set(lr_seeds) & set(plan.get("seeds") or [])):
+        raise ConfigError(f"{where}: lr_seeds must be a list of integers disjoint from seeds, with lr_size, "
+                          f"got {lr_seeds!r}")
+    return Ladder(lrs or [None], sizes or {None: {}}, lr_size, lr_seeds)
 
 
 def check(ladder, trainer, config):

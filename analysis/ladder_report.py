@@ -1,4 +1,5 @@
-"""The report of a ladder: each arm at its best learning rate, its gain as a compute multiplier, and the trend.
+"""The report of a ladder: each arm at a learning rate chosen honestly, its gain as a compute multiplier (fitted and
+read off the baseline's points), the trend, and every verdict under one error control.
 
 Every number comes from the runs' own run.json and metrics.jsonl, never from directory names, so runs made by hand
 or on other machines report alike: the arm is the model options besides the shape (act, act_kwargs, norm, ...: an
@@ -6,12 +7,16 @@ option that differs between runs is named in the label, e.g. gelu+norm=rmsnorm) 
 is (n_layer, n_embd, n_head), the lr max_lr (translation: lr), the seed run.seed, the loss the final val loss of a
 finished run and the compute the `flops` of its last eval record (model.py's flops_per_token times the tokens).
 
-Several lrs at a size: analysis/lr_grid.py picks each arm's best lr there and compares the arms paired by seed, each
-at its best lr and all at the baseline's best lr (a common lr); lr_grid.png draws loss against lr. Several sizes:
-analysis/scaling.py fits L(C) per arm over the sizes, each arm at its best lr of a size's grid (or the one lr it ran
-there), and gives the multiplier with its bootstrap interval and its trend; scaling.png. The wall-clock multiplier
-needs throughput measured interleaved on one machine (bench/train_step.py --shape ... --json FILE, given as
---throughput FILE); without it the report says "wall-clock: not measured".
+The lr: analysis/lr_grid.py picks each arm's best lr on a size's grid; lr_grid.png draws loss against lr. With the
+plan's lr_seeds the grid ran on its own seeds, and the arms are compared on the others only: the pick's luck never
+favours the arm it picked for. Without them the pick was made on the compared runs, and every comparison at that size
+is marked "exploratory" (the winner's curse: an arm with a flat lr curve gains most from picking the luckiest point).
+The grid's own pairs are always exploratory. Several sizes: analysis/scaling.py fits the arms together, gives each
+arm's multiplier with its interval, the curve-free multiplier at every size, the trend, and the measured coverage of
+the interval in simulations of this very ladder; scaling.png. Verdicts (the per-size pairs, the multipliers, the
+trends) form one family: Holm at family-wise error rate 1 - level. The wall-clock multiplier needs throughput
+measured interleaved on one machine (bench/train_step.py --shape ... --json FILE, given as --throughput FILE), looked
+up by the arm's label (a contender named as the arm); an arm without one is said to be "not measured".
 """
 import json
 import statistics
@@ -23,10 +28,11 @@ from analysis.runs import RunError, load_run, markdown_table, read_metrics, summ
 from analysis.scaling_plot import plot_scaling
 from analysis.sweep_report import finished
 from errors import ConfigError
+from eval.stats import holm, paired
 
 SHAPE = ("n_layer", "n_embd", "n_head")
 NOT_ARM = (*SHAPE, "block_size", "vocab_size")  # the model options that are the size's or the data's, not the arm's
-N_RESAMPLES = 2000  # bootstrap resamples of the fit's intervals (scaling.fit_ladder's default)
+
 
 
 def size_label(size):
@@ -55,17 +61,19 @@ def read_points(out):
             continue
         model = run.config.get("model", {})
         identity = {k: v for k, v in model.items() if k not in NOT_ARM}
-        identity["init_seed_offset"] = run.setting("init_seed_offset") or 0
+        if offset := run.setting("init_seed_offset"):  # an A/A control: the baseline's options, another init
+            identity["init_seed_offset"] = offset
         flops = [r["flops"] for r in read_metrics(path / "metrics.jsonl") if r.get("kind") == "eval" and "flops" in r] \
             if (path / "metrics.jsonl").is_file() else []
         identities.append(identity)
         points.append({"size": tuple(model.get(k) for k in SHAPE), "lr": run.setting("max_lr") or run.setting("lr"),
                        "seed": run.setting("seed"), "loss": summary(run)["final_val"],
-                       "compute": flops[-1] if flops else None, "path": path.name})
+                       "compute": flops[-1] if flops else None, "path": path.name, "vocab": model.get("vocab_size")})
     varying = [k for k in dict.fromkeys(k for i in identities for k in i)
                if k != "act" and len({json.dumps(i.get(k), sort_keys=True) for i in identities}) > 1]
     for point, identity in zip(points, identities):
-        point["arm"] = str(identity.get("act")) + "".join(f"+{k}={_text(identity.get(k))}" for k in varying)
+        point["arm"] = str(identity.get("act")) + "".join(f"+{k}={_text(identity[k])}" for k in varying
+                                                     if k in identity)
     return points, unfinished
 
 
@@ -90,14 +98,16 @@ def cells(points):
 
 
 def throughput_ratios(files, ladder_compute, baseline):
-    """{"ratio": {arm: {C: compute-per-second ratio to the baseline}}, "source"} from bench/train_step.py --json
-    files, each of one ladder size (its "shape"); a file whose shape or arms the ladder lacks is an error."""
-    ratios, sources = {}, []
+    """{"ratio": {arm: {C: compute-per-second ratio to the baseline}}, "source", "missing": [arms]} from
+    bench/train_step.py --json files, each of one ladder size (its "shape"), a contender matched to an arm by its
+    label (bench/train_step.py --acts 'gelu,aglu'): an arm that differs by another option (gelu+norm=rmsnorm) is
+    found only under its own label, never under its activation's."""
+    ratios, sources, missing = {}, [], set()
     for file in files:
         try:
             bench = json.loads(Path(file).read_text())
             shape = tuple(bench["shape"][k] for k in SHAPE)
-            speed = {r["contender"]["act"]: r["tok_per_s"] * r["flops_per_token"] for r in bench["results"].values()}
+            speed = {label: r["tok_per_s"] * r["flops_per_token"] for label, r in bench["results"].items()}
         except (OSError, ValueError, KeyError, TypeError):
             raise ConfigError(f"--throughput {file}: not a JSON of bench/train_step.py --shape ... --json") from None
         if shape not in ladder_compute:
@@ -106,95 +116,275 @@ def throughput_ratios(files, ladder_compute, baseline):
         if baseline not in speed:
             raise ConfigError(f"--throughput {file}: no contender {baseline}; time the baseline beside the arms")
         for arm, compute in ladder_compute[shape].items():
-            if arm in speed and arm != baseline:
+            if arm == baseline:
+                continue
+            if arm in speed:
                 ratios.setdefault(arm, {})[compute] = speed[arm] / speed[baseline]
+            else:
+                missing.add(arm)
         sources.append(f"{file}: bench/train_step.py on {bench.get('device')}, median of interleaved rounds "
                        f"at {size_label(shape)}")
-    return {"ratio": ratios, "source": "; ".join(sources)}
+    return {"ratio": ratios, "source": "; ".join(sources), "missing": sorted(missing)}
 
 
-def ladder_report(out_dir, baseline=None, throughput=None):
-    """Writes sweep.md, sweep.json, lr_grid.png (several lrs) and scaling.png (several sizes); returns the markdown."""
+def target_of(text):
+    """--target: "gpt2-124m-10b" (GPT-2 124M at 10B tokens, GPT-2's vocabulary) or a compute in FLOPs on the
+    ladder's own data and vocabulary."""
+    if text is None:
+        return None
+    if text == "gpt2-124m-10b":
+        return scaling.GPT2_124M_10B
+    try:
+        return f"{float(text):.3g} FLOPs", float(text), None
+    except ValueError:
+        raise ConfigError(f"--target {text!r}: give a compute in FLOPs (e.g. 1e13) or gpt2-124m-10b") from None
+
+
+def ladder_report(out_dir, baseline=None, throughput=None, target=None, extrapolate=False, level=0.95,
+                  resamples=400, seed=0):
+    """Writes sweep.md, sweep.json, lr_grid.png (several lrs) and scaling.png (several sizes); returns the markdown.
+    target: --target's text; level: the intervals' confidence (verdicts at family-wise rate 1 - level); resamples,
+    seed: the simulated ladders that measure the interval's coverage, and their seed."""
     out = Path(out_dir)
     try:
         points, unfinished = read_points(out)
-        return _report(out, points, unfinished, baseline, throughput or [])
+        return _report(out, points, unfinished, baseline, throughput or [],
+                       dict(target=target_of(target), extrapolate=extrapolate, level=level, resamples=resamples,
+                            seed=seed))
     except (RunError, ConfigError) as e:
         raise SystemExit(f"error: {out}: {e}") from None
 
 
-def _report(out, points, unfinished, baseline, throughput):
+def _mean(points, key):
+    return statistics.mean(p[key] for p in points)
+
+
+def _ci(low, high, fmt="{:.3g}"):
+    return "[" + ", ".join("-" if v is None else fmt.format(v) for v in (low, high)) + "]"
+
+
+def _report(out, points, unfinished, baseline, throughput, opts):
     plan = json.loads((out / "sweep_plan.json").read_text()) if (out / "sweep_plan.json").is_file() else {}
+    level = opts["level"]
+    lr_seeds = set((plan.get("ladder") or {}).get("lr_seeds") or [])
+    grid_points = [p for p in points if p["seed"] in lr_seeds]
+    points = [p for p in points if p["seed"] not in lr_seeds]
     arms = sorted({p["arm"] for p in points})
     baseline = baseline or plan.get("baseline") or ("gelu" if "gelu" in arms else arms[0])
     if baseline not in arms:
         raise ConfigError(f"baseline {baseline!r} is not an arm of these runs ({', '.join(arms)}); name one with "
                           "--baseline")
     arms = [baseline] + [a for a in arms if a != baseline]
-    by_size = cells(points)
-    sizes = sorted(by_size, key=lambda s: tuple(x or 0 for x in s))
-    md = [f"# Ladder {out}", "", f"Runs read from their own run.json and metrics.jsonl: {len(points)} finished, "
-          f"arms {', '.join(arms)} (baseline {baseline}), sizes {', '.join(size_label(s) for s in sizes)}.", ""]
+    by_size, grid_by_size = cells(points), cells(grid_points)
+    compute_of = {s: _mean([p for p in points if p["size"] == s and p["compute"] is not None] or [{"compute": 0}],
+                           "compute") for s in by_size}
+    sizes = sorted(by_size, key=lambda s: (compute_of[s], tuple(x or 0 for x in s)))  # by compute
+    md = [f"# Ladder {out}", "", f"Runs read from their own run.json and metrics.jsonl: {len(points)} compared"
+          + (f" and {len(grid_points)} of the lr grid (seeds {', '.join(map(str, sorted(lr_seeds)))})"
+             if grid_points else "")
+          + f", arms {', '.join(arms)} (baseline {baseline}), sizes by compute {', '.join(map(size_label, sizes))}.",
+          ""]
     if unfinished:
         md += [f"Unfinished (left out): {', '.join(unfinished)}", ""]
-    rows = [[size_label(s), a, f"{lr:g}", len(seeds), f"{statistics.mean(p['loss'] for p in seeds.values()):.4f}",
-             "-" if None in [p["compute"] for p in seeds.values()] else f"{next(iter(seeds.values()))['compute']:.3g}"]
+    rows = [[size_label(s), a, f"{lr:g}", ", ".join(map(str, sorted(seeds))),
+             f"{_mean(seeds.values(), 'loss'):.4f}",
+             "-" if None in [p["compute"] for p in seeds.values()] else f"{_mean(seeds.values(), 'compute'):.3g}"]
             for s in sizes for a in arms for lr, seeds in sorted(by_size[s].get(a, {}).items())]
     md += [markdown_table(["size", "arm", "lr", "seeds", "final val loss (mean)", "compute (FLOPs)"], rows), ""]
     result = {"baseline": baseline, "arms": arms, "sizes": [size_label(s) for s in sizes], "unfinished": unfinished,
-              "lr_grid": {}, "best_lr": {}}
+              "level": level, "lr_grid": {}, "best_lr": {}, "lr_choice": {}, "pairs": {}}
 
-    chosen = {}  # (size, arm) -> the lr the ladder uses
-    for s in sizes:
-        grids = {a: {lr: {seed: p["loss"] for seed, p in seeds.items()} for lr, seeds in by_size[s][a].items()}
-                 for a in arms if a in by_size[s]}
+    chosen, cursed = {}, set()  # (size, arm) -> the lr compared; sizes whose pick saw the compared runs
+    for s in sorted(set(by_size) | set(grid_by_size), key=lambda s: sizes.index(s) if s in sizes else -1):
+        own = {a: {lr: {seed: p["loss"] for seed, p in seeds.items()} for lr, seeds in by_size.get(s, {})[a].items()}
+               for a in arms if a in by_size.get(s, {})}
+        grids = {a: {lr: {seed: p["loss"] for seed, p in seeds.items()} for lr, seeds in g.items()}
+                 for a, g in grid_by_size.get(s, {}).items()} if s in grid_by_size else own
         if all(len(g) == 1 for g in grids.values()):
-            chosen.update({(s, a): next(iter(g)) for a, g in grids.items()})
             continue
         compared = lr_grid.compare(grids, baseline)
         result["lr_grid"][size_label(s)] = compared
         for a, lr in compared["best_lr"].items():
-            chosen[(s, a)] = lr
             result["best_lr"].setdefault(a, {})[size_label(s)] = lr
-        md += [f"## Learning rate at {size_label(s)}", "", f"Rule: {compared['rule']}. Each arm is compared with "
-               f"{baseline} paired by seed twice: each at its own best lr (both tuned), and at {baseline}'s best lr "
-               "(a common lr: the arm dropped into the baseline's recipe).", "",
-               *[f"- {line}" for line in compared["sentences"]], ""]
+            if grids is own:
+                chosen[(s, a)] = lr
+        if grids is own:
+            cursed.add(s)
+        picks = [f"- {line}" for line in compared["sentences"][:len(compared["picks"])]]
+        pairs = [f"- {line}" for line in compared["sentences"][len(compared["picks"]):]]
+        md += [f"## Learning rate at {size_label(s)}", "", f"Rule: {compared['rule']}.", "", *picks, "",
+               "Unadjusted, exploratory (outside the report's error control: the lr was picked on these very runs, "
+               f"so the arm with the flatter lr curve gains most from the pick's luck): each arm against {baseline} "
+               "paired by seed, each at its own best lr and at the baseline's.", "", *pairs, ""]
     if result["lr_grid"]:
         plot_lr_grid(result["lr_grid"], out / "lr_grid.png")
         md += ["![loss against lr](lr_grid.png)", ""]
+    for s in sizes:
+        for a in arms:
+            if (s, a) not in chosen and len(by_size[s].get(a, {})) == 1:
+                chosen[(s, a)] = next(iter(by_size[s][a]))
+    for a in arms:
+        lrs = [(s, chosen[(s, a)]) for s in sizes if (s, a) in chosen]
+        where = {k: v for k, v in result["best_lr"].get(a, {}).items()}
+        how = (f"picked on the grid at {', '.join(where)} on seeds {', '.join(map(str, sorted(lr_seeds)))}, compared "
+               "on the others" if grid_points and where else
+               f"picked at {', '.join(where)} on the compared seeds themselves (its comparisons there: exploratory)"
+               if where else "the one lr it ran")
+        ran = (f"{lrs[0][1]:g} at every size" if len({lr for _, lr in lrs}) == 1 else
+               ", ".join(f"{lr:g} at {size_label(s)}" for s, lr in lrs)) if lrs else "no run"
+        result["lr_choice"][a] = f"{ran} ({how})"
+    md += ["## Each arm's lr", "", *[f"- {a}: {text}." for a, text in result["lr_choice"].items()], ""]
 
-    if len(sizes) > 1:
+    family = []  # (kind, name, p, where to write the adjusted p)
+    pair_rows = []
+    for s in sizes:
+        base = by_size[s].get(baseline, {}).get(chosen.get((s, baseline)))
+        for a in arms[1:]:
+            arm = by_size[s].get(a, {}).get(chosen.get((s, a)))
+            if not base or not arm:
+                continue
+            pair = paired({k: p["loss"] for k, p in base.items()}, {k: p["loss"] for k, p in arm.items()})
+            pair["exploratory"] = s in cursed
+            result["pairs"].setdefault(size_label(s), {})[a] = pair
+            if pair["p"] is not None and not pair["exploratory"]:
+                family.append(("pair", f"{a} - {baseline} at {size_label(s)}", pair["p"], pair))
+            pair_rows.append((s, a, pair))
+
+    # the fit pairs every arm at every size on the same seeds: a half-finished ladder is fitted on the sizes every
+    # arm has finished, on the seeds all of them share, and says which it left out
+    cell = {(s, a): by_size[s].get(a, {}).get(chosen.get((s, a))) for s in sizes for a in arms}
+    complete = [s for s in sizes if all(cell[(s, a)] for a in arms)]
+    shared = set.intersection(*(set(cell[(s, a)]) for s in complete for a in arms)) if complete else set()
+    if len(complete) < len(sizes) or any(set(cell[(s, a)]) != shared for s in complete for a in arms):
+        md += [f"Fitted on sizes {', '.join(map(size_label, complete)) or 'none'} and seeds "
+               f"{', '.join(map(str, sorted(shared))) or 'none'}: those every arm has finished.", ""]
+    if len(complete) >= scaling.MIN_SIZES["shared"] and shared:
         ladder, compute_at = {}, {}
-        for s in sizes:
+        for s in complete:
             for a in arms:
-                if (s, a) not in chosen:
-                    continue
-                seeds = by_size[s][a][chosen[(s, a)]]
+                seeds = {seed: p for seed, p in cell[(s, a)].items() if seed in shared}
                 if any(p["compute"] is None for p in seeds.values()):
                     raise ConfigError(f"{size_label(s)} {a}: a run records no training FLOPs (its eval records have "
                                       "no `flops`: an older nanoact, or the translation trainer, which has no FLOP "
                                       "count); a ladder needs them")
-                compute = statistics.mean(p["compute"] for p in seeds.values())
+                compute = _mean(seeds.values(), "compute")
                 ladder.setdefault(a, {})[compute] = {seed: p["loss"] for seed, p in seeds.items()}
                 compute_at.setdefault(s, {})[a] = compute
-        fit = scaling.fit_ladder(ladder, baseline, n_resamples=N_RESAMPLES,
-                                 throughput=throughput_ratios(throughput, compute_at, baseline) if throughput else None)
+        speeds = throughput_ratios(throughput, compute_at, baseline) if throughput else None
+        vocab = {p["vocab"] for p in points}
+        fit = scaling.fit_ladder(ladder, baseline, target=opts["target"], extrapolate=opts["extrapolate"],
+                                 vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
+                                 confidence=level, n_sims=opts["resamples"], rng=opts["seed"])
+        for a, m in fit["multipliers"].items():
+            family.append(("multiplier", f"{a}'s multiplier over {baseline}", m["fitted"]["p"], m["fitted"]))
+            if m["trend"]:
+                family.append(("trend", f"{a}'s trend", m["trend"]["p"], m["trend"]))
+        adjust(family, level)
+        md += fit_section(fit, complete, speeds, opts)
         plot_scaling(fit, out / "scaling.png")
-        used = {a: [(s, chosen[(s, a)]) for s in sizes if (s, a) in chosen] for a in arms}
-        which = "each arm at its best lr of a size's grid, or the one lr it ran at a size without one: " + "; ".join(
-            f"{a} {lrs[0][1]:g} at every size" if len({lr for _, lr in lrs}) == 1 else
-            f"{a} " + ", ".join(f"{lr:g} at {size_label(s)}" for s, lr in lrs) for a, lrs in used.items())
-        md += ["## Compute multiplier", "", f"Final val loss against training compute (FLOPs) per arm, {which}.", "",
-               *[f"- {line}" for line in fit["sentences"]]]
-        if not throughput:
-            md.append("- Wall-clock: not measured (no --throughput benchmark of the arms on one machine).")
-        md += ["", "![loss and multiplier against compute](scaling.png)", ""]
-        result.update(fit=fit, **{name: {a: f[name] for a, f in fit["arms"].items()} for name in ("E", "A", "alpha")},
-                      multiplier={a: {"at_sizes": m["at_sizes"], "target": m["target"], "trend": m["trend"]}
-                                  for a, m in fit["multipliers"].items()},
-                      wall_clock=fit["throughput_source"] or "not measured")
+        md += ["![loss and multiplier against compute](scaling.png)", ""]
+        result.update(fit=fit, wall_clock=fit["throughput_source"] or "not measured")
+    else:
+        adjust(family, level)
+        md += [f"No fit: {len(complete)} complete sizes (the shared fit needs {scaling.MIN_SIZES['shared']}).", ""]
+    md += pairs_section(pair_rows, baseline, level) + verdicts(family, level)
+    result["family"] = [{"kind": kind, "claim": name, "p": p, "p_holm": where.get("p_holm")}
+                        for kind, name, p, where in family]
     text = "\n".join(md)
     (out / "sweep.md").write_text(text)
     (out / "sweep.json").write_text(json.dumps(result, indent=2, default=str))
     return text
+
+
+def adjust(family, level):
+    """Holm over every verdict of the report: each member's dict gets "p_holm"."""
+    for (_, _, _, where), p in zip(family, holm([p for _, _, p, _ in family]) if family else []):
+        where["p_holm"] = float(p)
+
+
+def _holm(where, level):
+    p = where.get("p_holm")
+    return "" if p is None else f"; Holm p {p:.3g}: {'declared' if p < 1 - level else 'not declared'}"
+
+
+def fit_section(fit, sizes, speeds, opts):
+    level, base = f"{fit['confidence']:.0%}", fit["baseline"]
+    cal = fit["calibration"]
+    md = ["## Compute multiplier", "",
+          f"Fit: {fit['form_text']}; {level} intervals: {fit['interval']}. Coverage measured: "
+          f"{cal['coverage']:.1%} of the {level} intervals of log m held the true multiplier in {cal['n']} simulations "
+          f"of this configuration ({fit['sizes']} sizes x {len(fit['seeds'])} seeds x {cal['arms'] + 1} arms, the "
+          f"fitted curve as the truth, each size's measured seed sd "
+          f"{', '.join(f'{v:.3g}' for v in cal['noise_sd'])}; simulation seed {opts['seed']})"
+          + (f"; the trend verdict fired on a constant multiplier in {cal['false_alarm']:.1%} of them"
+             if "false_alarm" in cal else "") + ".", ""]
+    for form, f in fit["forms"].items():
+        if not f["identified"]:
+            md.append(f"- {f['text']}.")
+            continue
+        params = "; ".join(f"{a} E {v['E']['value']:.3g} {_ci(*v['E']['ci'])}, alpha {v['alpha']['value']:.3g} "
+                           f"{_ci(*v['alpha']['ci'])}" for a, v in f["params"].items())
+        md.append(f"- {f['text']} ({f['dof']} residual degrees of freedom, residual sum of squares {f['rss']:.3g}): "
+                  f"{params}.")
+    md.append("")
+    for a, m in fit["multipliers"].items():
+        f = m["fitted"]
+        md.append(f"- {a}: {base} needs {f['multiplier']:.3g}x the compute to reach {a}'s loss ({level} interval "
+                  f"{_ci(*f['ci'])}, one number at every size under the shared fit{_holm(f, opts['level'])}).")
+        if m["trend"]:
+            t = m["trend"]
+            md.append(f"- {a}'s trend: slope of log m on log C {t['slope']:+.3g} {_ci(*t['ci'], fmt='{:+.3g}')} "
+                      f"(alpha_{a} / alpha_{base} - 1, the trend fit; > 0: the gain grows with compute"
+                      f"{_holm(t, opts['level'])}).")
+        if m["target"]:
+            t, name = m["target"], fit["target"]["name"]
+            word = "EXTRAPOLATION (beyond what the ladder supports, asked for by --extrapolate)" \
+                if fit["target"]["extrapolation"] else "inside the ladder's reach"
+            md.append(f"- {a} at {name} ({t['compute']:.3g} FLOPs), {word}: {t['multiplier']:.3g}x "
+                      f"{_ci(*t['ci'])} (trend fit).")
+    if speeds and speeds["missing"]:
+        md.append(f"- Wall-clock: not measured for {', '.join(speeds['missing'])} (no contender of that label in "
+                  "the --throughput files).")
+    elif not speeds:
+        md.append("- Wall-clock: not measured (no --throughput benchmark of the arms on one machine).")
+    md.append("")
+    rows = []
+    for a, m in fit["multipliers"].items():
+        for s, row in zip(sizes, m["at_sizes"]):
+            free = "-" if row["curve_free"] is None else f"{row['curve_free']:.3g} {_ci(*row['curve_free_ci'])}"
+            trend = row.get("trend_fit")
+            rows.append([size_label(s), a, f"{row['compute']:.3g}", free,
+                         "-" if not trend else f"{trend['multiplier']:.3g} {_ci(*trend['ci'])}",
+                         "-" if row["wall_clock"] is None else f"{row['wall_clock']:.3g} {_ci(*row['wall_clock_ci'])}",
+                         "**fit and curve-free disagree**" if row["disagree"] else ""])
+    md += [f"Per size, by compute: the curve-free multiplier ({base}'s compute read off its observed points, linear "
+           "in log C between the two around the arm's loss; '-' outside them) beside the trend fit's, and the "
+           "wall-clock multiplier (the shared fit's times the measured throughput ratio). Flagged where the "
+           "curve-free interval and the shared fit's are disjoint.", "",
+           markdown_table(["size", "arm", "compute (FLOPs)", "curve-free m", "trend fit m", "wall-clock m", "flag"],
+                          rows), ""]
+    if fit["throughput_source"]:
+        md += [f"Throughput ratios measured by: {fit['throughput_source']}.", ""]
+    return md
+
+
+def pairs_section(pair_rows, baseline, level):
+    rows = [[size_label(s), f"{a} - {baseline}", pair["n"], f"{pair['mean']:+.4f}",
+             "-" if pair["ci95"] is None else _ci(*pair["ci95"], fmt="{:+.4f}"),
+             "-" if pair["p"] is None else f"{pair['p']:.3g}",
+             "exploratory" if pair["exploratory"] else
+             "-" if pair.get("p_holm") is None else f"{pair['p_holm']:.3g}"] for s, a, pair in pair_rows]
+    return ["## Paired by seed at each size", "", "Final val loss differences at the lrs compared (negative favours "
+            "the arm), 95% t interval over the seeds.", "",
+            markdown_table(["size", "pair", "seeds", "diff", "95% CI", "p", "Holm p"], rows), ""] if rows else []
+
+
+def verdicts(family, level):
+    alpha = 1 - level
+    declared = [f"{name} (Holm p {where['p_holm']:.3g})" for _, name, _, where in family if where["p_holm"] < alpha]
+    kinds = {"pair": "per-size pairs", "multiplier": "multipliers (m = 1?)", "trend": "trends (slope 0?)"}
+    counts = ", ".join(f"{sum(k == kind for k, *_ in family)} {text}" for kind, text in kinds.items())
+    return ["## Verdicts", "", f"Error control: family-wise error rate {alpha:.3g}, Holm over the {len(family)} "
+            f"verdicts of this report ({counts}); the lr grids' pairs and the comparisons at a size whose lr was "
+            "picked on the compared runs are unadjusted, exploratory, and declare nothing.", "",
+            f"Declared: {'; '.join(declared) if declared else 'none'}.", ""]

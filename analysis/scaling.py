@@ -1,265 +1,392 @@
-"""What is X worth in compute: each arm's loss against training compute fitted over a ladder of model sizes, the
-gain of X as a compute multiplier over the baseline, and whether that gain grows as the model grows.
+"""What is X worth in compute: the arms' losses against training compute fitted together over a ladder of sizes, X's
+gain as a compute multiplier over the baseline with an interval whose coverage is measured, read off the baseline's
+observed points as well, and whether the gain changes as the models grow.
 
-Input: {arm: {C: {seed: final loss}}}, C the training compute of a ladder point in FLOPs (model.py's
-flops_per_token times the tokens trained), the same seeds at every point of every arm; each arm at its best lr
-(analysis/lr_grid.py). Per arm, the mean loss over seeds at each C is fitted with
+Input: {arm: {C: {seed: final loss}}}, C the training compute of a ladder point in FLOPs, the same seeds at every
+point of every arm, each arm at one chosen lr per size. The means over seeds y[a, s] are fitted by
+scipy.optimize.least_squares (analytic Jacobian) with one of three forms of L = E + A C^-alpha:
 
-    L(C) = E + A * C^(-alpha)      (Kaplan et al. 2020's power law in C, plus Hoffmann et al. 2022's floor E)
+    shared  (the default)  E and alpha shared by the arms, A per arm: K + 2 parameters for K arms. X's multiplier
+                           over the baseline is one number, m = (A_base / A_X)^(1/alpha), the factor of compute the
+                           baseline needs to reach X's loss (below 1: X is worse), the same at every C.
+    trend                  E shared, A and alpha per arm: 2K + 1 parameters. m changes with C, and the slope of log m
+                           on log C is alpha_X / alpha_base - 1 exactly: the trend verdict (> 0: X's gain grows).
+    per_arm                E, A and alpha per arm (Hoffmann et al.'s floor per arm): 3 parameters from one arm's
+                           own sizes, reported only with MIN_SIZES["per_arm"] sizes or more ("not identified" below).
 
-by scipy.optimize.least_squares. Three parameters need at least 4 distinct C to leave a residual; with fewer,
-E is not identified and the fit is a pure power law L = A * C^(-alpha), a straight line in log-log, or, when an
-irreducible loss E is given, log(L - E) against log C. The form used is stated in every output.
+Intervals: the nonlinear least-squares t interval, estimate +- t_{N-p} se, se from sigma^2 (J'J)^-1 with sigma^2 the
+weighted residual sum of squares over its N - p degrees of freedom (N arm-size means, each size weighted by its seeds'
+variance, smoothed in log C): the residuals hold the seed noise of the means and the curve's lack of fit alike, so a
+curve that misses the points widens every interval, where a bootstrap over seeds (this module's former method) saw
+the seed noise only and covered the truth 71-73% of the time with 3 seeds. Functions of the parameters (log m, the
+trend's slope) get theirs by the delta method.
+The coverage is not assumed: `simulate` draws ladders of the report's own configuration (its sizes, seeds, arms,
+the fitted curve as the truth and the measured seed noise of each size), fits them with this same code and counts how
+often the interval holds the true log m, and how often the trend verdict fires on a constant multiplier. The report
+states both. bench/scaling_coverage.py runs it at scale (BENCHMARKS.md).
 
-The compute multiplier of X at compute C is m(C) = C_base(L_X(C)) / C, with the baseline's fitted curve inverted,
-C_base(L) = ((L - E_base) / A_base)^(-1/alpha_base): how many times C the baseline needs to reach the loss X reaches
-at C. m = 1 is no gain; m is infinite where X's fitted loss lies below the baseline's floor E_base. It is
-evaluated at every C of X's ladder and at a named target (by default GPT-2 124M at 10B tokens, an extrapolation).
-The wall-clock multiplier is m times X's throughput over the baseline's, a ratio given with its source. The trend
-is the slope of log m against log C over the ladder: > 0, X's gain grows with compute.
+The curve-free multiplier needs no form: at each of X's sizes, the baseline's compute that reaches X's mean loss, read
+by linear interpolation in log C between the baseline's two observed points around it (none outside the baseline's
+observed losses), over X's compute; its interval from the pooled seed variance of the means, by the delta method.
+Where it and the fitted multiplier have disjoint intervals, the report flags the fit at that size.
 
-Intervals: percentile bootstrap over seeds (scipy.stats.bootstrap): one resample of seed indices serves every arm
-and every size, since the arms share seeds and the seed fixes the data order (paired), then every fit and multiplier
-is redone. With few seeds the bootstrap has few distinct resamples (3 seeds: 10) and its intervals are too narrow
-(percentile intervals cover at about sqrt((n-1)/n) of the standard error); read them with the seed count.
+A multiplier at a target compute is only given inside EXTRAPOLATION_LIMIT times the ladder's largest compute on the
+ladder's own vocabulary; beyond, or on another vocabulary, only with `extrapolate=True`, and then called an
+extrapolation in every sentence and in the figure.
 """
 import math
-import warnings
 
 import numpy as np
+from scipy import sparse
 from scipy.optimize import least_squares
-from scipy.stats import bootstrap
+from scipy.stats import t as student
 
 from errors import ConfigError
 
-SIZES_FOR_E = 4  # fewer distinct C cannot identify E beside A and alpha
-# GPT-2 124M (configs/gpt2_124m.toml) for 19,073 steps of 2**19 tokens (~10B): model.py's flops_per_token(1024),
-# 6N + 12 L d T = 855,383,040 FLOPs per token; tests/test_scaling.py checks it against model.py.
-GPT2_124M_10B = ("GPT-2 124M at 10B tokens", 855_383_040 * 19_073 * 2 ** 19)
+FORMS = {"shared": "L = E + A_arm C^-alpha, E and alpha shared by the arms, A per arm",
+         "trend": "L = E + A_arm C^-alpha_arm, E shared, A and alpha per arm",
+         "per_arm": "L = E_arm + A_arm C^-alpha_arm, every parameter per arm"}
+# the fewest sizes each form needs: the shared form 3 (E, alpha and the baseline's A from its own points), the trend
+# form 4 (2 residual degrees of freedom per pair of arms), the per-arm form 5 (2 per arm)
+MIN_SIZES = {"shared": 3, "trend": 4, "per_arm": 5}
+EXTRAPOLATION_LIMIT = 10.0  # a target beyond this times the ladder's largest compute is an extrapolation
+# GPT-2 124M (configs/gpt2_124m.toml) for 19,073 steps of 2**19 tokens (~10B) on GPT-2's 50,304-token vocabulary:
+# model.py's flops_per_token(1024), 855,383,040 FLOPs per token; tests/test_scaling.py checks it against model.py.
+GPT2_124M_10B = ("GPT-2 124M at 10B tokens", 855_383_040 * 19_073 * 2 ** 19, 50_304)
 CURVE_POINTS = 40  # compute values at which the figure's multiplier band is drawn
-FORMS = {"saturating": "L = E + A C^-alpha (scipy.optimize.least_squares on the mean loss over seeds per size)",
-         "power_law": "L = A C^-alpha, a line in log-log (fewer than 4 sizes cannot identify E, so the fit has no "
-                      "floor; extrapolated multipliers rest on that assumption)",
-         "fixed_E": "L = E + A C^-alpha with E given, a line of log(L - E) in log C"}
 
 
 def check_ladder(ladder, baseline):
-    """{arm: (sorted compute array, losses array (sizes, seeds))} and the shared seeds; bad input is a ConfigError."""
+    """(arms, log C (K, S), losses (K, S, seeds), seeds) with the baseline first; bad input is a ConfigError."""
     if baseline not in ladder:
         raise ConfigError(f"baseline {baseline!r} has no ladder; name one of {', '.join(ladder)}")
+    arms = [baseline] + [a for a in ladder if a != baseline]
     seeds = sorted(next(iter(ladder[baseline].values())), key=str)
-    arrays = {}
-    for arm, points in ladder.items():
-        computes = sorted(points)
+    sizes = len(ladder[baseline])
+    for arm in arms:
+        computes = sorted(ladder[arm])
         if bad := [c for c in computes if not c > 0]:
             raise ConfigError(f"{arm}: compute {bad[0]} is not positive; give each ladder point's training FLOPs")
-        if len(computes) < 2:
-            raise ConfigError(f"{arm}: a ladder of {len(computes)} size fits no curve; train at least 2 sizes "
-                              f"({SIZES_FOR_E} to fit the irreducible loss E)")
+        if len(computes) != sizes:
+            raise ConfigError(f"{arm} has {len(computes)} sizes, {baseline} {sizes}; every arm needs every size")
         for c in computes:
-            if sorted(points[c], key=str) != seeds:
-                raise ConfigError(f"{arm} at C={c:.3g}: seeds {sorted(points[c], key=str)}, {baseline}'s first point "
-                                  f"{seeds}; the bootstrap pairs seeds, so every point needs the same seeds")
-            if not all(math.isfinite(points[c][s]) for s in seeds):
+            if sorted(ladder[arm][c], key=str) != seeds:
+                raise ConfigError(f"{arm} at C={c:.3g}: seeds {sorted(ladder[arm][c], key=str)}, {baseline}'s first "
+                                  f"point {seeds}; every point needs the same seeds")
+            if not all(math.isfinite(ladder[arm][c][s]) for s in seeds):
                 raise ConfigError(f"{arm} at C={c:.3g}: a non-finite loss (a diverged run); rerun it at a lower lr")
-        arrays[arm] = (np.array(computes, float), np.array([[points[c][s] for s in seeds] for c in computes]))
-    return arrays, seeds
+    if sizes < MIN_SIZES["shared"]:
+        raise ConfigError(f"a ladder of {sizes} sizes identifies no E and alpha; train at least "
+                          f"{MIN_SIZES['shared']} sizes ({MIN_SIZES['trend']} for the trend, {MIN_SIZES['per_arm']} "
+                          "for a curve per arm)")
+    log_c = np.log([sorted(ladder[a]) for a in arms])
+    losses = np.array([[[ladder[a][c][s] for s in seeds] for c in sorted(ladder[a])] for a in arms])
+    return arms, log_c, losses, seeds
 
 
-def fit_line(compute, loss, irreducible=0.0):
-    """(E, log A, alpha) of log(L - E) = log A - alpha log C by least squares, vectorised over the rows of `loss`
-    (one ladder per row); a row with L <= E gets nan."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        y = np.log(np.atleast_2d(loss) - irreducible)
-    slope, intercept = np.polyfit(np.log(compute), np.nan_to_num(y, nan=0.0).T, 1)
-    bad = ~np.isfinite(y).all(axis=1)
-    slope[bad], intercept[bad] = np.nan, np.nan
-    return np.full(len(y), irreducible, float), intercept, -slope
+def layout(form, k):
+    """Indices into the parameter vector of each arm's E, alpha and log A (arm 0 the baseline), and its length."""
+    arms = np.arange(k)
+    if form == "shared":
+        return np.zeros(k, int), np.ones(k, int), 2 + arms, k + 2
+    if form == "trend":
+        return np.zeros(k, int), 1 + arms, 1 + k + arms, 2 * k + 1
+    return arms, k + arms, 2 * k + arms, 3 * k
 
 
-def fit_saturating(compute, loss, start=None):
-    """(E, log A, alpha) of L = E + A C^-alpha for each row of `loss`, by scipy.optimize.least_squares in the
-    residuals of L. C is divided by its geometric mean first: at C ~ 1e18 log A and alpha are nearly collinear and
-    A itself overflows. E is kept in [0, min L); without `start`, three starts (E at 0, 0.5, 0.9 of min L) guard
-    against a local minimum, and the lowest cost wins."""
-    log_ref = np.log(compute).mean()
-    x = np.log(compute) - log_ref
-    out = np.full((len(np.atleast_2d(loss)), 3), np.nan)
-    for row, y in enumerate(np.atleast_2d(loss)):
-        upper = [y.min() * (1 - 1e-9), np.inf, 10.0]
-        if start is None:
-            starts = []
-            for frac in (0.0, 0.5, 0.9):
-                e, log_a, alpha = (v[0] for v in fit_line(compute, y, frac * y.min()))
-                starts.append([e, log_a - alpha * log_ref, alpha])
-        else:
-            starts = [[start[0], start[1] - start[2] * log_ref, start[2]]]
-        best = None
-        for s in starts:
-            s = np.clip(np.nan_to_num(s, nan=0.1), [0, -np.inf, 1e-6], [upper[0] * (1 - 1e-6), np.inf, 9.9])
-            fit = least_squares(lambda p: p[0] + np.exp(p[1] - p[2] * x) - y, s, bounds=([0, -np.inf, 0], upper))
-            if best is None or fit.cost < best.cost:
-                best = fit
-        out[row] = best.x[0], best.x[1] + best.x[2] * log_ref, best.x[2]
-    return out[:, 0], out[:, 1], out[:, 2]
+def _model(theta, x, idx):
+    """Fitted means (B, K, S) and their Jacobian (B, K*S, p) at parameters theta (B, p); x: centred log C (K, S)."""
+    e, al, la, p = idx
+    g = np.exp(theta[:, la, None] - theta[:, al, None] * x)
+    jac = np.zeros((*g.shape, p))
+    for a in range(g.shape[1]):
+        jac[:, a, :, e[a]] += 1.0
+        jac[:, a, :, la[a]] += g[:, a]
+        jac[:, a, :, al[a]] -= x[a] * g[:, a]
+    return theta[:, e, None] + g, jac.reshape(len(theta), -1, p)
 
 
-def loss_at(params, compute):
-    e, log_a, alpha = params
-    return e[:, None] + np.exp(log_a[:, None] - alpha[:, None] * np.log(compute))
+def _start(y, x, idx, form):
+    """Starting parameters (B, p): E at a fraction of the lowest loss (the fraction whose log-linear fit leaves the
+    smallest residual), alpha and log A from lines of log(y - E) on x."""
+    e_idx, al, la, p = idx
+    b, k, s = y.shape
+    floor = (y.min(axis=2) if form == "per_arm" else y.min(axis=(1, 2))[:, None].repeat(k, 1))
+    best, best_cost = None, np.full(b, np.inf)
+    for frac in (0.0, 0.5, 0.8, 0.9, 0.95):
+        e = frac * floor
+        z = np.log(y - e[:, :, None])
+        xc = x - x.mean(axis=1, keepdims=True)
+        slope = (z * xc).sum(2) / (xc ** 2).sum(1)  # per arm (B, K)
+        if form == "shared":
+            slope = np.repeat(slope.mean(axis=1, keepdims=True), k, axis=1)
+        alpha = np.clip(-slope, 1e-3, 5.0)
+        log_a = (z + alpha[:, :, None] * x).mean(axis=2)
+        theta = np.zeros((b, p))
+        theta[:, e_idx], theta[:, al], theta[:, la] = e, alpha, log_a
+        cost = ((_model(theta, x, idx)[0] - y) ** 2).sum(axis=(1, 2))
+        better = cost < best_cost
+        best = theta if best is None else np.where(better[:, None], theta, best)
+        best_cost = np.where(better, cost, best_cost)
+    return best
 
 
-def log_compute_for(params, loss):
-    """log C at which the curve reaches `loss` (rows of params against rows of loss); +inf below its floor E."""
-    e, log_a, alpha = (p[:, None] for p in params)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        gap = np.log(loss - e)
-    return np.where(loss > e, (log_a - gap) / alpha, np.inf)
+def fit(y, x, form, weight=None):
+    """Weighted least-squares fits of a batch of ladders y (B, K, S) at centred log C x (K, S), one
+    scipy.optimize.least_squares per ladder (analytic Jacobian; Levenberg-Marquardt, or trust-region reflective
+    where the bounds bind): (theta (B, p), covariance (B, p, p), residual degrees of freedom). weight (B, S): each
+    size's inverse variance of a mean (the seeds' noise differs between sizes); the residual variance then scales
+    it, so lack of fit still widens every interval. A parameter held at its bound keeps its column in J: its
+    interval is then the one the data alone would give."""
+    idx = layout(form, y.shape[1])
+    e_idx, al, _, p = idx
+    b, k, s = y.shape
+    root_w = np.sqrt(np.ones((b, s)) if weight is None else weight / weight.mean(axis=1, keepdims=True))
+    # a loss floor between 0 and the lowest loss it bounds, an exponent between 0 and 5: outside, the curve is no
+    # longer a loss (a ladder too noisy to identify E would otherwise send it to -infinity with alpha to 0)
+    floor = y.min(axis=2) if form == "per_arm" else y.min(axis=(1, 2))[:, None].repeat(k, 1)
+    lower, upper = np.full((b, p), -np.inf), np.full((b, p), np.inf)
+    lower[:, e_idx], upper[:, e_idx] = 0.0, floor * (1 - 1e-6)
+    lower[:, al], upper[:, al] = 1e-4, 5.0
+    theta = np.clip(_start(y, x, idx, form), lower, np.where(np.isfinite(upper), upper * (1 - 1e-6), upper))
+    for i in range(b):
+        w = np.broadcast_to(root_w[i], (k, s)).ravel()
+
+        def residual(t, i=i):
+            return (_model(t[None], x, idx)[0][0] - y[i]).ravel() * w
+
+        def jacobian(t):
+            return _model(t[None], x, idx)[1][0] * w[:, None]
+
+        # Levenberg-Marquardt first (fast); only a fit that leaves the bounds is redone inside them
+        free = least_squares(residual, theta[i], jac=jacobian, method="lm", xtol=1e-10, ftol=1e-10).x
+        theta[i] = free if np.all((free >= lower[i]) & (free <= upper[i])) else least_squares(
+            residual, theta[i], jac=jacobian, bounds=(lower[i], upper[i]), xtol=1e-10, ftol=1e-10).x
+    fitted, jac = _model(theta, x, idx)
+    w = np.broadcast_to(root_w[:, None, :], (b, k, s)).reshape(b, -1)
+    jac = jac * w[:, :, None]
+    dof = k * s - p
+    sigma2 = (((fitted - y).reshape(b, -1) * w) ** 2).sum(axis=1) / max(dof, 1)
+    cov = np.linalg.pinv(np.einsum("bnp,bnq->bpq", jac, jac)) * sigma2[:, None, None]
+    return theta, cov, dof
 
 
-def multiplier_from_fits(base, other, compute):
-    """log m at each compute (rows: resamples): log C_base(L_other(C)) - log C."""
-    return log_compute_for(base, loss_at(other, compute)) - np.log(compute)
+def _delta(value, grad, cov):
+    """(value, standard error) of a function of the parameters from its gradient (..., p) by the delta method."""
+    cov = cov.reshape(len(cov), *[1] * (grad.ndim - 2), *cov.shape[1:])
+    return value, np.sqrt(np.maximum(np.einsum("...p,...pq,...q->...", grad, cov, grad), 0.0))
 
 
-def _fit(form, compute, mean_loss, irreducible, start=None):
-    if form == "saturating":
-        return fit_saturating(compute, mean_loss, start)
-    return fit_line(compute, mean_loss, irreducible or 0.0)
+def log_multiplier(theta, cov, form, k, at):
+    """(log m, se) of each other arm over the baseline (B, K-1, len(at)) at centred log C `at`."""
+    e_idx, al, la, p = layout(form, k)
+    b = len(theta)
+    grad = np.zeros((b, k - 1, len(at), p))
+    if form == "shared":
+        alpha = theta[:, 1, None]
+        value = (theta[:, la[:1]] - theta[:, la[1:]]) / alpha  # (B, K-1)
+        value = np.repeat(value[:, :, None], len(at), axis=2)
+        grad[..., la[0]] = 1 / alpha[:, :, None]
+        for a in range(1, k):
+            grad[:, a - 1, :, la[a]] = -1 / alpha
+        grad[..., 1] = -value / alpha[:, :, None]
+        return _delta(value, grad, cov)
+    if form != "trend":
+        raise ValueError("per-arm fits give no multiplier with an interval here")
+    a_base, a_arm = theta[:, al[:1], None], theta[:, al[1:], None]
+    gap = (theta[:, la[:1], None] - theta[:, la[1:], None] + a_arm * at)
+    value = gap / a_base - at
+    grad[..., la[0]] = 1 / a_base
+    grad[..., al[0]] = -gap / a_base ** 2
+    for a in range(1, k):
+        grad[:, a - 1, :, la[a]] = -1 / a_base[:, 0]
+        grad[:, a - 1, :, al[a]] = at / a_base[:, 0]
+    return _delta(value, grad, cov)
 
 
-def _slope(compute, log_m):
-    """Least-squares slope of log m on log C per row; nan where a multiplier is infinite."""
-    finite = np.isfinite(log_m).all(axis=1)
-    slope = np.polyfit(np.log(compute), np.where(np.isfinite(log_m), log_m, 0.0).T, 1)[0]
-    return np.where(finite, slope, np.nan)
+def trend_slope(theta, cov, k):
+    """(slope of log m on log C, se) of each other arm (B, K-1) from a trend fit: alpha_X / alpha_base - 1."""
+    _, al, _, p = layout("trend", k)
+    base = theta[:, al[0], None]
+    ratio = theta[:, al[1:]] / base
+    grad = np.zeros((*ratio.shape, p))
+    grad[..., al[0]] = -ratio / base
+    for a in range(1, k):
+        grad[:, a - 1, al[a]] = 1 / base[:, 0]
+    return _delta(ratio - 1, grad, cov)
+
+
+def curve_free(log_c, means, var_mean, dof, level):
+    """Each other arm's curve-free log m at each of its sizes: (value, low, high) arrays (K-1, S), nan where its mean
+    loss lies outside the baseline's observed losses. var_mean: the pooled variance of one mean; dof its degrees."""
+    xb, yb = log_c[0], means[0]
+    q = student.ppf(0.5 + level / 2, dof) if dof > 0 else np.nan
+    out = np.full((3, len(means) - 1, len(xb)), np.nan)
+    for a in range(1, len(means)):
+        for s, target in enumerate(means[a]):
+            cross = [j for j in range(len(xb) - 1) if (yb[j] - target) * (yb[j + 1] - target) <= 0
+                     and yb[j] != yb[j + 1]]
+            if not cross:
+                continue
+            j = cross[0]
+            dx, dy = xb[j + 1] - xb[j], yb[j + 1] - yb[j]
+            frac = (target - yb[j]) / dy
+            value = xb[j] + frac * dx - log_c[a, s]
+            se = math.sqrt(var_mean * (dx / dy) ** 2 * (1 + (frac - 1) ** 2 + frac ** 2))
+            out[:, a - 1, s] = value, value - q * se, value + q * se
+    return out
+
+
+def size_weights(losses, log_c):
+    """(B, S) inverse variance of a mean at each size from the runs' losses (B, K, S, seeds): the seed variance pooled
+    over the arms at each size, smoothed as a line of its log in log C (a few seeds per size estimate a variance too
+    roughly to weigh by it, and a noisy weight costs the interval its coverage); ones with a single seed."""
+    if losses.shape[-1] < 2:
+        return np.ones(losses.shape[:1] + losses.shape[2:3])
+    log_var = np.log(np.maximum(losses.var(axis=-1, ddof=1).mean(axis=1), 1e-12))  # (B, S)
+    xs = log_c.mean(axis=0) - log_c.mean()
+    slope = (log_var * (xs - xs.mean())).sum(axis=1, keepdims=True) / ((xs - xs.mean()) ** 2).sum()
+    return np.exp(-(log_var.mean(axis=1, keepdims=True) + slope * (xs - xs.mean())))
+
+
+def _interval(value, se, dof, level):
+    q = student.ppf(0.5 + level / 2, dof)
+    return value - q * se, value + q * se
+
+
+def simulate(truth, form, log_c, noise_sd, n_seeds, n_sims, level, rng):
+    """Ladders drawn around `truth` (the shared form's parameters, p,) at log_c (K, S): each run's loss the curve
+    plus normal noise of its size's sd (noise_sd, S), averaged over n_seeds; every ladder fitted by `fit` as the
+    report fits it. Returns {"coverage": share of the other arms' level-intervals of log m that hold the truth,
+    "false_alarm": share of trend verdicts ("grows"/"shrinks") on these constant multipliers, "n": n_sims}."""
+    k = log_c.shape[0]
+    ref = log_c.mean()
+    x = log_c - ref
+    truth = np.asarray(truth, float)[None]
+    rng = np.random.default_rng(rng)
+    mean = _model(truth, x, layout("shared", k))[0][0]
+    noise = rng.normal(size=(n_sims, k, x.shape[1], n_seeds)) * np.asarray(noise_sd)[None, None, :, None]
+    y = mean[None] + noise.mean(axis=3)
+    weight = size_weights(noise, log_c)
+    true_log_m = log_multiplier(truth, np.zeros((1, len(truth[0]), len(truth[0]))), "shared", k, x[0, :1])[0][0, :, 0]
+    theta, cov, dof = fit(y, x, "shared", weight)
+    value, se = log_multiplier(theta, cov, "shared", k, x[0, :1])
+    low, high = _interval(value[..., 0], se[..., 0], dof, level)
+    covered = (low <= true_log_m) & (true_log_m <= high)
+    out = {"coverage": float(covered.mean()), "n": n_sims, "arms": k - 1, "level": level}
+    if x.shape[1] >= MIN_SIZES["trend"]:
+        theta, cov, dof = fit(y, x, "trend", weight)
+        slope, se = trend_slope(theta, cov, k)
+        low, high = _interval(slope, se, dof, level)
+        out["false_alarm"] = float(((low > 0) | (high < 0)).mean())
+    return out
 
 
 def _value(x):
-    """A float for sweep.json: None for nan and inf (JSON has neither); the sentences say which."""
+    """A float for sweep.json: None for nan and inf (JSON has neither)."""
     x = float(x)
     return x if math.isfinite(x) else None
 
 
-def fit_ladder(ladder, baseline, target=GPT2_124M_10B, irreducible=None, throughput=None, n_resamples=2000,
-               confidence=0.95, rng=0):
-    """Fits, multipliers, trend and their bootstrap intervals as plain numbers for sweep.json, with "sentences".
-    ladder: {arm: {C: {seed: loss}}}; target: (name, C) or None; irreducible: a known E (forces the fixed_E form);
-    throughput: {"ratio": {arm: X's throughput over the baseline's, in compute per second as C counts it (tokens/s
-    where the arms' FLOPs per token match), one number or {C: number} at X's ladder C}, "source": text}."""
-    arrays, seeds = check_ladder(ladder, baseline)
-    sizes = min(len(c) for c, _ in arrays.values())
-    form = "fixed_E" if irreducible is not None else "saturating" if sizes >= SIZES_FOR_E else "power_law"
-    if irreducible is not None and any(loss.min() <= irreducible for _, loss in arrays.values()):
-        raise ConfigError(f"irreducible loss E={irreducible} is not below every ladder loss; give a smaller E")
-    arms = list(arrays)
-    others = [a for a in arms if a != baseline]
-    top = max(c.max() for c, _ in arrays.values())
-    curve = np.geomspace(min(c.min() for c, _ in arrays.values()), max(top, target[1] if target else top),
-                         CURVE_POINTS)
-    # each other arm's multiplier is evaluated at its ladder's C, the target, then the figure's curve
-    evaluate_at = {a: np.concatenate([arrays[a][0], [target[1]] if target else [], curve]) for a in others}
-    full_fit = {a: _fit(form, arrays[a][0], arrays[a][1].mean(axis=1), irreducible) for a in arms}
+def _p(value, se, dof):
+    return None if not se > 0 else float(2 * student.sf(abs(value / se), dof))
 
-    def estimates(idx, axis=-1):
-        """Every reported number for seed-index resamples idx (rows), stacked as (quantities, rows): per arm
-        E, log A, alpha; per other arm log m at evaluate_at, then the slope of log m over its ladder."""
-        idx = np.atleast_2d(idx).astype(int)
-        fits = {a: _fit(form, arrays[a][0], arrays[a][1][:, idx].mean(axis=-1).T, irreducible,
-                        start=[p[0] for p in full_fit[a]]) for a in arms}
-        rows = [np.stack(fits[a]) for a in arms]
-        for a in others:
-            log_m = multiplier_from_fits(fits[baseline], fits[a], evaluate_at[a])
-            rows += [log_m.T, _slope(arrays[a][0], log_m[:, :len(arrays[a][0])])[None]]
-        return np.concatenate(rows)
 
-    estimate = estimates(np.arange(len(seeds)))[:, 0]
-    low = high = np.full_like(estimate, np.nan)
-    if len(seeds) > 1:
-        with warnings.catch_warnings(), np.errstate(invalid="ignore"):
-            warnings.simplefilter("ignore", RuntimeWarning)  # infinite multipliers make the standard error nan
-            ci = bootstrap((np.arange(len(seeds)),), estimates, n_resamples=n_resamples, confidence_level=confidence,
-                           method="percentile", vectorized=True, rng=rng).confidence_interval
-        low, high = ci.low, ci.high
-    triples = iter(np.column_stack([estimate, low, high]))  # (value, low, high) in estimates' order
-    take = lambda n: [next(triples) for _ in range(n)]
-
-    result = {"form": form, "form_text": FORMS[form], "baseline": baseline, "seeds": seeds, "confidence": confidence,
-              "n_resamples": n_resamples, "interval": "percentile bootstrap over seeds, paired across arms and sizes",
-              "target": None if target is None else {"name": target[0], "compute": target[1]},
-              "throughput_source": (throughput or {}).get("source"), "arms": {}, "multipliers": {}}
-    for a in arms:
-        e, log_a, alpha = take(3)
-        compute, loss = arrays[a]
-        result["arms"][a] = {
-            "E": _value(e[0]), "E_ci": [_value(v) for v in e[1:]], "A": _value(np.exp(log_a[0])),
-            "A_ci": [_value(np.exp(v)) for v in log_a[1:]], "alpha": _value(alpha[0]),
-            "alpha_ci": [_value(v) for v in alpha[1:]],
-            "points": [{"compute": float(c), "mean": float(row.mean()), "low": float(row.min()),
-                        "high": float(row.max())} for c, row in zip(compute, loss)]}
-    entry = lambda c, m: {"compute": float(c), "multiplier": _value(m[0]), "ci": [_value(m[1]), _value(m[2])]}
-    for a in others:
-        compute = arrays[a][0]
-        multipliers = np.exp(take(len(evaluate_at[a])))
-        ratio = ((throughput or {}).get("ratio") or {}).get(a)
-        at_sizes = [entry(c, m) for c, m in zip(compute, multipliers)]
-        for row in at_sizes:
-            r = ratio.get(row["compute"]) if isinstance(ratio, dict) else ratio
+def fit_ladder(ladder, baseline, target=None, extrapolate=False, vocab=None, throughput=None, confidence=0.95,
+               n_sims=400, rng=0):
+    """Fits, multipliers (fitted and curve-free), trend and the interval's measured coverage as plain numbers for
+    sweep.json, with "sentences". ladder: {arm: {C: {seed: loss}}}; target: (name, C, vocabulary or None) or None;
+    vocab: the ladder's vocabulary; throughput: {"ratio": {arm: {C: X's compute per second over the baseline's}},
+    "source": text}; n_sims, rng: the coverage simulation's ladders and seed. Each verdict carries its p ("p")."""
+    arms, log_c, losses, seeds = check_ladder(ladder, baseline)
+    computes = [sorted(ladder[a]) for a in arms]  # the given values: a throughput ratio is looked up by them
+    k, n_sizes, n = losses.shape
+    top = float(np.exp(log_c.max()))
+    if target is not None:
+        beyond = target[1] > EXTRAPOLATION_LIMIT * top
+        other_vocab = target[2] is not None and vocab is not None and target[2] != vocab
+        if (beyond or other_vocab) and not extrapolate:
+            why = (f"{target[1] / top:.3g}x the ladder's largest compute (over {EXTRAPOLATION_LIMIT:g}x)" if beyond
+                   else f"vocabulary {target[2]}, the ladder's {vocab}")
+            raise ConfigError(f"target {target[0]} lies at {why}: an extrapolation the ladder cannot support; pass "
+                              "--extrapolate to print it marked as one, or choose a target inside the ladder")
+        target = {"name": target[0], "compute": float(target[1]), "extrapolation": bool(beyond or other_vocab)}
+    means = losses.mean(axis=2)
+    ref = log_c.mean()
+    x = log_c - ref
+    var_mean = float(losses.var(axis=2, ddof=1).mean() / n) if n > 1 else math.nan
+    result = {"form": "shared", "form_text": FORMS["shared"], "forms": {}, "baseline": baseline, "seeds": seeds,
+              "confidence": confidence, "sizes": n_sizes, "target": target, "arms": {}, "multipliers": {},
+              "interval": "nonlinear least-squares t interval on the means (residual variance: seed noise and lack "
+                          "of fit), delta method for functions of the parameters",
+              "throughput_source": (throughput or {}).get("source")}
+    fits = {}
+    for form in FORMS:
+        if n_sizes < MIN_SIZES[form] or k * n_sizes <= layout(form, k)[3]:
+            result["forms"][form] = {"identified": False, "text": f"{FORMS[form]}: not identified by "
+                                     f"{n_sizes} sizes (needs {MIN_SIZES[form]})"}
+            continue
+        theta, cov, dof = fit(means[None], x, form)
+        fits[form] = (theta, cov, dof)
+        e_idx, al, la, _ = layout(form, k)
+        sd = np.sqrt(np.diag(cov[0]))
+        rss = float(((_model(theta, x, layout(form, k))[0][0] - means) ** 2).sum())
+        result["forms"][form] = {"identified": True, "text": FORMS[form], "dof": dof, "rss": rss, "params": {
+            a: {name: {"value": float(theta[0, i]), "ci": [float(v) for v in _interval(theta[0, i], sd[i], dof,
+                                                                                     confidence)]}
+                for name, i in (("E", e_idx[j]), ("alpha", al[j]))}
+            for j, a in enumerate(arms)}}
+    seed_sd = losses.std(axis=2, ddof=1).mean(axis=0) if n > 1 else np.zeros(n_sizes)
+    theta, cov, dof = fits["shared"]
+    result["calibration"] = simulate(theta[0], "shared", log_c, seed_sd, n, n_sims, confidence, rng)
+    result["calibration"]["noise_sd"] = [float(v) for v in seed_sd]
+    at_target = [math.log(target["compute"]) - ref] if target else []
+    curve_c = np.geomspace(float(np.exp(log_c.min())), max(top, target["compute"] if target else top), CURVE_POINTS)
+    value, se = log_multiplier(theta, cov, "shared", k, np.array([0.0]))
+    free = curve_free(log_c, means, var_mean, k * n_sizes * (n - 1), confidence)
+    trend = fits.get("trend")
+    if trend:
+        t_at = np.concatenate([x[0], at_target, np.log(curve_c) - ref])
+        t_value, t_se = log_multiplier(*trend[:2], "trend", k, t_at)
+        slope, slope_se = trend_slope(*trend[:2], k)
+    for j, a in enumerate(arms):
+        result["arms"][a] = {"points": [{"compute": float(c), "mean": float(row.mean()),
+                                         "low": float(row.min()), "high": float(row.max())}
+                                        for c, row in zip(computes[j], losses[j])],
+                             "E": float(theta[0, 0]), "alpha": float(theta[0, 1]),
+                             "A": float(np.exp(theta[0, 2 + j] + theta[0, 1] * ref))}
+        if j == 0:
+            continue
+        lv, lse = float(value[0, j - 1, 0]), float(se[0, j - 1, 0])
+        lo, hi = _interval(lv, lse, dof, confidence)
+        fitted = {"multiplier": math.exp(lv), "ci": [math.exp(lo), math.exp(hi)], "p": _p(lv, lse, dof)}
+        ratio = ((throughput or {}).get("ratio") or {}).get(a) or {}
+        rows = []
+        for s in range(n_sizes):
+            c = computes[j][s]
+            fv, flo, fhi = free[:, j - 1, s]
+            row = {"compute": c, "curve_free": _value(np.exp(fv)), "curve_free_ci": [_value(np.exp(flo)),
+                                                                                     _value(np.exp(fhi))]}
+            row["disagree"] = bool(math.isfinite(fv) and (fhi < lo or flo > hi))
+            r = ratio.get(c)
             row["throughput_ratio"] = r
-            row["wall_clock"] = None if r is None or row["multiplier"] is None else row["multiplier"] * r
-            row["wall_clock_ci"] = None if r is None else [None if v is None else v * r for v in row["ci"]]
-        (slope, s_lo, s_hi), = take(1)
-        verdict = ("not defined: a multiplier is infinite" if not math.isfinite(slope) else
-                   "grows" if s_lo > 0 else "shrinks" if s_hi < 0 else "no trend resolved")
-        result["multipliers"][a] = {
-            "at_sizes": at_sizes, "target": entry(target[1], multipliers[len(compute)]) if target else None,
-            "curve": [entry(c, m) for c, m in zip(curve, multipliers[len(compute) + bool(target):])],
-            "trend": {"slope": _value(slope), "ci": [_value(s_lo), _value(s_hi)], "verdict": verdict}}
-    result["sentences"] = sentences(result)
+            row["wall_clock"] = None if r is None else fitted["multiplier"] * r
+            row["wall_clock_ci"] = None if r is None else [v * r for v in fitted["ci"]]
+            rows.append(row)
+        entry = {"fitted": fitted, "at_sizes": rows, "target": None, "curve": [], "trend": None}
+        if trend:
+            q = student.ppf(0.5 + confidence / 2, trend[2])
+            tv, ts = t_value[0, j - 1], t_se[0, j - 1]
+            pack = lambda i: {"multiplier": _value(np.exp(tv[i])), "ci": [_value(np.exp(tv[i] - q * ts[i])),
+                                                                          _value(np.exp(tv[i] + q * ts[i]))]}
+            for s, row in enumerate(rows):
+                row["trend_fit"] = pack(s)
+            if target:
+                entry["target"] = {"compute": target["compute"], **pack(n_sizes)}
+            entry["curve"] = [{"compute": float(c), **pack(n_sizes + len(at_target) + i)}
+                              for i, c in enumerate(curve_c)]
+            sv, ss = float(slope[0, j - 1]), float(slope_se[0, j - 1])
+            s_lo, s_hi = _interval(sv, ss, trend[2], confidence)
+            entry["trend"] = {"slope": sv, "ci": [s_lo, s_hi], "p": _p(sv, ss, trend[2])}
+        result["multipliers"][a] = entry
     return result
-
-
-def _times(m):
-    return "infinitely many times (below the baseline's floor E)" if m is None else f"{m:.3g}x"
-
-
-def _ci(pair, level, fmt="{:.3g}"):
-    """"(95% interval [lo, hi])", "-" for an end that is not a number (an infinite multiplier), or "(no interval)"."""
-    if pair[0] is None and pair[1] is None:
-        return "(no interval)"
-    return f"({level} interval [" + ", ".join("-" if v is None else fmt.format(v) for v in pair) + "])"
-
-
-def sentences(result):
-    """Lines a paper can quote: the form, each fit, each multiplier at the sizes and the target, its trend."""
-    level, n, base = f"{result['confidence']:.0%}", len(result["seeds"]), result["baseline"]
-    spread = (f"{level} intervals: {result['interval']}, {n} seeds, {result['n_resamples']} resamples" if n > 1 else
-              "no intervals: one seed, nothing to resample")
-    out = [f"Fit: {result['form_text']}; {spread}."]
-    for a, f in result["arms"].items():
-        e = f"{f['E']:.4g} {_ci(f['E_ci'], level, '{:.4g}')}" if result["form"] == "saturating" else \
-            f"{f['E']:.4g} (fixed)"
-        out.append(f"{a}: E = {e}, A = {f['A']:.4g}, alpha = {f['alpha']:.4g} {_ci(f['alpha_ci'], level, '{:.4g}')} "
-                   "(C in FLOPs).")
-    for a, m in result["multipliers"].items():
-        for row in m["at_sizes"]:
-            text = (f"At {row['compute']:.3g} FLOPs {a} reaches a loss that {base} needs {_times(row['multiplier'])} "
-                    f"the compute for {_ci(row['ci'], level)}")
-            if row["wall_clock"] is not None:
-                text += (f"; with {a}'s throughput {row['throughput_ratio']:.3g}x {base}'s (measured: below), "
-                         f"{row['wall_clock']:.3g}x in wall-clock {_ci(row['wall_clock_ci'], level)}")
-            out.append(text + ".")
-        if m["target"]:
-            t, top = m["target"], m["at_sizes"][-1]["compute"]
-            out.append(f"Extrapolated to {result['target']['name']} ({t['compute']:.3g} FLOPs, "
-                       f"{t['compute'] / top:.3g}x the ladder's largest): {_times(t['multiplier'])} "
-                       f"{_ci(t['ci'], level)}.")
-        trend = m["trend"]
-        slope = "not defined" if trend["slope"] is None else \
-            f"{trend['slope']:+.3g} {_ci(trend['ci'], level, '{:+.3g}')}"
-        say = {"grows": "grows with compute", "shrinks": "shrinks with compute",
-               "no trend resolved": "has no trend these seeds resolve"}.get(trend["verdict"], trend["verdict"])
-        out.append(f"{a}'s multiplier over {base} {say}: slope of log m on log C over the ladder {slope}.")
-    if any(row["wall_clock"] is not None for m in result["multipliers"].values() for row in m["at_sizes"]):
-        out.append(f"Throughput ratios measured by: {result['throughput_source'] or 'source not given'}.")
-    return out

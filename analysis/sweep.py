@@ -14,6 +14,7 @@
     python -m analysis.sweep --plan configs/ladder_gpu.toml --out-dir runs/ladder_gpu --nproc-per-node 8 \
         --launcher slurm [--dry-run]                      # SLURM jobs (docs/cluster.md); --dry-run: cost, runs, stop
     python -m analysis.sweep --status runs/ladder_gpu     # every run: state, job, requeues, last logged step
+    python -m analysis.sweep --report-only runs/ladder_cpu --target 1e13 --level 0.9 --resamples 2000
 
 --trainer gpt2 (train_gpt2.py, the default) or translation (train_translation.py). A --plan TOML file names
 the trainer, config and seeds, the variants (a label each, with its trainer options such as act,
@@ -31,7 +32,9 @@ checkpoint (--auto-resume), so rerunning the same command after a crash finishes
 
 A ladder (analysis/ladder_plan.py): `lrs = [...]` (or --lrs) and [sizes.NAME] tables in a plan run every arm at
 every lr and size, each run in OUT_DIR/{label}_{size}_lr{lr}_seed{seed}; its report is analysis/ladder_report.py's
-(best lr per arm, compute multiplier, trend), read from the runs' run.json, whatever their directories' names.
+(each arm's lr and how it was chosen, compute multiplier fitted and curve-free, trend, the interval's measured
+coverage, every verdict under Holm), read from the runs' run.json, whatever their directories' names. Its
+options: --target (none by default: no extrapolation unless --extrapolate), --level, --resamples, --resample-seed.
 
 --control (or `control = true` / `control = "LABEL"` in a plan) adds an A/A control: the baseline again as
 BASELINE_aa with the same seeds, hence the same data order, but torch's RNG (init, dropout) seeded with
@@ -108,10 +111,11 @@ def run_sweep(args, overrides, out, corpus_options=()):
     else:
         grid_sizes = [ladder.lr_size] if ladder.lr_size else list(ladder.sizes)
         lrs = {label: ladder.lrs for label, _, _ in args.variants}
-        rest = [size for size in ladder.sizes if size not in grid_sizes]
-        # the other sizes run at each arm's best lr of the whole grid, known once every grid run finished;
-        # their FLOPs do not depend on it
-        phases = [ladder_jobs(args, grid_sizes, lrs), ladder_jobs(args, rest, {label: [None] for label in lrs})]
+        rest = [size for size in ladder.sizes if size not in grid_sizes or ladder.lr_seeds]
+        # the other sizes (with lr_seeds, every size) run at each arm's best lr of the whole grid, known once every
+        # grid run finished; their FLOPs do not depend on it
+        phases = [ladder_jobs(args, grid_sizes, lrs, grid_seeds(args)),
+                  ladder_jobs(args, rest, {label: [None] for label in lrs})]
     sizes = list(ladder.sizes) if ladder else [None]
     runs = sorted(((size, [*opts, *overrides]) for phase in phases for _, opts, _, size, _ in phase),
                   key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
@@ -129,7 +133,7 @@ def run_sweep(args, overrides, out, corpus_options=()):
         return queued
     try:
         best = {label: ladder_plan.best_lr(label, {lr: {seed: run_dir(out, label, seed, ladder.lr_size, lr)
-                                                        for seed in args.seeds} for lr in ladder.lrs})
+                                                        for seed in grid_seeds(args)} for lr in ladder.lrs})
                 for label, _, _ in args.variants}
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
@@ -151,7 +155,8 @@ def write_plan(args, overrides, out):
     ladder = args.ladder
     plan = {"trainer": args.trainer, "config": args.config, "overrides": overrides,
             "nproc_per_node": args.nproc_per_node, "variants": {label: opts for label, opts, _ in args.variants},
-            "ladder": ladder and {"sizes": args.size_options, "lrs": ladder.lrs, "lr_size": ladder.lr_size}}
+            "ladder": ladder and {"sizes": args.size_options, "lrs": ladder.lrs, "lr_size": ladder.lr_size,
+                                  **({"lr_seeds": ladder.lr_seeds} if ladder.lr_seeds else {})}}
     kept = ("trainer", "config", "overrides", "nproc_per_node", "ladder")
     if plan_path.exists():  # the same variant in the same directory must mean the same run
         old = {"trainer": "gpt2", **json.loads(plan_path.read_text())}
@@ -166,12 +171,18 @@ def write_plan(args, overrides, out):
                                      "runs": sweep_status.planned_runs(args, out)}, indent=2))
 
 
-def ladder_jobs(args, sizes, lrs):
-    """(label, options, seed, size, lr) of each run, seed by seed, then size by size: a ladder stopped early still
-    has every arm and size on its first seeds."""
+def grid_seeds(args):
+    """The lr grid's seeds: the plan's lr_seeds (the lr is then chosen on other seeds than it is compared on), else
+    the sweep's."""
+    return args.ladder.lr_seeds or args.seeds
+
+
+def ladder_jobs(args, sizes, lrs, seeds=None):
+    """(label, options, seed, size, lr) of each run, seed by seed (seeds: the sweep's by default), then size by size:
+    a ladder stopped early still has every arm and size on its first seeds."""
     return [(label, [*opts, *args.size_options[size], *ladder_plan.lr_options(args.trainer, lr, args.lr_ratio)],
              seed, size, lr)
-            for seed in args.seeds for size in sizes for label, opts, _ in args.variants for lr in lrs[label]]
+            for seed in seeds or args.seeds for size in sizes for label, opts, _ in args.variants for lr in lrs[label]]
 
 
 def launch(args, overrides, out, jobs):
@@ -272,6 +283,16 @@ def parse_args(argv):
     p.add_argument("--throughput", action="append", metavar="FILE",
                    help="a ladder's wall-clock multiplier: bench/train_step.py --json FILE of the arms at a ladder "
                         "size, timed interleaved on one machine (repeat for more sizes)")
+    p.add_argument("--target", metavar="FLOPS",
+                   help="a ladder's multiplier also at this compute (FLOPs on the ladder's data) or gpt2-124m-10b; "
+                        "beyond 10x the largest size or on another vocabulary only with --extrapolate")
+    p.add_argument("--extrapolate", action="store_true",
+                   help="allow a --target the ladder cannot support, printed and drawn as an extrapolation")
+    p.add_argument("--level", type=float, default=0.95,
+                   help="a ladder's interval level; its verdicts hold at family-wise error rate 1 - level (Holm)")
+    p.add_argument("--resamples", type=int, default=400,
+                   help="simulated ladders that measure the coverage of a ladder's multiplier interval")
+    p.add_argument("--resample-seed", type=int, default=0, help="the seed of those simulations")
     p.add_argument("--target-diff", type=float, metavar="NATS",
                    help="final val loss difference whose seeds the report counts (default: the observed one)")
     args, overrides = p.parse_known_args(argv)
@@ -378,7 +399,8 @@ def main(argv=None):
         raise SystemExit(f"error: {out}: no such sweep directory")
     for directory in sweep_dirs(out):
         if is_ladder(directory):
-            print(ladder_report(directory, None if args.plan else args.baseline, args.throughput))
+            print(ladder_report(directory, None if args.plan else args.baseline, args.throughput, args.target,
+                                args.extrapolate, args.level, args.resamples, args.resample_seed))
         else:
             print(report(directory, args.acts, None if args.plan else args.baseline, args.target_diff))
         print(f"wrote {directory / 'sweep.md'}, sweep.json and the PNGs there")

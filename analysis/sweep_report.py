@@ -410,7 +410,9 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
     if measures.sentences(measured, baselines):
         md += ["The literature's measurements at each run's last evaluation (analysis/measures.py: "
                + "; ".join(f"{name}: {what}" for name, (what, _) in measures.SUMMARIES.items())
-               + "), paired by seed; each measure's own 95% interval, outside the Holm family of the claims above:",
+               + f"), paired by seed; each measure's own 95% interval, unadjusted, exploratory: outside the Holm "
+               f"family of the claims above, no error control over these {sum(map(len, measured.values()))} "
+               "comparisons (with many null measures some interval excludes 0 by chance), so they declare nothing:",
                "", *measures.sentences(measured, baselines), ""]
     result["setup_flags"] = setup_flags
     text = "\n".join(md)

@@ -23,10 +23,13 @@ def planned_runs(args, out):
 
     names = []
     ladder = args.ladder
+    if ladder and ladder.lr_seeds:  # the grid on its own seeds, then every size on the compared ones
+        names += [run_dir(out, label, seed, ladder.lr_size, lr).name for seed in ladder.lr_seeds
+                  for label, _, _ in args.variants for lr in ladder.lrs]
     for seed in args.seeds:
         for size in (ladder.sizes if ladder else [None]):
             for label, _, _ in args.variants:
-                grid = ladder is None or not ladder.lr_size or size == ladder.lr_size
+                grid = ladder is None or (not ladder.lr_seeds and (not ladder.lr_size or size == ladder.lr_size))
                 for lr in (ladder.lrs if ladder and grid else [None]):
                     name = run_dir(out, label, seed, size, lr).name
                     names.append(name if grid else name.replace(f"_seed{seed}", f"_lr*_seed{seed}"))

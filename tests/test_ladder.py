@@ -2,6 +2,7 @@
 after a crash; the report read from the runs' own run.json, fitted and turned into a compute multiplier."""
 import json
 import math
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -56,7 +57,6 @@ act = "relu"
 
 
 def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path, monkeypatch):
-    monkeypatch.setattr(ladder_report, "N_RESAMPLES", 20)
     calls = []
 
     def fake(cmd, stdout=None, stderr=None):
@@ -94,6 +94,28 @@ def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path
     assert calls == []
 
 
+def test_lr_seeds_pick_on_their_own_runs_and_every_size_is_compared_on_the_others(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(cmd, stdout=None, stderr=None):
+        calls.append(cmd)
+        act, lr, seed = option(cmd, "--act"), float(option(cmd, "--max-lr")), int(option(cmd, "--seed"))
+        shape = tuple(int(option(cmd, f"--{k}")) for k in ("n-layer", "n-embd", "n-head"))
+        loss = 4.0 - shape[0] / 10 + math.log(lr / BEST[act]) ** 2 + seed / 100
+        ladder_run(Path(option(cmd, "--out-dir")), act, shape, lr, seed, loss, 1000 * shape[0])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    (tmp_path / "plan.toml").write_text(PLAN.replace('lr_size = "a"', 'lr_size = "a"\nlr_seeds = [7]'))
+    launches(monkeypatch, fake)
+    sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
+    runs = [(option(c, "--act"), option(c, "--n-layer"), option(c, "--max-lr"), option(c, "--seed")) for c in calls]
+    grid = [(a, "1", f"{lr:g}", "7") for a in ("gelu", "relu") for lr in (1e-3, 2e-3, 4e-3)]
+    assert runs == grid + [(a, n, f"{BEST[a]:g}", str(s)) for s in (1, 2) for n in ("1", "2") for a in ("gelu", "relu")]
+    text = (tmp_path / "s" / "sweep.md").read_text()
+    assert "gelu: 0.002 at every size (picked on the grid at L1-d32-h2 on seeds 7, compared on the others)" in text
+    assert "exploratory" not in json.dumps(json.loads((tmp_path / "s" / "sweep.json").read_text())["family"])
+
+
 @pytest.mark.parametrize("change, message", [
     (("max_steps = 20\n", "max_steps = 20\nn_heads = 3\n"), "size b has unknown key(s) ['n_heads']"),
     (("lrs = [1e-3, 2e-3, 4e-3]", "lrs = [0.0, 2e-3, 4e-3]"), "learning rate 0.0 is not positive"),
@@ -102,6 +124,7 @@ def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path
     (("[variants.relu]\nact = \"relu\"", "[variants.relu]\nact = \"relu\"\nmax_lr = 1e-3"),
      "--max-lr is set by the ladder"),
     (("config =", "trainer = \"translation\"\nconfig ="), "the translation trainer's ladder is lrs alone"),
+    (("lr_size = \"a\"", "lr_size = \"a\"\nlr_seeds = [2, 3]"), "lr_seeds must be a list of integers disjoint from"),
     (("gpt2_cpu_tiny", "translation_cpu_small"), "scales min_lr with max_lr (their ratio kept); set both"),
 ])
 def test_bad_ladder_plans_are_one_line_errors(tmp_path, change, message, capsys, monkeypatch):
@@ -122,43 +145,84 @@ def curve(c):
     return E + A * c ** -ALPHA
 
 
-def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path, monkeypatch):
-    monkeypatch.setattr(ladder_report, "N_RESAMPLES", 20)
+def write_ladder(path, arms=(("gelu", 1.0), ("relu2", K)), noise=NOISE, grid=True, offsets=None):
+    """Finished runs of a ladder over SHAPES (a decade of compute per size, the largest shape the cheapest), in
+    directories named job001...; with grid, lrs 1e-3 and 9e-3 beside 3e-3 at the smallest size."""
     index = 0
-
-    def run(act, shape, lr, seed, loss, per_token):
-        nonlocal index
-        index += 1
-        ladder_run(tmp_path / f"job{index:03d}", act, shape, lr, seed, loss, per_token)
-
     for i, shape in enumerate(SHAPES):
-        per_token = 10 ** (i + 4)  # C = 640 x 10^(i+4) FLOPs: a decade per size
+        per_token = 10 ** ((i + 1) % len(SHAPES) + 4)  # C = 640 x 10^(...) FLOPs: shape order is not compute order
         c = 640 * per_token
-        for seed, noise in NOISE.items():
-            for act, k in (("gelu", 1.0), ("relu2", K)):
-                run(act, shape, 3e-3, seed, curve(k * c) + noise, per_token)
-                if i == 0:  # the lr grid at the smallest size: 3e-3 is best, so the ladder uses it
-                    for lr in (1e-3, 9e-3):
-                        run(act, shape, lr, seed, curve(k * c) + noise + 0.3, per_token)
+        for seed, shift in noise.items():
+            for act, k in arms:
+                for lr in (3e-3, 1e-3, 9e-3) if grid and i == 0 else (3e-3,):
+                    index += 1
+                    ladder_run(path / f"job{index:03d}", act, shape, lr, seed,
+                               curve(k * c) + shift + 0.3 * (lr != 3e-3), per_token)
+                    if offsets and act in offsets:
+                        info = json.loads((path / f"job{index:03d}" / "run.json").read_text())
+                        info["config"]["run"]["init_seed_offset"] = offsets[act]
+                        (path / f"job{index:03d}" / "run.json").write_text(json.dumps(info))
+
+
+def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path):
+    write_ladder(tmp_path)
     (tmp_path / "bench.json").write_text(json.dumps({
         "shape": {"n_layer": 2, "n_embd": 64, "n_head": 2}, "device": "Test CPU",
         "results": {"gelu": {"contender": {"act": "gelu"}, "tok_per_s": 1000.0, "flops_per_token": 100},
                     "relu2": {"contender": {"act": "relu2"}, "tok_per_s": 800.0, "flops_per_token": 100}}}))
-    sweep.main(["--report-only", str(tmp_path), "--baseline", "gelu", "--throughput", str(tmp_path / "bench.json")])
+    with pytest.raises(SystemExit, match="pass --extrapolate"):
+        sweep.main(["--report-only", str(tmp_path), "--target", "gpt2-124m-10b", "--resamples", "20"])
+    sweep.main(["--report-only", str(tmp_path), "--baseline", "gelu", "--throughput", str(tmp_path / "bench.json"),
+                "--resamples", "20", "--target", "gpt2-124m-10b", "--extrapolate"])
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert result["best_lr"] == {"gelu": {"L1-d32-h2": 3e-3}, "relu2": {"L1-d32-h2": 3e-3}}
-    assert result["alpha"]["gelu"] == pytest.approx(ALPHA, rel=1e-3)
-    assert result["E"]["gelu"] == pytest.approx(E, abs=1e-3) and result["A"]["gelu"] == pytest.approx(A, rel=1e-2)
-    at_sizes = result["multiplier"]["relu2"]["at_sizes"]
-    assert [row["multiplier"] for row in at_sizes] == pytest.approx([K] * 4, rel=1e-3)
-    assert [row["wall_clock"] for row in at_sizes] == [None, None, pytest.approx(K * 0.8, rel=1e-3), None]
+    # sizes by compute, not by shape: the largest shape is the cheapest here
+    assert result["sizes"] == ["L4-d64-h4", "L1-d32-h2", "L2-d32-h2", "L2-d64-h2"]
+    fit = result["fit"]
+    assert fit["arms"]["gelu"]["alpha"] == pytest.approx(ALPHA, rel=1e-3)
+    assert fit["arms"]["gelu"]["E"] == pytest.approx(E, abs=1e-3)
+    relu2 = fit["multipliers"]["relu2"]
+    assert relu2["fitted"]["multiplier"] == pytest.approx(K, rel=1e-3)
+    assert [row["wall_clock"] for row in relu2["at_sizes"]] == [None, None, None, pytest.approx(K * 0.8, rel=1e-3)]
     text = (tmp_path / "sweep.md").read_text()
-    assert "bench/train_step.py on Test CPU" in text and "paired by seed twice" in text
+    assert "bench/train_step.py on Test CPU" in text and "Coverage measured: " in text
+    # the lr was picked on the compared seeds: that size's pair is exploratory, outside the Holm family
+    assert "picked at L1-d32-h2 on the compared seeds themselves" in text
+    assert result["pairs"]["L1-d32-h2"]["relu2"]["exploratory"] and [f["claim"] for f in result["family"]] == [
+        "relu2 - gelu at L4-d64-h4", "relu2 - gelu at L2-d32-h2", "relu2 - gelu at L2-d64-h2",
+        "relu2's multiplier over gelu", "relu2's trend"]
+    assert "Holm over the 5 verdicts of this report" in text
     assert (tmp_path / "scaling.png").is_file() and (tmp_path / "lr_grid.png").is_file()
+    assert "relu2 at GPT-2 124M at 10B tokens (8.55e+18 FLOPs), EXTRAPOLATION" in text
 
-    without_plots(monkeypatch)
-    sweep.main(["--report-only", str(tmp_path), "--baseline", "gelu"])
-    assert "Wall-clock: not measured" in (tmp_path / "sweep.md").read_text()
+
+def test_a_ladder_of_equal_seeds_and_an_aa_control_is_reported(tmp_path):
+    """Every seed equal (at the L2-d64-h2 point their numpy mean exceeds their maximum by a rounding step, which once
+    crashed the figure), and an A/A
+    control (the baseline's options, another init seed offset) beside the baseline: reported, the control an arm."""
+    write_ladder(tmp_path, arms=(("gelu", 1.0), ("gelu_aa", 1.0)), noise={1: 0.2, 2: 0.2, 3: 0.2}, grid=False,
+                 offsets={"gelu_aa": 1_000_000})
+    for path in tmp_path.glob("job*"):  # the control is gelu in its model options: only its offset differs
+        info = json.loads((path / "run.json").read_text())
+        info["config"]["model"]["act"] = "gelu"
+        (path / "run.json").write_text(json.dumps(info))
+    (tmp_path / "sweep_plan.json").write_text(json.dumps({"baseline": "gelu", "ladder": {"lrs": [None]}}))
+    shutil.rmtree(tmp_path / "job024")  # half-finished: the control's seed 3 at one size is missing
+    sweep.main(["--report-only", str(tmp_path), "--resamples", "20"])
+    result = json.loads((tmp_path / "sweep.json").read_text())
+    assert result["arms"] == ["gelu", "gelu+init_seed_offset=1000000"]
+    assert result["fit"]["multipliers"]["gelu+init_seed_offset=1000000"]["fitted"]["multiplier"] == pytest.approx(1)
+    text = (tmp_path / "sweep.md").read_text()
+    assert "Wall-clock: not measured" in text and "Fitted on sizes" in text and "and seeds 1, 2:" in text
+
+
+def test_throughput_is_looked_up_by_the_arm_and_a_missing_one_said(tmp_path):
+    (tmp_path / "bench.json").write_text(json.dumps({
+        "shape": {"n_layer": 1, "n_embd": 32, "n_head": 2}, "device": "Test CPU",
+        "results": {"gelu": {"contender": {"act": "gelu"}, "tok_per_s": 1000.0, "flops_per_token": 100}}}))
+    compute = {(1, 32, 2): {"gelu": 1.0, "gelu+norm=rmsnorm": 1.0}}
+    speeds = ladder_report.throughput_ratios([tmp_path / "bench.json"], compute, "gelu")
+    assert speeds["ratio"] == {} and speeds["missing"] == ["gelu+norm=rmsnorm"]
 
 
 @pytest.mark.parametrize("plan, config, tokens_per_param", [
@@ -173,7 +237,7 @@ def test_shipped_ladder_plans_follow_their_tokens_per_parameter(plan, config, to
         with torch.device("meta"):
             n = GPT(GPTConfig(**config, **shape), seed=0).param_counts()["non_embedding"]
         assert int(option(opts, "--max-steps")) == math.ceil(tokens_per_param * n / tokens_per_step), size
-    assert args.ladder.lr_size in args.size_options and len(args.ladder.lrs) >= 3 and len(args.variants) == 4
+    assert args.ladder.lr_size in args.size_options and len(args.ladder.lrs) >= 3 and len(args.variants) >= 3
 
 
 def test_lrs_set_each_trainers_own_lr_options():

@@ -190,5 +190,6 @@ def test_the_sweep_report_says_which_measures_differ_between_arms(tmp_path):
             log.close()
     text = sweep.report(tmp_path, acts=["gelu", "relu"])
     assert "- relu - gelu: differs beyond seed noise (95% interval over 3 seeds excludes 0) in zeros +0.5 [" in text
+    assert "unadjusted, exploratory" in text  # no error control over the measures: they declare nothing
     assert json.loads((tmp_path / "sweep.json").read_text())["measures"]["relu"]["zeros"]["seeds"] == [1, 2, 3]
     assert (tmp_path / "compare_measures.png").is_file()
