@@ -296,7 +296,7 @@ REQUIRED_ARCHS, NEWER_ARCHS = (80, 90), (100, 120)  # A100, H100; B200, RTX 50xx
 # SASS instructions per element (bench/kernel_instructions.py) of each kernel, (forward, backward), any variant,
 # on sm_80 and sm_90 in bf16 and fp32. a84bf53's issued 52-55 and 101-106 for AGLU/APA (precise log1p and log,
 # exp with denormal guards, four divisions per element), up to 19 and 30 for NSwish, 47 for its statistics pass,
-# 40 and 46 per row; now 23 and 42, 10 and 20, 30, 33 and 39 (BENCHMARKS.md, "#40: the learned"), with ~15%
+# 40 and 46 per row; now 23 and 42, 10 and 20, 30, 33 and 39 (BENCHMARKS.md, "The learned"), with ~15%
 # of room for another Triton's code generation. Above ~28 forward and ~42 backward an H200 waits on issue, not
 # on memory.
 MAX_PER_ELEMENT = {"_apa_kernel": (27, 49), "_anact_kernel": (12, 23), "_anact_stats_kernel": (35, 35),
