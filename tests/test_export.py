@@ -2,6 +2,7 @@
 activations, remote code copied from model.py and activations/ for every other registered activation), and bad
 input fails clearly."""
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,6 +22,30 @@ TOKENIZER = ROOT.parent / "shared" / "assets" / "tokenizer"
 @pytest.fixture(autouse=True)
 def tiktoken_gpt2(gpt2_enc):
     """Every export writes GPT-2's tokenizer from tiktoken's ranks: these tests need its offline cache."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def tokenizer_files_written_once(tmp_path_factory):
+    """~45 exports here write the same tokenizer files (~0.15 CPU-s each, transformers' tokenizer.json): the first
+    export of given (vocab, merges, model_max_length) runs save_gpt2_tokenizer, the others get a copy of its files,
+    byte for byte what it writes. A vocabulary of other objects (OpenAI's files) is written anew."""
+    from export import tokenizer
+
+    save, written = tokenizer.save_gpt2_tokenizer, {}
+
+    def save_once(out_dir, vocab, merges, model_max_length):
+        key = (id(vocab), id(merges), model_max_length)
+        if key not in written:
+            first = tmp_path_factory.mktemp("tokenizer")
+            save(first, vocab, merges, model_max_length)
+            written[key] = (first, vocab, merges)  # the objects kept alive: their ids stay theirs
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        for f in written[key][0].iterdir():
+            shutil.copyfile(f, Path(out_dir) / f.name)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tokenizer, "save_gpt2_tokenizer", save_once)
+        yield
 
 
 def exported_logits_match(ckpt, out_dir, trust_remote_code=False, steps=0):

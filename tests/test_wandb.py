@@ -85,6 +85,7 @@ def wandb_offline(monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
 
 
+@pytest.mark.long  # ~3 CPU-s: wandb's import and a 6-step run
 def test_gpt2_run_in_an_offline_wandb_run(tmp_path, wandb_offline):
     data, out = write_corpus(tmp_path / "data"), tmp_path / "aglu_run"
     train_in_process(args(data, out, act="aglu", max_steps=6, checkpoint_interval=3, wandb_project="nanoact-test"))
