@@ -24,6 +24,7 @@ from two_rank_runs import GPT_RUNS
 from training import checkpoint
 from training.checkpoint import load_checkpoint
 from training.distributed import Dist
+from training.stop import GracefulStop
 
 
 def torchrun(argv, log, *launcher, env=None):
@@ -409,3 +410,20 @@ def test_checkpoints_of_earlier_versions_still_resume(tmp_path):
     assert np.array_equal(np.random.rand(3), expected)
     resaved = checkpoint.save_checkpoint({**ckpt, "rng": [checkpoint.rng_state()]}, tmp_path / "new", 2)
     assert torch.load(resaved, weights_only=True)["step"] == 2  # plain data now: no allow-list needed
+
+
+def test_a_repeated_sigterm_still_saves_and_a_second_ctrl_c_aborts():
+    """A preempted worker under torchrun gets SLURM's SIGTERM and then torchrun's: the second is the same request,
+    so the run still finishes its step and saves; a second Ctrl-C at a terminal means "now"."""
+    stop = GracefulStop()
+    try:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:
+            pytest.fail("the second SIGTERM aborted the run before its save")
+        assert stop.requested and stop.signum == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        stop.close()

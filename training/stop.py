@@ -15,9 +15,13 @@ class GracefulStop:
             signal.signal(sig, previous)
 
     def _handle(self, signum, frame):
-        if self.requested:  # a second Ctrl-C means "now"
-            signal.signal(signum, self._previous[signum])
-            raise KeyboardInterrupt
+        if self.requested:
+            if signum == signal.SIGINT:  # a second Ctrl-C means "now"
+                signal.signal(signum, self._previous[signum])
+                raise KeyboardInterrupt
+            # a repeated SIGTERM is the same request: a preempted worker under torchrun gets SLURM's and then
+            # torchrun's, and must still save
+            return
         self.requested, self.signum = True, signum
         print(f"\nsignal {signal.Signals(signum).name}: saving a checkpoint after this step, then exiting "
-              "(send it again to abort at once)", flush=True)
+              "(Ctrl-C again aborts at once)", flush=True)
