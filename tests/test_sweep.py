@@ -246,7 +246,7 @@ checkpoint_interval = 100
 """
 
 
-@pytest.mark.long  # several trainer processes: scheduled first (tests/conftest.py)
+@pytest.mark.long  # several translation runs (~4 CPU-s): scheduled first (tests/conftest.py)
 def test_translation_plan_runs_variants_per_corpus_and_reports_bleu(tmp_path, monkeypatch):
     """The real translation trainer (in-process) over a plan: variants with their own act options and baseline."""
     import train_translation
