@@ -21,7 +21,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -56,7 +55,6 @@ def load_kernels(commit=None):
         path.write_text(text)
     spec = importlib.util.spec_from_file_location("kernels_under_test", path)
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT))
     spec.loader.exec_module(module)
     return module
 

@@ -12,15 +12,14 @@ verdict is a false alarm). The binomial 95% interval of each rate is printed bes
 """
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from scipy.stats import binomtest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from analysis import scaling  # noqa: E402
+from analysis import scaling
+
 
 CONFIGS = {
     "former plan: 4 sizes x 3 seeds x 4 arms, measured sd": ([4.5e10, 1.6e11, 5.9e11, 2.0e12],
