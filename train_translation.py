@@ -15,6 +15,7 @@ all of them divided by their count (fairseq's normalisation), so 4 GPUs train th
 The loop itself (resume, logs, compile/DDP, checkpoints, signals) is training/loop.py, shared with
 train_gpt2.py; this file holds what is the translation model's own: the model, the corpus, BLEU.
 """
+import contextlib
 import dataclasses
 import sys
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from training.loop import Evaluation, Parts, Trainer, no_sync_unless, param_line
 from training.precision import autocast_for
 from training.optimizer import adamw
 from training.schedule import inverse_sqrt
+from translation.compile import RegionallyCompiled, no_recompiles, warm_up
 from translation.model import Transformer, TranslationConfig, ffn_width_args
 
 
@@ -136,6 +138,7 @@ class TranslationTrainer(Trainer):
     batches, and the evaluations: validation loss, greedy BLEU, activation telemetry; test BLEU at the end."""
     kind = "translation"
     token_unit = "tgt tok"
+    warmed_up = False  # compile() ran every padded batch shape: a step that compiles again is then an error
 
     def build(self, ctx, ckpt):
         cfg, d, o = self.cfg, ctx.dist, self.cfg.optim
@@ -189,6 +192,22 @@ class TranslationTrainer(Trainer):
             raise type(e)(f"test BLEU at the end (--test-at-end): {e}; or train without it: --test-at-end false") \
                 from None
 
+    def compile(self, ctx, parts, step, log):
+        """Each encoder and decoder layer compiled once, batch and sequence dimensions dynamic
+        (translation/compile.py); padded batches: every shape compiled in a warm-up before the first step, so the
+        steps' times are steps'. Exact-length batches (--pad-multiple 1) compile the few shapes dynamic
+        ones still specialise on as they come."""
+        compiled = RegionallyCompiled(self.model, mode=self.cfg.run.compile_mode)
+        if self.loader.pad_multiple > 1:
+            shapes = self.loader.padded_shapes()
+            seconds, graphs = warm_up(compiled, self.model, shapes, ctx.autocast, ctx.dist.device)
+            self.warmed_up = True
+            log.record(step, kind="compile", seconds=seconds, graphs=graphs, batch_shapes=len(shapes))
+            if ctx.dist.master:
+                print(f"compile: {graphs} graphs for {len(shapes)} batch shapes in {seconds:.1f}s (warm-up, not "
+                      "counted in the steps' times)", flush=True)
+        return compiled
+
     def learning_rate(self, step):
         return inverse_sqrt(step, self.cfg.optim.warmup_steps, self.cfg.optim.lr)
 
@@ -207,7 +226,8 @@ class TranslationTrainer(Trainer):
         for micro, (batch, count) in enumerate(zip(batches, counts)):
             seed_micro_batch(micro)
             x, y_in, y_out = (t.to(d.device, non_blocking=True) for t in batch)
-            with no_sync_unless(micro == self.accum - 1, model):
+            guard = no_recompiles(x.shape) if self.warmed_up else contextlib.nullcontext()
+            with no_sync_unless(micro == self.accum - 1, model), guard:
                 with self.ctx.autocast:
                     # the mean over the batch's non-pad targets (label smoothing included) times their count
                     loss = self.model.loss(model(x, y_in), y_out, self.cfg.optim.label_smoothing) * (count * scale)

@@ -21,7 +21,8 @@ and hellaswag (300 items):
     resume        train_gpt2.py 20 steps on synthetic shards (defaults: bf16, compile, impl auto) against 10 steps
                   resumed from its step-10 checkpoint
     hellaswag     bench/hellaswag.py: the in-loop HellaSwag pass on 500 items, compiled, 124M random weights
-    translation   train_translation.py: the first compiled step and compiled tok/s against eager, padded batches
+    translation   train_translation.py: the compile warm-up and first step (<= 60 s together) and compiled tok/s
+                  against eager, padded batches
     ddp           with 2+ GPUs: torchrun on every GPU against grad accumulation on one, same total batch
 
 It first says how long it may take: every section has a wall-clock bound (BOUNDS), past which its child process
@@ -452,13 +453,19 @@ def check_translation(ctx):
                   "--spm-vocab-size", "200", "--max-steps", steps, "--eval-interval", 10**6, "--test-at-end", "false",
                   "--bleu-sentences", "8", "--pad-multiple", "8", "--compile", str(on).lower(), "--device", ctx.device,
                   "--act", "nswish", "--log-interval", 10, *size])
-        rows = records(out, "train")
+        rows, warm_up = records(out, "train"), records(out, "compile")
         later = [r["tok_per_s"] for r in rows[len(rows) // 2:]]
         fig[mode] = {"first_step_s": round(rows[0]["dt_ms"] / 1e3, 2), "tgt_tok_per_s": round(statistics.median(later)),
                      "steps": len(rows), "slowest_later_step_ms": round(max(r["dt_ms"] for r in rows[1:]))}
+        if warm_up:  # the compiled run compiles every batch shape before step 0 (translation/compile.py)
+            fig[mode].update(warm_up_s=round(warm_up[0]["seconds"], 2), graphs=warm_up[0]["graphs"],
+                             batch_shapes=warm_up[0]["batch_shapes"])
+    ok = all(v["steps"] == steps for k, v in fig.items() if isinstance(v, dict))
     if "compiled" in fig:
         fig["compiled_x_eager"] = round(fig["compiled"]["tgt_tok_per_s"] / fig["eager"]["tgt_tok_per_s"], 3)
-    return all(v["steps"] == steps for k, v in fig.items() if isinstance(v, dict)), fig
+        # docs/translation.md's target: compiling and the first step within 60 s
+        ok = ok and fig["compiled"].get("warm_up_s", 0) + fig["compiled"]["first_step_s"] <= 60
+    return ok, fig
 
 
 def check_ddp(ctx):

@@ -250,7 +250,12 @@ class TokenBatchLoader:
 
     def shapes(self):
         """Number of distinct padded batch shapes (pad_multiple > 1), or None when they vary freely."""
-        return len(np.unique(self.padded_len)) if self.pad_multiple > 1 else None
+        return len(self.padded_shapes()) if self.pad_multiple > 1 else None
+
+    def padded_shapes(self):
+        """(rows, length) of each padded batch shape, shortest first (pad_multiple > 1): what a compiled
+        run warms up on."""
+        return [(batch_rows(n, self.max_tokens, self.max_sentences), n) for n in np.unique(self.padded_len).tolist()]
 
     def _collate(self, index, device="cpu"):
         if self.pad_multiple == 1:

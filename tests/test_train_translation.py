@@ -12,6 +12,7 @@ from data.parallel_corpus import collate
 from training.checkpoint import load_checkpoint
 from training.distributed import Dist
 from training.loop import Context
+from translation.compile import compiled_graphs
 from training.precision import autocast_context, grad_scaler
 from translation.model import Transformer, TranslationConfig
 from test_parallel_data import lengths_corpus, write_corpus
@@ -41,9 +42,16 @@ def records(out):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def corpus(tmp_path_factory):
+    """(generated corpus, sentencepiece cache) the file's runs share."""
+    tmp = tmp_path_factory.mktemp("corpus")
+    return write_corpus(tmp / "corpus"), tmp / "spm"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, corpus):
     tmp = tmp_path_factory.mktemp("tr")
-    corpus, spm = write_corpus(tmp / "corpus"), tmp / "spm"
+    corpus, spm = corpus
     straight, split = tmp / "straight", tmp / "split"
     accumulate = ("--total-max-tokens", "3200")  # 2 batches of 1600 per optimizer step
     train_translation.main(args(corpus, straight, spm, "--max-steps", "8", *accumulate))
@@ -151,26 +159,28 @@ def test_a_missing_test_split_stops_the_run_before_step_0(tmp_path):
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
 
 
-def test_compiled_training_gets_padded_static_shapes(runs, tmp_path, monkeypatch, capsys):
-    """With compile on, the trainer pads batches (pad_multiple 8 by default) and compiles with dynamic=False;
-    the step is the same computation (torch.compile is replaced by a recorder: compiling is tested above)."""
-    corpus, spm, _, _ = runs
-    calls = []
-
-    def record(model, **kwargs):
-        calls.append(kwargs)
-        return model
-
-    monkeypatch.setattr(torch, "compile", record)
-    train_translation.main(args(corpus, tmp_path / "c", spm, "--max-steps", "2", "--test-at-end", "false",
-                                "--compile", "true"))
-    assert calls == [{"dynamic": False, "mode": "default"}]
-    first = capsys.readouterr().out.splitlines()[0]
-    assert "batch shapes" in first and "exact-length" not in first
-    train_translation.main(args(corpus, tmp_path / "e", spm, "--max-steps", "2", "--test-at-end", "false",
-                                "--compile", "true", "--pad-multiple", "1"))
-    assert calls[1] == {"dynamic": True, "mode": "default"}
-    assert "exact-length batches" in capsys.readouterr().out.splitlines()[0]
+def test_compiled_training_compiles_each_layer_once_before_the_first_step(corpus, tmp_path, monkeypatch, capsys):
+    """--compile: the encoder's 3 layers run one graph and the decoder's 2 another, compiled in a warm-up over
+    every padded batch shape before step 0, whatever the depth and the shapes (the whole model compiled one graph
+    per shape, during the steps); no step compiles; the losses are an eager run's on the same padded batches (the warm-up leaves
+    NSwish's batch statistics, the gradients and the RNG as they were). torch.compile runs dynamo with its eager
+    backend: the graphs inductor would compile, not compiled (bench/translation_compile.py compiles them)."""
+    corpus, spm = corpus
+    compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile(model, **{**kw, "backend": "eager"}))
+    torch._dynamo.reset()
+    before = compiled_graphs()
+    run = ("--max-steps", "2", "--test-at-end", "false", "--bleu-sentences", "1", "--enc-layers", "3",
+           "--act-kwargs", "{}", "--plain-top-k", "0")
+    train_translation.main(args(corpus, tmp_path / "c", spm, *run, "--compile", "true"))
+    assert "batch shapes" in capsys.readouterr().out.splitlines()[0]
+    compiled = records(tmp_path / "c")
+    warm_up = [r for r in compiled if r["kind"] == "compile"]
+    assert len(warm_up) == 1 and warm_up[0]["batch_shapes"] >= 3
+    assert warm_up[0]["graphs"] == compiled_graphs() - before == 2
+    train_translation.main(args(corpus, tmp_path / "e", spm, *run, "--compile", "false", "--pad-multiple", "8"))
+    losses = [[r["loss"] for r in rows if r["kind"] == "train"] for rows in (compiled, records(tmp_path / "e"))]
+    assert len(losses[0]) == 2 and losses[0] == pytest.approx(losses[1], rel=1e-6)
 
 
 class StepBatches:

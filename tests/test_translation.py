@@ -1,14 +1,16 @@
 """The translation model and decoders: DeepNorm constants and init, causality, padding, incremental decoding,
 beam search against exhaustive search, and a tiny model that learns to reverse sequences."""
+import contextlib
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from data.parallel_corpus import TokenBatchLoader, collate
+from data.parallel_corpus import collate
 from eval.bleu import corpus_bleu
 from translation import Transformer, TranslationConfig, beam_search, deepnorm_constants, greedy
+from translation.compile import RegionallyCompiled, no_recompiles, warm_up
 from translation.model import FFN, Attention
 
 V = 20  # 4 specials (pad, unk, bos, eos) + 16 symbols
@@ -184,29 +186,21 @@ def test_padded_batch_has_the_same_loss_and_gradients(act):
             torch.testing.assert_close(grad, results[0][1][name], rtol=0, atol=1e-12, msg=name)
 
 
-def test_compiled_training_compiles_once_per_padded_length():
-    """Padded batches bound torch.compile's work: one static graph per padded length over a whole epoch,
-    where exact-length batches bring a new shape at almost every step."""
-    from torch._dynamo.testing import CompileCounter
-    from training.loop import allow_recompiles
-    g = np.random.default_rng(1)
-    src = [g.integers(4, V, n) for n in g.integers(1, 30, 300)]
-    tgt = [g.integers(4, V, n) for n in g.integers(1, 30, 300)]
-    loader = TokenBatchLoader(src, tgt, max_tokens=256, seed=3, pad_multiple=8)
-    exact = TokenBatchLoader(src, tgt, max_tokens=256, seed=3)
-    exact_shapes = {tuple(exact.next_batch()[0].shape) for _ in range(len(exact))}
+def test_a_step_that_would_compile_after_the_warm_up_stops_the_run():
+    """Each layer structure compiles once for every padded shape (dynamic batch and sequence dimensions), and
+    after the warm-up a shape it did not cover (a source longer than its target, which padded batches never
+    have) stops the run with dynamo's reason instead of compiling (the trainer's use: test_train_translation)."""
     model = tiny().float().train()
+    compiled = RegionallyCompiled(model, backend="eager")
     torch._dynamo.reset()
-    allow_recompiles(loader.shapes() + 1)
-    counter = CompileCounter()
-    compiled = torch.compile(model, backend=counter, dynamic=False)
-    shapes = set()
-    for _ in range(len(loader)):
-        x, y_in, y_out = loader.next_batch()
-        model.loss(compiled(x, y_in), y_out).backward()
-        shapes.add(tuple(x.shape))
-    assert counter.frame_count == len(shapes) <= loader.shapes() == 4
-    assert len(exact_shapes) > 3 * loader.shapes()
+    assert warm_up(compiled, model, [(6, 8), (3, 16), (2, 24)], contextlib.nullcontext(), "cpu")[1] == 2
+    assert all(p.grad is None for p in model.parameters())
+    src = torch.randint(4, V, (4, 16))
+    with no_recompiles(src.shape):
+        model.loss(compiled(src, src), src).backward()
+    with pytest.raises(SystemExit, match=r"shape \(3, 7\) needed a new compiled graph after the warm-up"):
+        with no_recompiles((3, 7)):
+            compiled(torch.randint(4, V, (3, 7)), torch.randint(4, V, (3, 9)))
 
 
 @pytest.mark.parametrize("norm,positions,tie", [("deepnorm", "sinusoidal", True), ("preln", "learned", False)])

@@ -255,7 +255,7 @@ class Trainer:
                                         where), flush=True)
                 if changes:
                     print(runlog.changes_line(start, changes), flush=True)
-            eval_model, train_model = self.wrap(ctx, parts, start)
+            eval_model, train_model = self.wrap(ctx, parts, start, log)
             run = Run(ctx, parts, log, eval_model, train_model, step=start, tokens=ckpt.get("tokens", 0) if ckpt else 0,
                       kernels=decisions["activations"], best_val=ckpt and ckpt.get("best_val"),
                       config_changes=history)
@@ -318,13 +318,16 @@ class Trainer:
             print(f"{'; '.join(skipped)}; resuming {ckpt['path']}, the newest checkpoint that verifies", flush=True)
         return ckpt
 
-    def wrap(self, ctx, parts, step):
+    def compile(self, ctx, parts, step, log):
+        """The model compiled, whole: one graph per batch shape (dynamic when the shapes are free). A trainer may
+        compile otherwise (train_translation.py: each layer once, shapes warmed up before the first step)."""
+        if parts.batch_shapes:
+            allow_recompiles(parts.batch_shapes + 1)
+        return torch.compile(parts.model, dynamic=parts.batch_shapes is None, mode=self.cfg.run.compile_mode)
+
+    def wrap(self, ctx, parts, step, log):
         """(the model evaluations run, the model the steps run): compiled if the run compiles, then DDP."""
-        model = parts.model
-        if ctx.compile:
-            if parts.batch_shapes:
-                allow_recompiles(parts.batch_shapes + 1)
-            model = torch.compile(model, dynamic=parts.batch_shapes is None, mode=self.cfg.run.compile_mode)
+        model = self.compile(ctx, parts, step, log) if ctx.compile else parts.model
         if not ctx.dist.ddp:
             return model, model
         self.waiting = (step, "the DDP setup (the parameter broadcast)")

@@ -286,19 +286,21 @@ class Transformer(nn.Module):
         positions = (self.pos.weight if self.cfg.positions == "learned" else self.pos_table)[offset:offset + T]
         return self.dropout(table(tokens) * self.cfg.d_model ** 0.5 + positions)
 
-    def encode(self, src):
-        """src [B,S] right-padded -> (memory [B,S,C], mask [B,1,1,S] True at real tokens)."""
+    def encode(self, src, layers=None):
+        """src [B,S] right-padded -> (memory [B,S,C], mask [B,1,1,S] True at real tokens); `layers` run in
+        place of the encoder's (translation/compile.py: the same layers, compiled)."""
         mask = (src != self.cfg.pad_id)[:, None, None, :]
         x = self.embed(self.embed_src, src)
-        for layer in self.encoder:
+        for layer in layers or self.encoder:
             x = layer(x, mask)
         return self.enc_ln(x), mask
 
-    def decode(self, tgt, memory, mask, cache=None):
-        """Logits for every position of tgt; with a cache (list of per-layer dicts) tgt holds the new tokens."""
+    def decode(self, tgt, memory, mask, cache=None, layers=None):
+        """Logits for every position of tgt; with a cache (list of per-layer dicts) tgt holds the new tokens;
+        `layers` as in encode."""
         offset = cache[0]["k"].size(2) if cache and "k" in cache[0] else 0
         x = self.embed(self.embed_tgt, tgt, offset)
-        for i, layer in enumerate(self.decoder):
+        for i, layer in enumerate(layers or self.decoder):
             x = layer(x, memory, mask, None if cache is None else cache[i])
         return F.linear(self.dec_ln(x), self.embed_tgt.weight if self.output is None else self.output.weight)
 

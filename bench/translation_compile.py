@@ -1,0 +1,179 @@
+"""What compiling the translation trainer's step costs: the whole model in one graph per batch shape (nanoact before
+2026-11-26) against each encoder and decoder layer compiled once (translation/compile.py, what the trainer does).
+
+    python bench/translation_compile.py                         # CPU: inductor's C++ backend, 6L-6L d 512 NSwish
+    python bench/translation_compile.py --device cuda           # a GPU: the same tables
+    python bench/translation_compile.py --skip-steps            # only the graph counts
+    python bench/translation_compile.py --skip-graphs --ways whole,layers_dynamic --steps 1   # only the steps
+
+1. Graphs over one epoch of real batches: the IWSLT 2016 sample (../shared/assets/iwslt), sentencepiece
+   --vocab, pairs of <= 50 pieces, batches of 4096 tokens padded to multiples of 8 (the trainer's compiled
+   batches). Dynamo's counters under backend "eager" (dynamo's graphs are the same whatever backend compiles them
+   afterwards) on a model of the default depth made narrow (d 64, token ids folded into 512) so a CPU walks the
+   epoch in minutes.
+2. The first compiled step: one padded batch (--rows x --length: pairs of one padded shape, as gpu_check's)
+   through the default model (vocab --vocab), forward and backward, each way in a fresh process with an empty
+   inductor cache; then --steps eager and compiled steps interleaved (A B A B) in that process: target tokens/s
+   and the compiled loss against the eager one on the same batch (dropout 0, so they are the same computation).
+"""
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch._dynamo.utils import counters
+
+from data.parallel_corpus import TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model
+from training.loop import allow_recompiles
+from translation.compile import RegionallyCompiled, compiled_graphs, warm_up
+from translation.model import Transformer, TranslationConfig
+
+SAMPLE = Path(__file__).resolve().parents[1] / "../shared/assets/iwslt/iwslt16_train_sample/train_sample_19689"
+# how the step's model is compiled: the whole model with static shapes (the trainer's --compile before 2026-11-26),
+# each layer with static shapes (one graph per padded length), each layer with dynamic shapes (the trainer now)
+WAYS = ("whole", "layers_static", "layers_dynamic")
+FOLD = 512  # the epoch's token ids modulo this vocabulary: graphs depend on shapes, not ids; the output layer is cheap
+
+
+def compile_way(way, model, backend="inductor"):
+    if way == "whole":
+        return torch.compile(model, dynamic=False, backend=backend)
+    return RegionallyCompiled(model, dynamic=way == "layers_dynamic", backend=backend)
+
+
+def model_config(args, **kw):
+    return TranslationConfig(vocab_size=args.vocab, act=args.act, dropout=args.dropout, enc_layers=args.layers,
+                             dec_layers=args.layers, **kw)
+
+
+def epoch_graphs(args, way, loader):
+    """(graphs compiled in the warm-up, graphs compiled during the epoch, seconds of the epoch) for one way."""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(model_config(args, d_model=64, ffn_dim=128), vocab_size=FOLD)).train()
+    compiled = compile_way(way, model, backend="eager")
+    warmed, epoch_start = 0, time.perf_counter()
+    if way == "whole":
+        allow_recompiles(loader.shapes() + 1)
+    else:
+        warmed = warm_up(compiled, model, loader.padded_shapes(), contextlib.nullcontext(), torch.device("cpu"))[1]
+        epoch_start = time.perf_counter()
+    before = compiled_graphs()
+    for _ in range(len(loader)):
+        x, y_in, y_out = (t % FOLD for t in loader.next_batch())
+        model.loss(compiled(x, y_in), y_out).backward()
+        model.zero_grad(set_to_none=True)
+    return warmed, compiled_graphs() - before, time.perf_counter() - epoch_start
+
+
+def graphs_table(args):
+    src, tgt = load_split("train", "de", "en", prefix=str(SAMPLE))
+    sp = load_sentencepiece(sentencepiece_model(src, tgt, args.vocab, "bpe", args.spm_dir))
+    ids = encode(sp, src, tgt, 50)
+    print(f"\n{SAMPLE.name}: {len(ids[0])} pairs, {args.vocab}-piece vocabulary; a {args.layers}L-{args.layers}L "
+          f"d 64 {args.act} model, backend eager\n")
+    print("| compiled | padded shapes | batches | graphs in the warm-up | graphs during the epoch |\n|---|---|---|---|---|")
+    for way in WAYS:
+        loader = TokenBatchLoader(*ids, args.max_tokens, seed=0, pad_multiple=8)
+        warmed, during, _ = epoch_graphs(args, way, loader)
+        print(f"| {way} | {loader.shapes()} | {len(loader)} | {warmed} | {during} |", flush=True)
+
+
+def one_way(args):
+    """In a fresh process: the first compiled step, then eager and compiled steps interleaved. Prints JSON."""
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    model = Transformer(model_config(args)).to(device).train()
+    compiled = compile_way(args.one, model)
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, args.vocab, (args.rows, args.length), generator=g).to(device)
+    tgt = torch.randint(4, args.vocab, (args.rows, args.length), generator=g).to(device)
+
+    def step(fn):
+        start, cpu = time.perf_counter(), cpu_seconds()
+        loss = model.loss(fn(src, tgt), tgt)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start, loss.item(), cpu_seconds() - cpu
+
+    first, compiled_loss, first_cpu = step(compiled)
+    graphs = compiled_graphs()
+    eager_s, compiled_s, loss_diff = [], [], 0.0
+    for _ in range(args.steps):
+        seconds, eager_loss, _ = step(model)
+        eager_s.append(seconds)
+        seconds, compiled_loss, _ = step(compiled)
+        compiled_s.append(seconds)
+        loss_diff = max(loss_diff, abs(compiled_loss - eager_loss) / abs(eager_loss))
+    tokens = args.rows * args.length
+    speed = {"eager_tok_s": tokens / statistics.median(eager_s), "compiled_tok_s": tokens / statistics.median(compiled_s),
+             "loss_rel_diff": loss_diff} if args.steps else {}
+    print(json.dumps({"way": args.one, "first_step_s": first, "first_step_cpu_s": first_cpu, "graphs": graphs, **speed}))
+
+
+def cpu_seconds():
+    """CPU seconds of this process and of the compilers it waited for (inductor's g++, one compile thread)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def steps_table(args):
+    params = Transformer(model_config(args)).num_params()
+    print(f"\nfirst compiled step: {params / 1e6:.2f}M parameters, {args.layers}L-{args.layers}L d 512 {args.act}, "
+          f"one batch of {args.rows} x {args.length} tokens, {args.device}; then {args.steps} eager and compiled steps "
+          "interleaved\n")
+    print("| compiled | first step (s) | its CPU-s | graphs | eager tgt tok/s | compiled tgt tok/s | compiled / eager | "
+          "loss rel. diff |\n|---|---|---|---|---|---|---|---|")
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("one", "skip_steps", "skip_graphs", "ways")]
+    for way in args.ways.split(","):
+        with tempfile.TemporaryDirectory() as cache:  # nothing compiled before, by this way or another
+            out = subprocess.run([sys.executable, __file__, *flags, "--one", way], capture_output=True, text=True,
+                                 env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+        if out.returncode:
+            raise SystemExit(f"{way}: {out.stderr.strip().splitlines()[-1]}")
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        speed = (f"{r['eager_tok_s']:.0f} | {r['compiled_tok_s']:.0f} | {r['compiled_tok_s'] / r['eager_tok_s']:.2f}x | "
+                 f"{r['loss_rel_diff']:.1e}") if args.steps else "- | - | - | -"
+        print(f"| {way} | {r['first_step_s']:.1f} | {r['first_step_cpu_s']:.1f} | {r['graphs']} | {speed} |", flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--act", default="nswish")
+    p.add_argument("--vocab", type=int, default=10000)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--rows", type=int, default=128)
+    p.add_argument("--length", type=int, default=32)
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--spm-dir", default="/tmp/nanoact_spm")
+    p.add_argument("--ways", default=",".join(WAYS))
+    p.add_argument("--skip-steps", action="store_true")
+    p.add_argument("--skip-graphs", action="store_true")
+    p.add_argument("--one", choices=WAYS, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.one:
+        return one_way(args)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.device}")
+    if not args.skip_graphs:
+        graphs_table(args)
+    if not args.skip_steps:
+        steps_table(args)
+
+
+if __name__ == "__main__":
+    main()
