@@ -74,8 +74,10 @@ QUICK = ("kernels", "resume", "hellaswag")  # what decides whether a run is safe
 # FAILs; inside, timings start no new case near the end, so what was timed is reported. train_step compiles GPT-2
 # 124M for each of its 6 contenders, after the activations' probes. One GPU, full: 10 min in all (one window of a
 # lent machine); --quick: 3 min 10 s.
-BOUNDS = {"kernels": (90, 60), "train_step": (240, None), "loss_chunks": (30, None), "attention": (50, None),
-          "resume": (70, 70), "hellaswag": (45, 45), "translation": (60, None), "ddp": (90, None)}
+# translation: two trainer starts, the compiled one's warm-up (<= 60 s is its own target) and 40 steps each, so 90 s;
+# kernels and attention gave it 30 s.
+BOUNDS = {"kernels": (75, 60), "train_step": (240, None), "loss_chunks": (30, None), "attention": (35, None),
+          "resume": (70, 70), "hellaswag": (45, 45), "translation": (90, None), "ddp": (90, None)}
 STARTUP = 15
 CHILD_MARGIN = 5  # a section's child stops its own processes this many seconds before its bound
 
