@@ -37,7 +37,7 @@ from training.loop import Evaluation, Parts, Trainer, no_sync_unless, param_line
 from training.precision import autocast_for
 from training.optimizer import adamw
 from training.schedule import inverse_sqrt
-from translation.compile import RegionallyCompiled, no_recompiles, warm_up
+from training.regional_compile import RegionallyCompiled, no_recompiles, warm_up
 from translation.model import Transformer, TranslationConfig, ffn_width_args
 
 
@@ -194,7 +194,7 @@ class TranslationTrainer(Trainer):
 
     def compile(self, ctx, parts, step, log):
         """Each encoder and decoder layer compiled once, batch and sequence dimensions dynamic
-        (translation/compile.py); padded batches: every shape compiled in a warm-up before the first step, so the
+        (training/regional_compile.py); padded batches: every shape compiled in a warm-up before the first step, so the
         steps' times are steps'. Exact-length batches (--pad-multiple 1) compile the few shapes dynamic
         ones still specialise on as they come."""
         compiled = RegionallyCompiled(self.model, mode=self.cfg.run.compile_mode)

@@ -459,7 +459,7 @@ def check_translation(ctx):
         later = [r["tok_per_s"] for r in rows[len(rows) // 2:]]
         fig[mode] = {"first_step_s": round(rows[0]["dt_ms"] / 1e3, 2), "tgt_tok_per_s": round(statistics.median(later)),
                      "steps": len(rows), "slowest_later_step_ms": round(max(r["dt_ms"] for r in rows[1:]))}
-        if warm_up:  # the compiled run compiles every batch shape before step 0 (translation/compile.py)
+        if warm_up:  # the compiled run compiles every batch shape before step 0 (training/regional_compile.py)
             fig[mode].update(warm_up_s=round(warm_up[0]["seconds"], 2), graphs=warm_up[0]["graphs"],
                              batch_shapes=warm_up[0]["batch_shapes"])
     ok = all(v["steps"] == steps for k, v in fig.items() if isinstance(v, dict))

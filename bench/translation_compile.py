@@ -1,5 +1,5 @@
 """What compiling the translation trainer's step costs: the whole model in one graph per batch shape (nanoact before
-2026-11-26) against each encoder and decoder layer compiled once (translation/compile.py, what the trainer does).
+2026-11-26) against each encoder and decoder layer compiled once (training/regional_compile.py, what the trainer does).
 
     python bench/translation_compile.py                         # CPU: inductor's C++ backend, 6L-6L d 512 NSwish
     python bench/translation_compile.py --device cuda           # a GPU: the same tables
@@ -34,7 +34,7 @@ from torch._dynamo.utils import counters
 
 from data.parallel_corpus import TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model
 from training.loop import allow_recompiles
-from translation.compile import RegionallyCompiled, compiled_graphs, warm_up
+from training.regional_compile import RegionallyCompiled, compiled_graphs, warm_up
 from translation.model import Transformer, TranslationConfig
 
 SAMPLE = Path(__file__).resolve().parents[1] / "../shared/assets/iwslt/iwslt16_train_sample/train_sample_19689"

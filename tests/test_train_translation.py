@@ -12,7 +12,7 @@ from data.parallel_corpus import collate
 from training.checkpoint import load_checkpoint
 from training.distributed import Dist
 from training.loop import Context
-from translation.compile import compiled_graphs
+from training.regional_compile import compiled_graphs
 from training.precision import autocast_context, grad_scaler
 from translation.model import Transformer, TranslationConfig
 from test_parallel_data import lengths_corpus, write_corpus

@@ -10,7 +10,7 @@ import torch
 from data.parallel_corpus import collate
 from eval.bleu import corpus_bleu
 from translation import Transformer, TranslationConfig, beam_search, deepnorm_constants, greedy
-from translation.compile import RegionallyCompiled, no_recompiles, warm_up
+from training.regional_compile import RegionallyCompiled, no_recompiles, warm_up
 from translation.model import FFN, Attention
 
 V = 20  # 4 specials (pad, unk, bos, eos) + 16 symbols

@@ -288,7 +288,7 @@ class Transformer(nn.Module):
 
     def encode(self, src, layers=None):
         """src [B,S] right-padded -> (memory [B,S,C], mask [B,1,1,S] True at real tokens); `layers` run in
-        place of the encoder's (translation/compile.py: the same layers, compiled)."""
+        place of the encoder's (training/regional_compile.py: the same layers, compiled)."""
         mask = (src != self.cfg.pad_id)[:, None, None, :]
         x = self.embed(self.embed_src, src)
         for layer in layers or self.encoder:
