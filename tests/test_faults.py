@@ -351,7 +351,7 @@ def test_a_failed_save_stops_every_rank_with_one_line(tmp_path):
 def test_a_stalled_rank_stops_the_run_and_is_named(tmp_path):
     data = write_corpus(tmp_path / "data")
     proc = torchrun(args(data, tmp_path / "out", max_steps=100000, checkpoint_interval=100000, eval_interval=100000,
-                         dist_timeout=6), tmp_path / "out.log", "--standalone", "--nproc_per_node", "2")
+                         dist_timeout=4), tmp_path / "out.log", "--standalone", "--nproc_per_node", "2")
     log = tmp_path / "out.log"
     wait_for(lambda: " train " in ((tmp_path / "out" / "log.txt").read_text()
                                    if (tmp_path / "out" / "log.txt").exists() else ""), proc, "a training step")
@@ -366,9 +366,9 @@ def test_a_stalled_rank_stops_the_run_and_is_named(tmp_path):
     assert proc.wait(timeout=120) != 0
     lines = [line for line in log.read_text().splitlines() if line.startswith("error: step")]
     assert len(lines) == 1, log.read_text()
-    assert re.match(r"error: step \d+: rank 0 waited more than 6s \(--dist-timeout\) for the [a-z -]+[^;]*; "
+    assert re.match(r"error: step \d+: rank 0 waited more than 4s \(--dist-timeout\) for the [a-z -]+[^;]*; "
                     r"rank 1 did not answer afterwards", lines[0]), lines[0]
-    assert took < 60, took  # 6 s timeout + 6 s asking the store, not gloo's 30-minute default
+    assert took < 60, took  # 4 s timeout + 4 s asking the store, not gloo's 30-minute default
 
 
 def test_data_preparation_killed_and_rerun_gives_the_same_shards(fineweb, tmp_path):
