@@ -4,7 +4,7 @@ Beside trainer, config, seeds and [variants.LABEL], a --plan TOML file may name:
 
     lrs = [1e-3, 2e-3, 4e-3]   # every arm at every lr, log-spaced (or `python -m analysis.sweep --lrs 1e-3,2e-3,4e-3`)
     lr_size = "s2"             # optional: the grid at this size only; the other sizes then run each arm at the best
-                               # lr the grid picked for it (analysis/lr_grid.py's rule), after the whole grid
+                               # lr the grid picked for it (stats/lr_grid.py's rule), after the whole grid
     lr_seeds = [11, 12]        # optional: the grid on these seeds, disjoint from `seeds`; then every size, lr_size
                                # too, runs each arm at its picked lr on `seeds`: the lr is chosen on other runs than
                                # the ones compared, so the choice's luck (a winner's curse) cannot favour an arm
@@ -26,7 +26,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.lr_grid import check_grid, pick
+from stats.lr_grid import check_grid, pick
 from analysis.runs import RunError, leaf, load_run, summary
 from errors import ConfigError
 
@@ -115,7 +115,7 @@ def lr_options(trainer, lr, ratio):
 
 
 def best_lr(label, grid_dirs):
-    """The grid's best lr of one arm by analysis/lr_grid.py's rule, from its finished runs {lr: {seed: dir}}."""
+    """The grid's best lr of one arm by stats/lr_grid.py's rule, from its finished runs {lr: {seed: dir}}."""
     grid = {}
     for lr, seeds in grid_dirs.items():
         for seed, path in seeds.items():

@@ -7,11 +7,11 @@ option that differs between runs is named in the label, e.g. gelu+norm=rmsnorm) 
 is (n_layer, n_embd, n_head), the lr max_lr (translation: lr), the seed run.seed, the loss the final val loss of a
 finished run and the compute the `flops` of its last eval record (model.py's flops_per_token times the tokens).
 
-The lr: analysis/lr_grid.py picks each arm's best lr on a size's grid; lr_grid.png draws loss against lr. With the
+The lr: stats/lr_grid.py picks each arm's best lr on a size's grid; lr_grid.png draws loss against lr. With the
 plan's lr_seeds the grid ran on its own seeds, and the arms are compared on the others only: the pick's luck never
 favours the arm it picked for. Without them the pick was made on the compared runs, and every comparison at that size
 is marked "exploratory" (the winner's curse: an arm with a flat lr curve gains most from picking the luckiest point).
-The grid's own pairs are always exploratory. Several sizes: analysis/scaling.py fits the arms together, gives each
+The grid's own pairs are always exploratory. Several sizes: stats/scaling.py fits the arms together, gives each
 arm's multiplier with its interval, the curve-free multiplier at every size, the trend, and the measured coverage of
 the interval in simulations of this very ladder; scaling.png. Verdicts (the per-size pairs, the multipliers, the
 trends) form one family: Holm at family-wise error rate 1 - level. The wall-clock multiplier needs throughput
@@ -22,13 +22,14 @@ import json
 import statistics
 from pathlib import Path
 
-from analysis import lr_grid, scaling
 from analysis.lr_grid_plot import plot_lr_grid
 from analysis.runs import RunError, load_run, markdown_table, read_metrics, summary
 from analysis.scaling_plot import plot_scaling
 from analysis.sweep_report import finished
 from errors import ConfigError
-from eval.stats import holm, paired
+from stats import lr_grid, scaling
+from stats.family import adjust
+from stats.significance import paired
 
 SHAPE = ("n_layer", "n_embd", "n_head")
 NOT_ARM = (*SHAPE, "block_size", "vocab_size")  # the model options that are the size's or the data's, not the arm's
@@ -279,13 +280,13 @@ def _report(out, points, unfinished, baseline, throughput, opts):
             family.append(("multiplier", f"{a}'s multiplier over {baseline}", m["fitted"]["p"], m["fitted"]))
             if m["trend"]:
                 family.append(("trend", f"{a}'s trend", m["trend"]["p"], m["trend"]))
-        adjust(family, level)
+        adjust([(p, where) for _, _, p, where in family])
         md += fit_section(fit, complete, speeds, opts)
         plot_scaling(fit, out / "scaling.png")
         md += ["![loss and multiplier against compute](scaling.png)", ""]
         result.update(fit=fit, wall_clock=fit["throughput_source"] or "not measured")
     else:
-        adjust(family, level)
+        adjust([(p, where) for _, _, p, where in family])
         md += [f"No fit: {len(complete)} complete sizes (the shared fit needs {scaling.MIN_SIZES['shared']}).", ""]
     md += pairs_section(pair_rows, baseline, level) + verdicts(family, level)
     result["family"] = [{"kind": kind, "claim": name, "p": p, "p_holm": where.get("p_holm")}
@@ -294,12 +295,6 @@ def _report(out, points, unfinished, baseline, throughput, opts):
     (out / "sweep.md").write_text(text)
     (out / "sweep.json").write_text(json.dumps(result, indent=2, default=str))
     return text
-
-
-def adjust(family, level):
-    """Holm over every verdict of the report: each member's dict gets "p_holm"."""
-    for (_, _, _, where), p in zip(family, holm([p for _, _, p, _ in family]) if family else []):
-        where["p_holm"] = float(p)
 
 
 def _holm(where, level):

@@ -1,4 +1,4 @@
-"""lr_grid.png: final loss against learning rate, every arm on one panel per size with a grid (analysis/lr_grid.py).
+"""lr_grid.png: final loss against learning rate, every arm on one panel per size with a grid (stats/lr_grid.py).
 
 Each arm's mean over seeds at each lr with a bar of ± the seeds' std, its best lr ringed; a diverged
 point is left out of the line and marked at the top of the panel.

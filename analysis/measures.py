@@ -3,7 +3,7 @@
 side, and a sweep's arms against their baselines paired by seed (analysis/sweep_report.py)."""
 import statistics
 
-from eval.stats import paired
+from stats.significance import paired
 
 # name -> (what it is, in a table's words; the number from one `measure` record)
 SUMMARIES = {
@@ -32,7 +32,7 @@ def summarize(run):
 
 
 def paired_differences(per_variant, baselines):
-    """{variant: {measure: eval.stats.paired difference (variant - baseline) over the seeds both have}} for every
+    """{variant: {measure: stats.significance.paired difference (variant - baseline) over the seeds both have}} for every
     variant with a baseline; per_variant: {variant: [runs]}, baselines: {variant: its baseline}."""
     def by_seed(runs, name):
         return {r.setting("seed"): summarize(r)[name] for r in runs if name in summarize(r)}

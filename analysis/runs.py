@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from errors import DataError
-from eval.stats import wilson
+from stats.significance import wilson
 
 HELLASWAG_ITEMS = 10042  # the validation set build-nanogpt and our trainer score when no limit is set
 

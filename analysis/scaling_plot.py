@@ -1,4 +1,4 @@
-"""The figure of analysis/scaling.py's result: what X is worth in compute, and whether that holds as models grow.
+"""The figure of stats/scaling.py's result: what X is worth in compute, and whether that holds as models grow.
 
 Left, loss against training compute (log axis) per arm: the mean over seeds at each ladder size with a bar from the
 lowest to the highest seed, and the shared fit's curve over the ladder. Right, each arm's compute multiplier over the

@@ -29,7 +29,8 @@ from analysis.sweep_plot import plot_sweep
 from eval import hellaswag_items
 from eval.compare_items import shared_items
 from eval.hellaswag_items import ItemsError
-from eval.stats import detectable_difference, holm, item_level, mean_std, mcnemar_exact, paired, seeds_needed
+from stats.family import adjust
+from stats.significance import detectable_difference, item_level, mean_std, mcnemar_exact, paired, seeds_needed
 
 METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_norm"),
            ("bleu", "valid BLEU (greedy)"), ("test_bleu_greedy", "test BLEU greedy"), ("test_bleu_beam", "test BLEU beam")]
@@ -95,8 +96,9 @@ def items_of(runs):
 
 def item_interval(items, variant, base):
     """Item-level interval of variant - base on HellaSwag acc_norm over the seeds both have items for: per item,
-    the mean over seeds of (variant right) - (base right); the items are the sampling unit (stats.item_level).
-    Per seed: the discordant items and the exact McNemar p. None without a seed of both."""
+    the mean over seeds of (variant right) - (base right); the items are the sampling unit
+    (stats.significance.item_level). Per seed: the discordant items and the exact McNemar p. None without a seed of
+    both."""
     seeds = sorted(s for v, s in items if v == variant and (base, s) in items)
     seeds = [s for s in seeds if ITEM_KEY in items[(variant, s)].preds and ITEM_KEY in items[(base, s)].preds]
     if not seeds:
@@ -221,11 +223,11 @@ def holm_family(pairs, labels, metrics):
     """Holm-adjusts the claim p of every (pair, metric) of the pairs in labels as one family, into each pair's
     "p_holm" (None without a p): a claim is declared where p_holm < ALPHA, which keeps the chance of any false
     claim in the family at most ALPHA. Returns the family's size."""
-    family = [(a, k) for a in labels for k, _ in metrics if claim_p(pairs[a][k]) is not None]
-    adjusted = dict(zip(family, holm([claim_p(pairs[a][k]) for a, k in family]))) if family else {}
-    for a in labels:
-        for k, _ in metrics:
-            pairs[a][k]["p_holm"] = float(adjusted[(a, k)]) if (a, k) in adjusted else None
+    claims = [pairs[a][k] for a in labels for k, _ in metrics]
+    for claim in claims:
+        claim["p_holm"] = None
+    family = [(claim_p(claim), claim) for claim in claims if claim_p(claim) is not None]
+    adjust(family)
     return len(family)
 
 

@@ -1,4 +1,4 @@
-"""The calibration behind analysis/scaling.py's intervals: simulated ladders of the shipped CPU configurations fitted
+"""The calibration behind stats/scaling.py's intervals: simulated ladders of the shipped CPU configurations fitted
 by the report's own code (scaling.simulate), the coverage of the multiplier's interval and the trend's false alarms.
 
     python bench/scaling_coverage.py                      # 4000 ladders per configuration, seed 0
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import binomtest
 
-from analysis import scaling
+from stats import scaling
 
 
 CONFIGS = {

@@ -14,7 +14,7 @@ Why paired: two accuracies of ~30% on 10,042 items each carry a Wilson interval 
 two models answer most items alike, and only the items they answer differently (the discordant ones) say
 anything about which is better. Conditional on those, "equal accuracy" means each discordant item goes either
 way with probability 1/2: the exact McNemar test (scipy's exact binomial test). The interval is Newcombe's
-square-and-add interval for paired proportions (eval/stats.py: paired_difference_ci; unconditional, built from
+square-and-add interval for paired proportions (stats/significance.py: paired_difference_ci; unconditional, built from
 the two Wilson intervals and their correlation). Both measure item-level noise only: the same two trained models
 on another sample of items like these. Whether another seed of training would change the difference is the
 per-seed question (python -m analysis.sweep); a claim needs both.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from eval import hellaswag_items
 from eval.hellaswag_items import METRICS, ItemsError
-from eval.stats import mcnemar_exact, paired_difference_ci
+from stats.significance import mcnemar_exact, paired_difference_ci
 
 
 def load(path):

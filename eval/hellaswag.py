@@ -52,7 +52,7 @@ from data.tokenizer import gpt2_tokenizer
 from errors import ConfigError, NanoactError
 from eval import hellaswag_items
 from eval.scoring import block_size_of, bucket, pack_rows, row_length, score_batch
-from eval.stats import wilson
+from stats.significance import wilson
 from model import GPT
 from training import distributed
 from training.checkpoint import load_checkpoint

@@ -239,7 +239,7 @@ def test_unreadable_input_is_a_one_line_error(tmp_path, make, message):
 
 def test_reading_runs_imports_no_torch():
     """Reading and tabulating logs must work on a laptop without torch (and start fast: scipy.stats, half a second
-    to import, waits inside the eval/stats.py functions that need it)."""
+    to import, waits inside the stats/significance.py functions that need it)."""
     code = "import sys, analysis.runs; sys.exit('torch' in sys.modules or 'scipy' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1]).returncode == 0
 

@@ -1,4 +1,4 @@
-"""Two models on the same HellaSwag items (eval/compare_items.py, eval/stats.py): the exact McNemar p-value equals
+"""Two models on the same HellaSwag items (eval/compare_items.py, stats/significance.py): the exact McNemar p-value equals
 exact binomial tail sums, the paired interval a published example, the item-level interval its hand formula, and
 files that do not hold the same items are refused with a clear error."""
 import math
@@ -6,8 +6,9 @@ from fractions import Fraction
 
 import pytest
 
-from eval import compare_items, hellaswag_items, stats
+from eval import compare_items, hellaswag_items
 from eval.hellaswag_items import ItemsError
+from stats import significance
 
 
 def exact_p(only_a, only_b):
@@ -25,42 +26,42 @@ def exact_p(only_a, only_b):
     (0, 0, 1.0),  # no discordant item: no evidence either way
 ])
 def test_mcnemar_exact_by_hand(only_a, only_b, by_hand):
-    assert stats.mcnemar_exact(only_a, only_b) == pytest.approx(by_hand, rel=1e-15)
+    assert significance.mcnemar_exact(only_a, only_b) == pytest.approx(by_hand, rel=1e-15)
 
 
 @pytest.mark.parametrize("only_a, only_b", [(6, 16), (40, 70), (1250, 1340), (0, 10042)])
 def test_mcnemar_exact_equals_exact_tail_sums(only_a, only_b):
     """Thousands of discordant items, and a full HellaSwag of them, where 2^-n underflows a float."""
-    assert stats.mcnemar_exact(only_a, only_b) == pytest.approx(exact_p(only_a, only_b), rel=1e-12)
+    assert significance.mcnemar_exact(only_a, only_b) == pytest.approx(exact_p(only_a, only_b), rel=1e-12)
 
 
 def test_paired_interval_equals_a_published_example():
     """Cavo et al. 2012 (complete response before/after consolidation therapy, 161 patients: 59 both, 6 before
     only, 16 after only, 80 neither) in Fagerland, Lydersen & Laake, Statistical Analysis of Contingency Tables,
     ch. 8: Newcombe square-and-add, estimate -0.0621, 95% CI -0.1186 to -0.0046."""
-    lo, hi = stats.paired_difference_ci(59, 6, 16, 80)
+    lo, hi = significance.paired_difference_ci(59, 6, 16, 80)
     assert (round(lo, 4), round(hi, 4)) == (-0.1186, -0.0046)
 
 
 def test_paired_interval_by_hand_and_at_the_edges():
     # no correlation term (both * neither - only_a * only_b within [0, n/2]): the two Wilson half-widths squared-added
     both, only_a, only_b, neither = 10, 10, 10, 10
-    (l1, u1), (l2, u2) = stats.wilson(20, 40), stats.wilson(20, 40)
+    (l1, u1), (l2, u2) = significance.wilson(20, 40), significance.wilson(20, 40)
     half = math.hypot(0.5 - l1, u2 - 0.5)
-    assert stats.paired_difference_ci(both, only_a, only_b, neither) == pytest.approx([-half, half], rel=1e-12)
+    assert significance.paired_difference_ci(both, only_a, only_b, neither) == pytest.approx([-half, half], rel=1e-12)
     # at 10,042 items and hundreds of discordant ones it agrees with the Wald interval of paired proportions
     b, c, n = 700, 600, 10042
     wald = 1.959963984540054 * math.sqrt(b + c - (b - c) ** 2 / n) / n
-    lo, hi = stats.paired_difference_ci(3000 - b, b, c, n - 3000 - c)
+    lo, hi = significance.paired_difference_ci(3000 - b, b, c, n - 3000 - c)
     assert lo == pytest.approx((b - c) / n - wald, abs=2e-4) and hi == pytest.approx((b - c) / n + wald, abs=2e-4)
     # every item right for A only: inside [-1, 1], the Wald interval would be [1, 1]
-    lo, hi = stats.paired_difference_ci(0, 30, 0, 0)
+    lo, hi = significance.paired_difference_ci(0, 30, 0, 0)
     assert 0 < lo < hi <= 1
 
 
 def test_item_level_interval_by_hand():
     diffs = [1, 0, 0, -1, 1, 1, 0, 0.5, -0.5, 0]  # per item: right(A) - right(B), averaged over 2 seeds
-    got = stats.item_level(diffs)
+    got = significance.item_level(diffs)
     mean = sum(diffs) / 10
     sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 9)
     assert got["items"] == 10 and got["mean"] == pytest.approx(0.2)
@@ -68,7 +69,7 @@ def test_item_level_interval_by_hand():
                                          mean + 1.959963984540054 * sd / math.sqrt(10)], rel=1e-12)
     # two-sided normal p of mean / se, from the error function: 1 - erf(|z| / sqrt 2)
     assert got["p"] == pytest.approx(1 - math.erf(mean / (sd / math.sqrt(10)) / math.sqrt(2)), rel=1e-12)
-    assert stats.item_level([0.5, 0.5])["p"] == 0.0 and stats.item_level([0, 0])["p"] == 1.0  # no spread
+    assert significance.item_level([0.5, 0.5])["p"] == 0.0 and significance.item_level([0, 0])["p"] == 1.0  # no spread
 
 
 def test_compare_two_files(tmp_path, capsys, write_items):
@@ -84,7 +85,7 @@ def test_compare_two_files(tmp_path, capsys, write_items):
     assert (r["acc_a"], r["acc_b"], r["diff"]) == (25 / 40, 18 / 40, 7 / 40)
     assert (r["only_a"], r["only_b"], r["discordant"]) == (10, 3, 13)
     assert r["p_mcnemar"] == pytest.approx(exact_p(10, 3))
-    assert r["ci95"] == stats.paired_difference_ci(15, 10, 3, 12)
+    assert r["ci95"] == significance.paired_difference_ci(15, 10, 3, 12)
     out = capsys.readouterr().out
     assert out.splitlines()[0] == f"A: {a} (step 5)"
     assert "| completion | acc_norm | 62.50 | 45.00 | +17.50 |" in out and "| 13: 10 / 3 |" in out

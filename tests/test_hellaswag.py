@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from eval import hellaswag, hellaswag_items
 from eval.hellaswag import SCORINGS, DataError, evaluate_model, load_items, make_plan, score_plan
 from eval.scoring import block_size_of, bucket, row_length, score_rows
-from eval.stats import wilson
+from stats.significance import wilson
 from model import GPT
 from training.checkpoint import load_checkpoint
 

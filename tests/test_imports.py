@@ -9,14 +9,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # errors.py, the project's error types, is below every room.
 BELOW = {
     "errors": set(),
+    "stats": {"errors"},
     "activations": {"errors"},
     "data": {"errors"},
     "training": {"errors", "activations", "data"},
     "model": {"errors", "activations"},
     "translation": {"errors", "activations", "data"},
-    "eval": {"errors", "activations", "data", "training", "model", "translation"},
-    "export": {"errors", "activations", "data", "training", "model", "eval"},
-    "analysis": {"errors", "activations", "data", "model", "training", "eval"},
+    "eval": {"errors", "stats", "activations", "data", "training", "model", "translation"},
+    "export": {"errors", "stats", "activations", "data", "training", "model", "eval"},
+    "analysis": {"errors", "stats", "activations", "data", "model", "training", "eval"},
 }
 # one upward import, named: the sweep's cost line (analysis/cost.py) reads a run's options with the GPT trainer's
 # own TrainConfig, so that they mean to the count what they will mean to the run

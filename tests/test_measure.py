@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from eval import internals, sparsity
-from eval.stats import paired
+from stats.significance import paired
 from eval.measure import main as measure_main
 from model import GPT, GPTConfig
 

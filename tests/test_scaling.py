@@ -1,4 +1,4 @@
-"""analysis/scaling.py and analysis/lr_grid.py: fits that recover known curves, multipliers equal to their analytic
+"""stats/scaling.py and stats/lr_grid.py: fits that recover known curves, multipliers equal to their analytic
 values, intervals whose coverage in simulations of the shipped ladders is nominal, a trend that does not fire on a
 constant multiplier, an lr choice without a winner's curse, no extrapolation unless asked, the lr picker's rule."""
 import json
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from analysis import ladder_plan, lr_grid, scaling
+from analysis import ladder_plan
+from stats import lr_grid, scaling
 from analysis.scaling_plot import plot_scaling
 from errors import ConfigError
-from eval.stats import paired
+from stats.significance import paired
 
 COMPUTE = np.geomspace(1e15, 1e17, 5)
 
@@ -151,8 +152,8 @@ def test_target_is_model_py_flops_for_gpt2_124m_at_10b_tokens():
     assert scaling.GPT2_124M_10B[1] == model.flops_per_token(1024) * 19_073 * 2 ** 19
 
 
-def test_analysis_of_scaling_imports_no_torch():
-    code = ("import sys, analysis.scaling, analysis.lr_grid; "
+def test_statistics_of_scaling_import_no_torch():
+    code = ("import sys, stats.scaling, stats.lr_grid; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

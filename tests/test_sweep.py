@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from analysis import launchers, sweep
-from eval import stats
+from stats import significance
 from training.runlog import RunLog
 
 
@@ -97,19 +97,19 @@ T975_3, T80_3, T975_4, T80_4 = 3.182446, 0.978472, 2.776445, 0.940965
 
 
 def test_t_quantile_and_p_against_closed_forms():
-    assert stats.t_quantile(2) == pytest.approx(T975_2, rel=1e-12)
-    assert stats.t_quantile(1) == pytest.approx(T975_1, rel=1e-12)
-    assert stats.t_quantile(1, 0.80) == pytest.approx(T80_1, rel=1e-12)
-    assert stats.t_quantile(2, 0.80) == pytest.approx(T80_2, rel=1e-12)
+    assert significance.t_quantile(2) == pytest.approx(T975_2, rel=1e-12)
+    assert significance.t_quantile(1) == pytest.approx(T975_1, rel=1e-12)
+    assert significance.t_quantile(1, 0.80) == pytest.approx(T80_1, rel=1e-12)
+    assert significance.t_quantile(2, 0.80) == pytest.approx(T80_2, rel=1e-12)
     for df, q975, q80 in ((3, T975_3, T80_3), (4, T975_4, T80_4)):
-        assert stats.t_quantile(df) == pytest.approx(q975, abs=2e-6)
-        assert stats.t_quantile(df, 0.80) == pytest.approx(q80, abs=2e-6)
-    assert stats.t_quantile(1000) == pytest.approx(1.962339, abs=2e-6)  # towards the normal's 1.959964
+        assert significance.t_quantile(df) == pytest.approx(q975, abs=2e-6)
+        assert significance.t_quantile(df, 0.80) == pytest.approx(q80, abs=2e-6)
+    assert significance.t_quantile(1000) == pytest.approx(1.962339, abs=2e-6)  # towards the normal's 1.959964
     # df 2: P(|T| > t) = 1 - t / sqrt(2 + t^2); the interval's edge is p = 0.05
-    assert stats.t_pvalue(1.5, 2) == pytest.approx(1 - 1.5 / math.sqrt(2 + 1.5 ** 2), rel=1e-12)
-    assert stats.t_pvalue(-T975_2, 2) == pytest.approx(0.05, rel=1e-12)
+    assert significance.t_pvalue(1.5, 2) == pytest.approx(1 - 1.5 / math.sqrt(2 + 1.5 ** 2), rel=1e-12)
+    assert significance.t_pvalue(-T975_2, 2) == pytest.approx(0.05, rel=1e-12)
     diffs = [-0.1, -0.2, -0.3]
-    got = stats.paired({1: 0, 2: 0, 3: 0}, dict(zip((1, 2, 3), diffs)))
+    got = significance.paired({1: 0, 2: 0, 3: 0}, dict(zip((1, 2, 3), diffs)))
     mean, sd, t, ci = t_ci(diffs, T975_2)
     assert got["t"] == pytest.approx(t) and got["ci95"] == pytest.approx(list(ci))
     assert got["p"] == pytest.approx(1 - abs(t) / math.sqrt(2 + t * t), rel=1e-12)
@@ -117,22 +117,22 @@ def test_t_quantile_and_p_against_closed_forms():
 
 def test_detectable_difference_and_seeds_needed_by_hand():
     s = 0.0067  # the relu - gelu: paired std 0.0067 over 3 seeds, observed 0.0132
-    assert stats.detectable_difference(s, 3) == pytest.approx((T975_2 + T80_2) * s / math.sqrt(3), rel=1e-10)
-    assert round(stats.detectable_difference(s, 3), 3) == 0.021
-    assert stats.detectable_difference(s, 4) == pytest.approx((T975_3 + T80_3) * s / 2, rel=1e-5)  # 0.01394
-    assert stats.detectable_difference(s, 5) == pytest.approx((T975_4 + T80_4) * s / math.sqrt(5), rel=1e-5)  # 0.01114
-    assert stats.seeds_needed(s, 0.013) == 5 and stats.seeds_needed(s, -0.013) == 5  # 4 seeds: 0.01394 > 0.013
-    assert stats.seeds_needed(s, 0.0140) == 4 and stats.seeds_needed(s, 0.03) == 3
-    assert stats.seeds_needed(s, 0.07) == 2  # (T975_1 + T80_1) s / sqrt 2 = 0.0667
-    assert stats.seeds_needed(s, 0) is None and stats.seeds_needed(s, 1e-9) is None  # no number of seeds does
-    assert stats.detectable_difference(s, 1) is None and stats.seeds_needed(0.0, 0.001) == 2
+    assert significance.detectable_difference(s, 3) == pytest.approx((T975_2 + T80_2) * s / math.sqrt(3), rel=1e-10)
+    assert round(significance.detectable_difference(s, 3), 3) == 0.021
+    assert significance.detectable_difference(s, 4) == pytest.approx((T975_3 + T80_3) * s / 2, rel=1e-5)  # 0.01394
+    assert significance.detectable_difference(s, 5) == pytest.approx((T975_4 + T80_4) * s / math.sqrt(5), rel=1e-5)  # 0.01114
+    assert significance.seeds_needed(s, 0.013) == 5 and significance.seeds_needed(s, -0.013) == 5  # 4 seeds: 0.01394 > 0.013
+    assert significance.seeds_needed(s, 0.0140) == 4 and significance.seeds_needed(s, 0.03) == 3
+    assert significance.seeds_needed(s, 0.07) == 2  # (T975_1 + T80_1) s / sqrt 2 = 0.0667
+    assert significance.seeds_needed(s, 0) is None and significance.seeds_needed(s, 1e-9) is None  # no number of seeds does
+    assert significance.detectable_difference(s, 1) is None and significance.seeds_needed(0.0, 0.001) == 2
 
 
 def test_paired_uses_shared_seeds_only():
-    got = stats.paired({1: 1.0, 2: 2.0, 3: 3.0}, {2: 2.5, 3: 3.0, 4: 9.0})
+    got = significance.paired({1: 1.0, 2: 2.0, 3: 3.0}, {2: 2.5, 3: 3.0, 4: 9.0})
     assert got["seeds"] == [2, 3] and got["mean"] == pytest.approx(0.25)
     assert got["std"] == pytest.approx(statistics.stdev([0.5, 0.0]))
-    single = stats.paired({1: 1.0}, {1: 1.5})
+    single = significance.paired({1: 1.0}, {1: 1.5})
     assert single["n"] == 1 and single["t"] is None and single["ci95"] is None
 
 

@@ -10,7 +10,8 @@ from scipy.stats import binom
 
 from analysis import sweep
 from analysis.sweep_report import ALPHA
-from eval import stats
+from stats import significance
+from stats.family import holm
 from test_sweep import fake_run
 
 SWEEPS, SEEDS = 2000, 3
@@ -20,9 +21,9 @@ BOUND = binom.ppf(1 - 1e-4, SWEEPS, ALPHA) / SWEEPS
 
 def test_holm_by_hand():
     # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04; made non-decreasing: 0.06, 0.06
-    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02], rel=1e-12)
-    assert stats.holm([0.5, 0.7]) == pytest.approx([1.0, 1.0]) and stats.holm([0.2]) == pytest.approx([0.2])
-    rows = stats.holm([[0.01, 0.04, 0.03, 0.005], [0.04, 0.01, 0.005, 0.03]])  # one family per row
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02], rel=1e-12)
+    assert holm([0.5, 0.7]) == pytest.approx([1.0, 1.0]) and holm([0.2]) == pytest.approx([0.2])
+    rows = holm([[0.01, 0.04, 0.03, 0.005], [0.04, 0.01, 0.005, 0.03]])  # one family per row
     assert rows == pytest.approx(np.array([[0.03, 0.06, 0.06, 0.02], [0.06, 0.03, 0.02, 0.06]]), rel=1e-12)
 
 
@@ -31,17 +32,17 @@ def null_sweeps(rng, claims):
     seeds where no claim is true: paired differences drawn from N(0, 1)."""
     diffs = rng.standard_normal((SWEEPS, claims, SEEDS))
     mean, se = diffs.mean(-1), diffs.std(-1, ddof=1) / math.sqrt(SEEDS)
-    p = stats.t_pvalue(mean / se, SEEDS - 1)
-    one = stats.paired(dict(enumerate([0.0] * SEEDS)), dict(enumerate(diffs[0, 0])))
+    p = significance.t_pvalue(mean / se, SEEDS - 1)
+    one = significance.paired(dict(enumerate([0.0] * SEEDS)), dict(enumerate(diffs[0, 0])))
     assert one["p"] == pytest.approx(p[0, 0], rel=1e-9)  # the report's paired() gives the same p
-    return p, np.abs(mean) > stats.t_quantile(SEEDS - 1) * se
+    return p, np.abs(mean) > significance.t_quantile(SEEDS - 1) * se
 
 
 def test_control_verdict_false_alarm_rate_under_the_null():
     """An A/A control with four metrics (the translation sweep's final dev loss, valid BLEU, test BLEU greedy and
     beam) whose differences are pure noise: the sweep is called unreliable at most ALPHA of the time."""
     p, excludes_zero = null_sweeps(np.random.default_rng(0), 4)
-    false_alarms = (stats.holm(p) < ALPHA).any(-1).mean()
+    false_alarms = (holm(p) < ALPHA).any(-1).mean()
     old_rule = excludes_zero.any(-1).mean()
     assert false_alarms <= BOUND < old_rule, (false_alarms, BOUND, old_rule)  # old rule: 1 - 0.95^4 = 19%
 
@@ -52,7 +53,7 @@ def test_any_pair_declared_different_under_the_null():
     (sweep_report.claim_p); the worst case is an item-level interval that always excludes 0 (two trained models
     always differ on the items), where the per-seed p alone decides: simulated here."""
     p, excludes_zero = null_sweeps(np.random.default_rng(1), 18)
-    declared = (stats.holm(p) < ALPHA).any(-1).mean()
+    declared = (holm(p) < ALPHA).any(-1).mean()
     old_rule = excludes_zero.any(-1).mean()
     assert declared <= BOUND < old_rule, (declared, BOUND, old_rule)  # old rule: 1 - 0.95^18 = 60%
 

@@ -7,7 +7,7 @@ neighbour on each side, a parabola through those three means in log lr gives an 
 never used to pick: no run was trained there). A best lr at an end of the grid is flagged: the optimum may lie
 outside, and a comparison at it understates that arm.
 
-Comparisons are paired by seed (eval/stats.py's paired): each arm at its best lr against the baseline at its own
+Comparisons are paired by seed (stats/significance.py's paired): each arm at its best lr against the baseline at its own
 best lr ("what is X worth, both tuned"), and at the baseline's best lr ("X dropped into the baseline's recipe").
 """
 import math
@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from errors import ConfigError
-from eval.stats import mean_std, paired
+from stats.significance import mean_std, paired
 
 RULE = ("best lr: the grid point with the lowest mean final loss over seeds (a point with a diverged seed counts "
         "as worst); interpolated: the vertex of a parabola in log lr through the best point and its two neighbours")

@@ -1,7 +1,7 @@
-"""Statistics for reading results: binomial intervals for accuracies, paired differences over seeds, what a
-number of seeds can detect, the paired item-level noise of two models scored on the same benchmark items, and
-Holm's adjustment of a family of p-values. No torch; scipy.stats (and numpy) are imported inside the functions
-that use them: their import (about half a second) stays out of log reading, which needs only wilson()."""
+"""Significance for reading results: binomial intervals for accuracies, paired differences over seeds, what a
+number of seeds can detect, and the paired item-level noise of two models scored on the same benchmark items
+(Holm's adjustment of a family of them: stats/family.py). No torch; scipy.stats is imported inside the functions
+that use it: its import (about half a second) stays out of log reading, which needs only wilson()."""
 import math
 import statistics
 
@@ -28,20 +28,6 @@ def t_pvalue(t, df):
     """Two-sided p of a t statistic with df degrees of freedom; numpy arrays in, arrays out."""
     from scipy.stats import t as student
     return 2 * student.sf(abs(t), df)
-
-
-def holm(pvalues):
-    """Holm's step-down adjusted p-values (Holm 1979): the i-th smallest of m p-values times (m - i + 1), made
-    non-decreasing in that order and capped at 1. Rejecting where the adjusted p is below alpha keeps the
-    chance of any false rejection in the family at most alpha under every dependence between the tests.
-    Vectorised over the last axis (one family per row)."""
-    import numpy as np
-    p = np.asarray(pvalues, dtype=float)
-    order = np.argsort(p, axis=-1)
-    scaled = np.take_along_axis(p, order, axis=-1) * (p.shape[-1] - np.arange(p.shape[-1]))
-    adjusted = np.empty_like(p)
-    np.put_along_axis(adjusted, order, np.minimum(np.maximum.accumulate(scaled, axis=-1), 1.0), axis=-1)
-    return adjusted
 
 
 def mean_std(values):
