@@ -57,6 +57,10 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
 
+    # what a sweep's lr sets (sweep/plan.py), the lr itself first (run.json's `lr`): max_lr, and min_lr at the
+    # config's min_lr / max_lr, so that the cosine schedule keeps its shape
+    swept_lr: ClassVar[tuple] = ("max_lr", "min_lr")
+
 
 @dataclass
 class GPTEvalConfig(EvalConfig):

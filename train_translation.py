@@ -75,6 +75,10 @@ class OptimConfig:
     epochs: int = 20
     max_steps: int = 0  # > 0 overrides epochs
 
+    # what a sweep's lr sets (sweep/plan.py; run.json's `lr`): the peak of the inverse square root, which scales
+    # its whole schedule
+    swept_lr: ClassVar[tuple] = ("lr",)
+
 
 @dataclass
 class TranslationEvalConfig(EvalConfig):

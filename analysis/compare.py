@@ -3,7 +3,7 @@
     python -m analysis.compare log/gelu log/aglu -o compare.png
     python -m analysis.compare runs/sweep/* --x tokens --smooth 0.95
     python -m analysis.compare log/aglu --telemetry           # also compare_telemetry.png: kappa, lam, rho ... per layer
-                                                              # and compare_measures.png (analysis/measures.py)
+                                                              # and compare_measures.png (literature_measures.py)
     python analysis/compare.py ../build-nanogpt/log           # build-nanogpt's log.txt reads too
     python -m analysis.compare ../llm.c/log124M log/gelu      # llm.c's main.log too
 
@@ -21,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: works on headless machines
 import matplotlib.pyplot as plt
 
-from analysis import measures
+from analysis import literature_measures
 from analysis.run_setup import flag_lines
 from analysis.runs import RunError, load_runs, markdown_table, summary
 
@@ -66,7 +66,7 @@ def table(runs):
                "attn entropy", "stream growth"]
     rows = []
     for run in runs:
-        s, measured = summary(run), measures.summarize(run)
+        s, measured = summary(run), literature_measures.summarize(run)
         ev = s["hella_eval"]
         step = "-" if s["step"] is None else (f"{s['step']}/{s['max_steps']}" if s["max_steps"] else str(s["step"]))
         rows.append([s["label"], s["act"] or "-", _fmt(s["seed"], "d"), step, _fmt(s["tokens"], ",d"),
@@ -206,7 +206,7 @@ def main(argv=None):
             out = Path(args.output)
             print(f"wrote {plot_telemetry(runs, out.with_name(out.stem + '_telemetry.png'), args.x)}")
             if any(run.measures for run in runs):
-                measures.plot(runs, out.with_name(out.stem + "_measures.png"))
+                literature_measures.plot(runs, out.with_name(out.stem + "_measures.png"))
                 print(f"wrote {out.with_name(out.stem + '_measures.png')}")
     except RunError as e:
         raise SystemExit(f"error: {e}") from None

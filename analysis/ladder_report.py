@@ -4,7 +4,7 @@ read off the baseline's points), the trend, and every verdict under one error co
 Every number comes from the runs' own run.json and metrics.jsonl, never from directory names, so runs made by hand
 or on other machines report alike: the arm is the model options besides the shape (act, act_kwargs, norm, ...: an
 option that differs between runs is named in the label, e.g. gelu+norm=rmsnorm) and the init seed offset, the size
-is (n_layer, n_embd, n_head), the lr max_lr (translation: lr), the seed run.seed, the loss the final val loss of a
+is (n_layer, n_embd, n_head), the lr run.json's `lr` (what the sweep set), the seed run.seed, the loss the final val loss of a
 finished run and the compute the `flops` of its last eval record (model.py's flops_per_token times the tokens).
 
 The lr: stats/lr_grid.py picks each arm's best lr on a size's grid; lr_grid.png draws loss against lr. With the
@@ -23,9 +23,8 @@ import statistics
 from pathlib import Path
 
 from analysis.lr_grid_plot import plot_lr_grid
-from analysis.runs import RunError, load_run, markdown_table, read_metrics, summary
+from analysis.runs import RunError, finished, load_run, markdown_table, read_metrics, summary
 from analysis.scaling_plot import plot_scaling
-from analysis.sweep_report import finished
 from errors import ConfigError
 from stats import lr_grid, scaling
 from stats.family import adjust
@@ -67,7 +66,7 @@ def read_points(out):
         flops = [r["flops"] for r in read_metrics(path / "metrics.jsonl") if r.get("kind") == "eval" and "flops" in r] \
             if (path / "metrics.jsonl").is_file() else []
         identities.append(identity)
-        points.append({"size": tuple(model.get(k) for k in SHAPE), "lr": run.setting("max_lr") or run.setting("lr"),
+        points.append({"size": tuple(model.get(k) for k in SHAPE), "lr": run.lr,
                        "seed": run.setting("seed"), "loss": summary(run)["final_val"],
                        "compute": flops[-1] if flops else None, "path": path.name, "vocab": model.get("vocab_size")})
     varying = [k for k in dict.fromkeys(k for i in identities for k in i)

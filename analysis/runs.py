@@ -7,8 +7,9 @@ A run directory holds any of:
                  val lines and `s:STEP eval:ACC` HellaSwag lines (acc_norm: the lowest mean token loss wins)
   metrics.jsonl  one JSON object per line with "step" and "kind": train records (loss, tok_per_s, tokens)
                  and eval records (val_loss, val_bpb (bits per byte), hellaswag_acc, hellaswag_acc_norm, bleu, telemetry, tokens)
-  run.json       {"config": ..., "environment": ..., "segments": ...}: activation, seed, max_steps, tokens per
-                 step; per start of the run (segments) its versions, precision, compile, kernels and source
+  run.json       {"config": ..., "lr": ..., "environment": ..., "segments": ...}: activation, seed, max_steps,
+                 tokens per step, the learning rate a sweep sets; per start of the run (segments) its versions,
+                 precision, compile, kernels and source
   hellaswag_*.json  results of eval/hellaswag.py on the run's checkpoints (both scorings); the full one
                  (no --limit) of the latest step is shown, else the largest limited one
 metrics.jsonl wins for every series it has; log.txt, then main.log fill in the rest (build-nanogpt and llm.c
@@ -38,13 +39,15 @@ class RunError(DataError):
 
 
 @dataclass
-class Run:
+class RunRecord:
+    """What a run directory records, read back: its config, series, telemetry and evaluations."""
     path: Path
     label: str
     config: dict | None = None
+    lr: float | None = None  # the learning rate a sweep sets (run.json's `lr`; older runs: max_lr, else lr)
     series: dict = field(default_factory=dict)  # name -> sorted [(step, value, tokens or None)]
     telemetry: list = field(default_factory=list)  # [(step, tokens or None, telemetry dict)]
-    measures: list = field(default_factory=list)  # [(step, tokens or None, measure dict)]: analysis/measures.py
+    measures: list = field(default_factory=list)  # [(step, tokens or None, measure dict)]: analysis/literature_measures.py
     tok_per_s: list = field(default_factory=list)
     hellaswag_eval: dict | None = None  # the chosen hellaswag_*.json record, plus its "file"
     test: dict | None = None  # translation: the test-set BLEU record written after the last step
@@ -53,7 +56,7 @@ class Run:
 
     def setting(self, name):
         """A config leaf by name (config option names are unique across sections), or None."""
-        return leaf(self.config, name) if self.config else None
+        return config_value(self.config, name) if self.config else None
 
     @property
     def last_step(self):
@@ -61,12 +64,13 @@ class Run:
         return max(steps) if steps else None
 
 
-def leaf(table, name):
+def config_value(table, name):
+    """The value of option `name` in a nested config table, whichever section holds it, or None."""
     for key, value in table.items():
         if key == name:
             return value
         if isinstance(value, dict):
-            found = leaf(value, name)
+            found = config_value(value, name)
             if found is not None:
                 return found
     return None
@@ -170,7 +174,7 @@ def load_run(path):
     if not (log_txt.is_file() or metrics.is_file() or main_log.is_file()):
         raise RunError(f"{path}: no log.txt, metrics.jsonl or main.log here; pass the --out-dir of a training run "
                        "(build-nanogpt's log directory, llm.c's -o directory)")
-    config = kernels = None
+    config = kernels = lr = None
     if run_json.is_file():
         try:
             info = json.loads(run_json.read_text())
@@ -178,8 +182,10 @@ def load_run(path):
         except (ValueError, KeyError, TypeError, OSError):
             raise RunError(f"{run_json}: not a run.json with a \"config\" object") from None
         kernels = ((info.get("environment") or {}).get("decisions") or {}).get("activations")
-    run = Run(path=path, label=path.name, config=config, hellaswag_eval=read_hellaswag_results(path), kernels=kernels,
-              segments=segments_of(info) if run_json.is_file() else [])
+        # a run.json written before it stated `lr`: the GPT trainer's max_lr, else the translation trainer's lr
+        lr = info.get("lr") or config_value(config, "max_lr") or config_value(config, "lr")
+    run = RunRecord(path=path, label=path.name, config=config, lr=lr, hellaswag_eval=read_hellaswag_results(path),
+                    kernels=kernels, segments=segments_of(info) if run_json.is_file() else [])
 
     per_step = {}  # series -> {step: (value, tokens)}
     if metrics.is_file():
@@ -213,6 +219,18 @@ def load_run(path):
             points.append((step, value, tokens))
         run.series[name] = points
     return run
+
+
+def finished(path):
+    """The run's final evaluation (at max_steps) is logged; translation: its test-set BLEU after the last step."""
+    try:
+        run = load_run(path)
+    except RunError:
+        return False
+    if run.setting("test_at_end"):
+        return run.test is not None
+    val, max_steps = run.series.get("val"), run.setting("max_steps")
+    return bool(val) and max_steps is not None and val[-1][0] == max_steps
 
 
 def load_runs(paths):

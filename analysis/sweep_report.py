@@ -21,10 +21,10 @@ import json
 import re
 from pathlib import Path
 
-from analysis import measures
+from analysis import literature_measures
 from analysis.compare import plot_telemetry, table
 from analysis.run_setup import flag_lines, kernel_text
-from analysis.runs import RunError, load_run, load_runs, markdown_table, summary
+from analysis.runs import RunError, finished, load_runs, markdown_table, summary
 from analysis.sweep_plot import plot_sweep
 from eval import hellaswag_items
 from eval.compare_items import shared_items
@@ -45,18 +45,6 @@ def variant_of(run):
     """The variant label of a run: its directory name without `_seedN`, else its activation."""
     match = re.fullmatch(r"(.+)_seed\d+", run.path.name)
     return match.group(1) if match else run.setting("act")
-
-
-def finished(path):
-    """The run's final evaluation (at max_steps) is logged; translation: its test-set BLEU after the last step."""
-    try:
-        run = load_run(path)
-    except RunError:
-        return False
-    if run.setting("test_at_end"):
-        return run.test is not None
-    val, max_steps = run.series.get("val"), run.setting("max_steps")
-    return bool(val) and max_steps is not None and val[-1][0] == max_steps
 
 
 def _num(x):
@@ -406,16 +394,16 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
                declared_sentence(pairs, baselines, metrics, control, family_size), "",
                "What these seeds can detect:", "", *sentences, ""]
     md += hellaswag_intervals(pairs, baselines)
-    measured = measures.paired_differences({a: [r for r in done if variant_of(r) == a] for a in order},
+    measured = literature_measures.paired_differences({a: [r for r in done if variant_of(r) == a] for a in order},
                                            {a: baselines[a] for a in pairs})
     result["measures"] = measured
-    if measures.sentences(measured, baselines):
-        md += ["The literature's measurements at each run's last evaluation (analysis/measures.py: "
-               + "; ".join(f"{name}: {what}" for name, (what, _) in measures.SUMMARIES.items())
+    if literature_measures.sentences(measured, baselines):
+        md += ["The literature's measurements at each run's last evaluation (analysis/literature_measures.py: "
+               + "; ".join(f"{name}: {what}" for name, (what, _) in literature_measures.SUMMARIES.items())
                + f"), paired by seed; each measure's own 95% interval, unadjusted, exploratory: outside the Holm "
                f"family of the claims above, no error control over these {sum(map(len, measured.values()))} "
                "comparisons (with many null measures some interval excludes 0 by chance), so they declare nothing:",
-               "", *measures.sentences(measured, baselines), ""]
+               "", *literature_measures.sentences(measured, baselines), ""]
     result["setup_flags"] = setup_flags
     text = "\n".join(md)
     (out / "sweep.md").write_text(text)
@@ -425,7 +413,7 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
         if any(r.telemetry for r in runs):
             plot_telemetry(runs, out / "compare_telemetry.png")
         if any(r.measures for r in done):
-            measures.plot(done, out / "compare_measures.png")
+            literature_measures.plot(done, out / "compare_measures.png")
     except RunError as e:  # nothing logged yet: the tables still stand
         text += f"\n(no plot: {e})"
     return text

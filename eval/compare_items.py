@@ -17,7 +17,7 @@ way with probability 1/2: the exact McNemar test (scipy's exact binomial test). 
 square-and-add interval for paired proportions (stats/significance.py: paired_difference_ci; unconditional, built from
 the two Wilson intervals and their correlation). Both measure item-level noise only: the same two trained models
 on another sample of items like these. Whether another seed of training would change the difference is the
-per-seed question (python -m analysis.sweep); a claim needs both.
+per-seed question (python -m sweep); a claim needs both.
 """
 import argparse
 import sys
@@ -97,7 +97,7 @@ def report(a, b, rows):
                      f"{r['p_mcnemar']:.3g} | {r['discordant']:,}: {r['only_a']:,} / {r['only_b']:,} |")
     lines += ["", "Item-level noise only (Newcombe's paired interval, exact McNemar test on the discordant items): "
                   "these two trained models on another sample of items. Another seed of training is another "
-                  "question: compare seeds with python -m analysis.sweep."]
+                  "question: compare seeds with python -m sweep."]
     return "\n".join(lines)
 
 

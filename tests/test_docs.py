@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import sweep
+from sweep import plan as sweep_plan
 from training import config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def tracked(root, pattern):
     return sorted(p for p in root.glob(glob) if not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
-PACKAGES = ("activations", "analysis", "bench", "data", "eval", "export", "stats", "training", "translation")
+PACKAGES = ("activations", "analysis", "bench", "data", "eval", "export", "stats", "sweep", "training", "translation")
 DOCS = tracked(ROOT, "*.md")
 SOURCES = [*sorted(ROOT.glob("*.py")), *(p for pkg in PACKAGES for p in sorted((ROOT / pkg).glob("*.py")))]
 CONFIGS = tracked(ROOT, "configs/*.toml")
@@ -126,7 +126,10 @@ def our_file(target):
     """The file of a script or `-m module` of this repository; None for pytest, venv or another repository's."""
     if target.startswith("-m "):
         module = target[3:]
-        return ROOT / (module.replace(".", "/") + ".py") if module.split(".")[0] in PACKAGES else None
+        if module.split(".")[0] not in PACKAGES:
+            return None
+        package = ROOT / module.replace(".", "/")  # `python -m sweep` runs the package's __main__.py
+        return package / "__main__.py" if package.is_dir() else package.with_suffix(".py")
     return None if target.startswith(("../", "/", "$")) else ROOT / target
 
 
@@ -259,7 +262,8 @@ def test_dotted_module_references_resolve():
     for where, text in docs_and_docstrings():
         for name in re.findall(r"(?<![\w.$/-])[a-z_]\w*(?:\.\w+)+", text):
             parts = name.split(".")
-            if parts[-1] in ("py", "cu"):  # a file name (llm.c's train_gpt2.cu too), checked as a path
+            # a file name (llm.c's train_gpt2.cu, a sweep directory's sweep.md and sweep.json too): not a module
+            if parts[-1] in ("py", "cu", "md", "json"):
                 continue
             if parts[0] in (*PACKAGES, *(p.stem for p in ROOT.glob("*.py"))):
                 if not resolves(parts):
@@ -338,10 +342,10 @@ def test_flags_are_accepted():
             continue
         flags = [a.split("=")[0] for a in args if a.startswith("--")]
         accepted = [accepts(file)] if flags else []
-        if flags and file == ROOT / "analysis" / "sweep.py":  # the options it does not know go to its trainer
-            plan = value(args, "--plan")
-            trainer = value(args, "--trainer") or (plan and sweep.read_plan(ROOT / plan)[0]) or "gpt2"
-            accepted.append(accepts(sweep.TRAINERS[trainer]))
+        if flags and file in (ROOT / "sweep" / "__main__.py", ROOT / "analysis" / "sweep.py"):
+            plan = value(args, "--plan")  # the options the sweep does not know go to its trainer
+            trainer = value(args, "--trainer") or (plan and sweep_plan.read_file(ROOT / plan).trainer) or "gpt2"
+            accepted.append(accepts(sweep_plan.TRAINERS[trainer]))
         unknown += [f"{where}: {flag} in {command}" for flag in flags if not any(ok(flag) for ok in accepted)]
     assert not unknown, "\n".join(unknown)
 

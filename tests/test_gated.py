@@ -15,7 +15,7 @@ import activations
 import train_gpt2
 import train_translation
 from activations.gated import MATCH, hidden_width, mismatch, width_note
-from analysis.sweep import read_plan
+from sweep.plan import read_file
 from activations.telemetry import collect
 from model import GPT, MLP, GPTConfig
 from test_train_gpt2 import VOCAB, args, cli_error, final_weights, train_in_process, train_losses, write_corpus
@@ -69,7 +69,7 @@ def shipped_runs(path):
     itself."""
     table = tomllib.loads(path.read_text())
     if "trainer" in table:
-        trainer, config, _, variants, _, _, ladder = read_plan(path)
+        trainer, config, _, variants, _, _, ladder, _ = read_file(path)
         sizes = [[item for k, v in size.items() if k != "max_steps" for item in (f"--{k.replace('_', '-')}", str(v))]
                  for size in (ladder.sizes.values() if ladder else [{}])]
         return [(trainer, ["--config", str(ROOT / config), *options, *size]) for _, options, _ in variants

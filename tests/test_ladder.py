@@ -1,4 +1,4 @@
-"""Ladder sweeps (analysis/ladder_plan.py, analysis/ladder_report.py): arms x sizes x seeds x lrs from a plan, resumed
+"""Ladder sweeps (sweep/plan.py, analysis/ladder_report.py): arms x sizes x seeds x lrs from a plan, resumed
 after a crash; the report read from the runs' own run.json, fitted and turned into a compute multiplier."""
 import json
 import math
@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis import ladder_report, sweep
+from analysis import ladder_report
+from analysis.runs import load_run
+from sweep import cli, schedule
+from sweep.plan import run_dir
 from model import GPT, GPTConfig
 from test_sweep import launches, without_plots
 from training.runlog import RunLog
@@ -74,9 +77,9 @@ def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path
     launches(monkeypatch, fake)
     argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--eval-interval", "5"]
     with pytest.raises(SystemExit, match="relu size a lr 0.002 seed 1 stopped"):
-        sweep.main(argv)
+        cli.main(argv)
     first = len(calls)
-    sweep.main(argv)  # the same command continues: the 4 finished runs are skipped, the crashed one runs again
+    cli.main(argv)  # the same command continues: the 4 finished runs are skipped, the crashed one runs again
     runs = [(option(c, "--act"), option(c, "--n-layer"), option(c, "--max-lr"), option(c, "--seed"))
             for c in calls[first:]]
     grid = [(a, "1", f"{lr:g}", str(s)) for s in (1, 2) for a in ("gelu", "relu") for lr in (1e-3, 2e-3, 4e-3)]
@@ -90,7 +93,7 @@ def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path
     assert result["lr_grid"]["L1-d32-h2"]["picks"]["relu"]["edge"] == "high"
     calls.clear()
     without_plots(monkeypatch)
-    sweep.main(argv)
+    cli.main(argv)
     assert calls == []
 
 
@@ -107,7 +110,7 @@ def test_lr_seeds_pick_on_their_own_runs_and_every_size_is_compared_on_the_other
 
     (tmp_path / "plan.toml").write_text(PLAN.replace('lr_size = "a"', 'lr_size = "a"\nlr_seeds = [7]'))
     launches(monkeypatch, fake)
-    sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
+    cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
     runs = [(option(c, "--act"), option(c, "--n-layer"), option(c, "--max-lr"), option(c, "--seed")) for c in calls]
     grid = [(a, "1", f"{lr:g}", "7") for a in ("gelu", "relu") for lr in (1e-3, 2e-3, 4e-3)]
     assert runs == grid + [(a, n, f"{BEST[a]:g}", str(s)) for s in (1, 2) for n in ("1", "2") for a in ("gelu", "relu")]
@@ -125,13 +128,13 @@ def test_lr_seeds_pick_on_their_own_runs_and_every_size_is_compared_on_the_other
      "--max-lr is set by the ladder"),
     (("config =", "trainer = \"translation\"\nconfig ="), "the translation trainer's ladder is lrs alone"),
     (("lr_size = \"a\"", "lr_size = \"a\"\nlr_seeds = [2, 3]"), "lr_seeds must be a list of integers disjoint from"),
-    (("gpt2_cpu_tiny", "translation_cpu_small"), "scales min_lr with max_lr (their ratio kept); set both"),
+    (("gpt2_cpu_tiny", "translation_cpu_small"), "unknown config key 'model.enc_layers'"),  # read as the trainer reads it
 ])
 def test_bad_ladder_plans_are_one_line_errors(tmp_path, change, message, capsys, monkeypatch):
     launches(monkeypatch, lambda *a, **k: pytest.fail("launched a run on a bad plan"))
     (tmp_path / "plan.toml").write_text(PLAN.replace(*change))
     with pytest.raises(SystemExit):
-        sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
+        cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert message in err
 
@@ -171,8 +174,8 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path):
         "results": {"gelu": {"contender": {"act": "gelu"}, "tok_per_s": 1000.0, "flops_per_token": 100},
                     "relu2": {"contender": {"act": "relu2"}, "tok_per_s": 800.0, "flops_per_token": 100}}}))
     with pytest.raises(SystemExit, match="pass --extrapolate"):
-        sweep.main(["--report-only", str(tmp_path), "--target", "gpt2-124m-10b", "--resamples", "20"])
-    sweep.main(["--report-only", str(tmp_path), "--baseline", "gelu", "--throughput", str(tmp_path / "bench.json"),
+        cli.main(["--report-only", str(tmp_path), "--target", "gpt2-124m-10b", "--resamples", "20"])
+    cli.main(["--report-only", str(tmp_path), "--baseline", "gelu", "--throughput", str(tmp_path / "bench.json"),
                 "--resamples", "20", "--target", "gpt2-124m-10b", "--extrapolate"])
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert result["best_lr"] == {"gelu": {"L1-d32-h2": 3e-3}, "relu2": {"L1-d32-h2": 3e-3}}
@@ -208,7 +211,7 @@ def test_a_ladder_of_equal_seeds_and_an_aa_control_is_reported(tmp_path):
         (path / "run.json").write_text(json.dumps(info))
     (tmp_path / "sweep_plan.json").write_text(json.dumps({"baseline": "gelu", "ladder": {"lrs": [None]}}))
     shutil.rmtree(tmp_path / "job024")  # half-finished: the control's seed 3 at one size is missing
-    sweep.main(["--report-only", str(tmp_path), "--resamples", "20"])
+    cli.main(["--report-only", str(tmp_path), "--resamples", "20"])
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert result["arms"] == ["gelu", "gelu+init_seed_offset=1000000"]
     assert result["fit"]["multipliers"]["gelu+init_seed_offset=1000000"]["fitted"]["multiplier"] == pytest.approx(1)
@@ -230,27 +233,38 @@ def test_throughput_is_looked_up_by_the_arm_and_a_missing_one_said(tmp_path):
     ("configs/ladder_gpu.toml", dict(vocab_size=50304, block_size=1024), 20)])
 def test_shipped_ladder_plans_follow_their_tokens_per_parameter(plan, config, tokens_per_param):
     """Each size's max_steps = ceil(tokens per parameter x N / tokens per step), N outside the embeddings."""
-    args, _ = sweep.parse_args(["--plan", plan, "--out-dir", "x"])
+    _, ladder = cli.parse_args(["--plan", plan, "--out-dir", "x"])
     tokens_per_step = {"configs/ladder_cpu.toml": 1024, "configs/ladder_gpu.toml": 2 ** 19}[plan]
-    for size, opts in args.size_options.items():
+    for size, opts in ladder.size_options.items():
         shape = {k: int(option(opts, f"--{k.replace('_', '-')}")) for k in ("n_layer", "n_embd", "n_head")}
         with torch.device("meta"):
             n = GPT(GPTConfig(**config, **shape), seed=0).param_counts()["non_embedding"]
         assert int(option(opts, "--max-steps")) == math.ceil(tokens_per_param * n / tokens_per_step), size
-    assert args.ladder.lr_size in args.size_options and len(args.ladder.lrs) >= 3 and len(args.variants) >= 3
+    assert ladder.ladder.lr_size in ladder.size_options and len(ladder.ladder.lrs) >= 3 and len(ladder.variants) >= 3
 
 
 def test_lrs_set_each_trainers_own_lr_options():
     """GPT: max_lr, with min_lr at the config's ratio (gpt2_cpu_study: 3e-4 / 3e-3); translation: its one lr."""
     common = ["--acts", "relu", "--seeds", "1", "--out-dir", "x", "--lrs", "1e-3,2e-3"]
-    gpt, _ = sweep.parse_args(["--config", "configs/gpt2_cpu_study.toml", *common])
-    assert [job[1][2:] for job in sweep.ladder_jobs(gpt, [None], {"relu": gpt.ladder.lrs})] == [
+    _, gpt = cli.parse_args(["--config", "configs/gpt2_cpu_study.toml", *common])
+    assert [job[1][2:] for job in schedule.ladder_jobs(gpt, [None], {"relu": gpt.ladder.lrs})] == [
         ["--max-lr", "0.001", "--min-lr", "0.0001"], ["--max-lr", "0.002", "--min-lr", "0.0002"]]
-    translation, _ = sweep.parse_args(["--trainer", "translation", "--config", "configs/translation_cpu_small.toml",
-                                       *common])
-    assert [job[1][2:] for job in sweep.ladder_jobs(translation, [None], {"relu": translation.ladder.lrs})] == [
+    _, translation = cli.parse_args(["--trainer", "translation", "--config", "configs/translation_cpu_small.toml",
+                                     *common])
+    assert [job[1][2:] for job in schedule.ladder_jobs(translation, [None], {"relu": translation.ladder.lrs})] == [
         ["--lr", "0.001"], ["--lr", "0.002"]]
-    assert sweep.run_dir("x", "relu", 1, None, 1e-3) == Path("x/relu_lr0.001_seed1")
+    assert run_dir("x", "relu", 1, None, 1e-3) == Path("x/relu_lr0.001_seed1")
+
+
+def test_a_runs_lr_is_the_one_run_json_states_and_older_runs_read_their_trainers_option(tmp_path):
+    """The loop writes run.json's `lr` (the option the trainer's swept_lr names first); a run.json from before it
+    did still reports: the GPT trainer's max_lr, else the translation trainer's lr."""
+    runs = {"gpt": ({"max_lr": 1e-3}, None), "translation": ({"lr": 5e-4}, None),
+            "stated": ({"max_lr": 1e-3, "lr": 7e-4}, 2e-3)}  # the first two written as before run.json had `lr`
+    for name, (optim, lr) in runs.items():
+        RunLog(tmp_path / name).write_run_info({"model": {"act": "relu"}, "optim": optim}, {}, lr=lr)
+        (tmp_path / name / "log.txt").write_text("0 val 3.0\n")
+    assert [load_run(tmp_path / name).lr for name in runs] == [1e-3, 5e-4, 2e-3]
 
 
 def test_arm_labels_name_the_model_options_that_differ(tmp_path):

@@ -1,4 +1,4 @@
-"""Launchers (analysis/launchers.py): a plan side by side through submitit's local executor reports as the sequential
+"""Launchers (sweep/launchers.py): a plan side by side through submitit's local executor reports as the sequential
 sweep does; as a SLURM job array (stand-in sbatch, srun, sacct, scontrol: tests/fake_slurm.py) it asks for its
 resources, and a job signalled mid-run checkpoints, requeues and ends bit-for-bit where an uninterrupted run ends;
 the cost line and --status."""
@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import fake_slurm
-from analysis import ladder_report, launchers, sweep, sweep_status
+from analysis import ladder_report
+from sweep import cli, launchers, plan
+from sweep.status import status_rows
 from model import GPT, GPTConfig
 from test_sweep import fake_run
 from test_train_gpt2 import final_weights, train_in_process, train_losses, write_corpus
@@ -42,14 +44,14 @@ def test_local_launcher_runs_two_at_a_time_and_reports_as_the_sequential_sweep(t
     """2 sizes x 2 arms x 2 seeds through submitit's LocalExecutor, two at a time (a CPU machine), each run the
     stand-in trainer (tests/stand_in_trainer.py: a torch import per run would cost seconds): its report is the one
     the sequential sweep writes for the same runs."""
-    monkeypatch.setitem(sweep.TRAINERS, "gpt2", HERE / "stand_in_trainer.py")
+    monkeypatch.setitem(plan.TRAINERS, "gpt2", HERE / "stand_in_trainer.py")
     monkeypatch.setattr(ladder_report, "plot_scaling", lambda *a, **k: None)
     monkeypatch.setattr(ladder_report, "plot_lr_grid", lambda *a, **k: None)
     (tmp_path / "plan.toml").write_text(PLAN)
     reports = {}
     for launcher in ("sequential", "local"):
         out = tmp_path / launcher
-        sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out), "--launcher", launcher])
+        cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out), "--launcher", launcher])
         reports[launcher] = (out / "sweep.md").read_text().replace(str(out), "OUT")
     assert reports["local"] == reports["sequential"]
     runs = sorted((tmp_path / "local").glob("*_seed*"))
@@ -131,7 +133,7 @@ def test_slurm_array_asks_for_its_resources_and_a_signalled_job_resumes_to_the_u
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     (tmp_path / "plan.toml").write_text(SLURM_PLAN.format(config=config))
     argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out)]
-    sweep.main(argv)
+    cli.main(argv)
 
     submitted = [json.loads(line) for line in (state / "submissions.jsonl").read_text().splitlines()]
     assert len(submitted) == 1  # one array for both runs
@@ -165,10 +167,10 @@ def test_slurm_array_asks_for_its_resources_and_a_signalled_job_resumes_to_the_u
     a, b = final_weights(tmp_path / "straight", max_steps), final_weights(out / "gelu_seed1", max_steps)
     assert all(torch.equal(a[key], b[key]) for key in a)
 
-    status = {row[0]: row[1:] for row in sweep_status.status_rows(out)}
+    status = {row[0]: row[1:] for row in status_rows(out)}
     assert status["gelu_seed1"][:4] == ("done", "1000_0", 1, max_steps)
     assert status["relu_seed1"][:3] == ("pending", "1000_1", 0)
-    sweep.main(argv)  # again: the pending job is left alone, nothing is submitted twice
+    cli.main(argv)  # again: the pending job is left alone, nothing is submitted twice
     assert len((state / "submissions.jsonl").read_text().splitlines()) == 1
 
 
@@ -187,7 +189,7 @@ def test_dry_run_prints_the_cost_and_the_runs_and_launches_nothing(tmp_path, mon
                                                                      'lr_size = "a"'))
     (tmp_path / "bench.json").write_text(json.dumps({"device": "Test GPU", "results": {
         "gelu": {"contender": {"act": "gelu"}, "tok_per_s": 1000.0, "flops_per_token": 1e6}}}))
-    sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--dry-run",
+    cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--dry-run",
                 "--throughput", str(tmp_path / "bench.json")])
     text = capsys.readouterr().out
     flops = {}
@@ -231,15 +233,15 @@ def test_status_names_every_run_with_its_state_job_and_last_step(tmp_path, monke
             ("relu_seed2", "1000_3", "FAILED", {"state": "failed", "error": ["Traceback", "error: out of memory"]})):
         launchers.write_job(out / name, launcher="slurm", job_id=job, **record)
         (state / f"task_{job}.json").write_text(json.dumps({"state": task_state}))
-    sweep.main(["--status", str(out)])
+    cli.main(["--status", str(out)])
     text = capsys.readouterr().out
-    rows = {row[0]: row[1:5] for row in sweep_status.status_rows(out)}
+    rows = {row[0]: row[1:5] for row in status_rows(out)}
     assert rows == {"gelu_seed1": ("done", "1000_0", 0, 10), "relu_seed1": ("running", "1000_1", 0, 6),
                     "gelu_seed2": ("requeued", "1000_2", 2, 3), "relu_seed2": ("failed", "1000_3", 0, 2),
                     "gelu_seed3": ("pending", "", 0, None)}
     assert "5 runs, 1 done, 1 failed, 1 pending, 1 requeued, 1 running" in text
     assert "Traceback | error: out of memory" in text
-    sweep.main(["--report-only", str(out)])
+    cli.main(["--report-only", str(out)])
     assert "missing: 4 run(s) of the plan have not finished (relu_seed1, gelu_seed2, relu_seed2, gelu_seed3)" in \
         capsys.readouterr().out
 
@@ -254,7 +256,7 @@ def test_a_job_runs_torchrun_across_its_nodes_and_a_failing_trainer_fails_it_wit
         monkeypatch.setenv(key, value)
     import submitit
 
-    run = launchers.Run(tmp_path, ["train_gpt2.py", "--act", "gelu"], "gelu seed 1")
+    run = launchers.RunCommand(tmp_path, ["train_gpt2.py", "--act", "gelu"], "gelu seed 1")
     command = launchers.TrainerJob(run, nproc_per_node=8, nnodes=2, stop_timeout_s=90).command(
         submitit.JobEnvironment())
     assert command[1:] == ["-m", "torch.distributed.run", "--nproc_per_node=8", "--shutdown-timeout=90",
@@ -263,7 +265,7 @@ def test_a_job_runs_torchrun_across_its_nodes_and_a_failing_trainer_fails_it_wit
 
     monkeypatch.setenv("SLURM_NODEID", "0")
     monkeypatch.setenv("SLURM_PROCID", "0")
-    failing = launchers.Run(tmp_path, ["-c", "import sys; print('step 3'); sys.exit('error: out of memory')"], "x")
+    failing = launchers.RunCommand(tmp_path, ["-c", "import sys; print('step 3'); sys.exit('error: out of memory')"], "x")
     with pytest.raises(RuntimeError, match=r"x: the trainer exited with code 1; the last lines .*\nstep 3\n"
                                            r"error: out of memory"):
         launchers.TrainerJob(failing, nproc_per_node=1)()
@@ -280,7 +282,7 @@ def test_a_job_runs_torchrun_across_its_nodes_and_a_failing_trainer_fails_it_wit
 def test_bad_launcher_tables_are_one_line_errors(tmp_path, table, message, capsys):
     (tmp_path / "plan.toml").write_text(PLAN + table)
     with pytest.raises(SystemExit):
-        sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
+        cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
@@ -289,9 +291,9 @@ def test_slurm_without_its_commands_or_refused_by_sbatch_is_one_line(tmp_path, m
     argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--launcher", "slurm"]
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(SystemExit, match="needs SLURM's commands; sbatch, srun, sacct, scontrol not on PATH"):
-        sweep.main(argv)
+        cli.main(argv)
     bin_dir = fake_slurm.install(tmp_path / "bin")
     (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     with pytest.raises(SystemExit, match="sbatch refused the job array: .*invalid partition specified: gpu"):
-        sweep.main(argv)
+        cli.main(argv)

@@ -145,36 +145,36 @@ def test_the_command_measures_a_run_and_its_init(tmp_path, capsys):
 
 
 def fake_run(act, seed, zeros, entropy):
-    from analysis.runs import Run
+    from analysis.runs import RunRecord
     record = {"sparsity": {"h.0": {"zeros": zeros, "dead": 0.0}, "h.1": {"zeros": zeros, "dead": 0.0}},
               "massive": [{"max": 4.0, "median": 1.0, "ratio": 4.0}],
               "attention_entropy": [[entropy, entropy]], "signal": [{"variance": 1.0}, {"variance": 2.0}]}
-    return Run(path=None, label=f"{act}_seed{seed}", config={"model": {"act": act}, "run": {"seed": seed}},
+    return RunRecord(path=None, label=f"{act}_seed{seed}", config={"model": {"act": act}, "run": {"seed": seed}},
                measures=[(10, None, record)])
 
 
 def test_arms_differ_beyond_seed_noise_where_their_measures_do():
     """relu has 0.5 zeros on every seed, gelu none: beyond noise; the entropies scatter around the same value:
     within noise."""
-    from analysis import measures
+    from analysis import literature_measures
     from analysis.compare import table
 
     runs = {"gelu": [fake_run("gelu", s, 0.0, 1.9 + 0.01 * s) for s in (1, 2, 3)],
             "relu": [fake_run("relu", s, 0.5 + 0.01 * s, 1.9 + 0.01 * (4 - s)) for s in (1, 2, 3)]}
-    diffs = measures.paired_differences(runs, {"gelu": None, "relu": "gelu"})
+    diffs = literature_measures.paired_differences(runs, {"gelu": None, "relu": "gelu"})
     assert diffs["relu"]["zeros"]["mean"] == pytest.approx(0.52)
-    assert measures.beyond_noise(diffs["relu"]["zeros"]) is True
-    assert measures.beyond_noise(diffs["relu"]["attention_entropy"]) is False
-    assert measures.beyond_noise(diffs["relu"]["massive"]) is False  # identical on every seed
-    assert measures.beyond_noise(paired({1: 0.0}, {1: 1.0})) is None  # one seed: no interval
-    (line,) = measures.sentences(diffs, {"relu": "gelu"})
+    assert literature_measures.beyond_noise(diffs["relu"]["zeros"]) is True
+    assert literature_measures.beyond_noise(diffs["relu"]["attention_entropy"]) is False
+    assert literature_measures.beyond_noise(diffs["relu"]["massive"]) is False  # identical on every seed
+    assert literature_measures.beyond_noise(paired({1: 0.0}, {1: 1.0})) is None  # one seed: no interval
+    (line,) = literature_measures.sentences(diffs, {"relu": "gelu"})
     assert "in zeros +0.52 [" in line and line.endswith("within noise: dead, massive, attention_entropy, stream_growth")
     header, _, first = table(runs["relu"]).splitlines()[:3]
     assert "| zeros " in header and "| 0.51 " in first  # analysis.compare's columns
 
 
 def test_the_sweep_report_says_which_measures_differ_between_arms(tmp_path):
-    from analysis import sweep
+    from analysis import sweep_report
     from training.runlog import RunLog
 
     for act, zeros in (("gelu", 0.0), ("relu", 0.5)):
@@ -188,7 +188,7 @@ def test_the_sweep_report_says_which_measures_differ_between_arms(tmp_path):
                            .measures[0][2])
             log.record(1, kind="train", loss=3.0, tok_per_s=1.0, tokens=64)
             log.close()
-    text = sweep.report(tmp_path, acts=["gelu", "relu"])
+    text = sweep_report.report(tmp_path, acts=["gelu", "relu"])
     assert "- relu - gelu: differs beyond seed noise (95% interval over 3 seeds excludes 0) in zeros +0.5 [" in text
     assert "unadjusted, exploratory" in text  # no error control over the measures: they declare nothing
     assert json.loads((tmp_path / "sweep.json").read_text())["measures"]["relu"]["zeros"]["seeds"] == [1, 2, 3]

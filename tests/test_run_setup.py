@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from analysis import compare, sweep
+from analysis import compare, sweep_report
 from analysis.run_setup import flag_lines
 from analysis.runs import load_runs
 from test_sweep import fake_run
@@ -138,7 +138,7 @@ def test_flags_name_what_differs_between_runs_or_within_one(tmp_path, case):
 def test_sweep_report_and_compare_state_the_flags(tmp_path, capsys):
     segments, flag = CASES["precision"]
     dirs = sweep_dirs(tmp_path, segments)
-    text = sweep.report(tmp_path, acts=["aglu", "relu"])
+    text = sweep_report.report(tmp_path, acts=["aglu", "relu"])
     assert json.loads((tmp_path / "sweep.json").read_text())["setup_flags"] == expected(flag)
     compare.main([*map(str, dirs), "-o", str(tmp_path / "c.png")])
     assert expected(flag)[0] in text and expected(flag)[0] in capsys.readouterr().out

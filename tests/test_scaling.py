@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from analysis import ladder_plan
+from sweep.plan import read_ladder
 from stats import lr_grid, scaling
 from analysis.scaling_plot import plot_scaling
 from errors import ConfigError
@@ -129,7 +129,7 @@ def test_lr_chosen_on_other_seeds_has_no_winners_curse():
     assert binomtest(other, sims, 0.025, alternative="greater").pvalue > 0.01, other / sims
     # the shipped CPU plan is the second kind: its grid on seeds that no compared run uses
     plan = tomllib.loads(Path("configs/ladder_cpu.toml").read_text())
-    assert ladder_plan.read(plan, "ladder_cpu").lr_seeds and not set(plan["lr_seeds"]) & set(plan["seeds"])
+    assert read_ladder(plan, "ladder_cpu").lr_seeds and not set(plan["lr_seeds"]) & set(plan["seeds"])
 
 
 def test_target_beyond_the_ladder_is_refused_without_extrapolate():

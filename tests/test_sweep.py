@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from analysis import launchers, sweep
+from analysis import sweep_report
+from sweep import cli, launchers, plan
 from stats import significance
 from training.runlog import RunLog
 
@@ -61,7 +62,7 @@ def test_report_statistics_equal_hand_computation(tmp_path):
     for (act, seed), final in FINAL.items():
         fake_run(tmp_path / f"{act}_seed{seed}", act, seed, final, hella=0.25 + seed / 100 + (act == "aglu") / 50)
     fake_run(tmp_path / "relu_seed4", "relu", 4, 3.0, stop_at=7)  # unfinished: left out
-    text = sweep.report(tmp_path, acts=["gelu", "aglu", "relu"])
+    text = sweep_report.report(tmp_path, acts=["gelu", "aglu", "relu"])
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert result["baseline"] == "gelu" and result["unfinished"] == ["relu/seed4"]
 
@@ -147,7 +148,7 @@ def test_sweep_skips_finished_runs_and_launches_the_rest(tmp_path, monkeypatch):
 
     fake_run(tmp_path / "s" / "gelu_seed1", "gelu", 1, 3.5)
     launches(monkeypatch, fake_subprocess_run)
-    sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu", "--seeds", "1,2",
+    cli.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu", "--seeds", "1,2",
                 "--out-dir", str(tmp_path / "s"), "--nproc-per-node", "2", "--max-steps", "10"])
     launched = [(c[c.index("--act") + 1], c[c.index("--seed") + 1]) for c in calls]
     assert launched == [("aglu", "1"), ("gelu", "2"), ("aglu", "2")]  # seed by seed
@@ -158,11 +159,11 @@ def test_sweep_skips_finished_runs_and_launches_the_rest(tmp_path, monkeypatch):
 
     calls.clear()  # the same command again: everything is finished
     without_plots(monkeypatch)
-    sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu", "--seeds", "1,2",
+    cli.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu", "--seeds", "1,2",
                 "--out-dir", str(tmp_path / "s"), "--nproc-per-node", "2", "--max-steps", "10"])
     assert calls == []
     with pytest.raises(SystemExit, match="other settings"):
-        sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu", "--seeds", "1",
+        cli.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu", "--seeds", "1",
                     "--out-dir", str(tmp_path / "s"), "--max-steps", "20"])
 
 
@@ -173,7 +174,7 @@ def test_failed_run_is_a_clear_error(tmp_path, monkeypatch):
 
     launches(monkeypatch, failing)
     with pytest.raises(SystemExit, match=r"gelu seed 1 stopped \(exit code 1\): error: data dir not found.*train.out"):
-        sweep.main(["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", str(tmp_path)])
+        cli.main(["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", str(tmp_path)])
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -186,19 +187,19 @@ def test_failed_run_is_a_clear_error(tmp_path, monkeypatch):
 def test_bad_arguments(argv, message, capsys, monkeypatch):
     launches(monkeypatch, lambda *a, **k: pytest.fail("launched a run on bad arguments"))
     with pytest.raises(SystemExit):
-        sweep.main(argv)
+        cli.main(argv)
     assert message in capsys.readouterr().err
 
 
 def test_report_only_errors(tmp_path):
     with pytest.raises(SystemExit, match="no such sweep directory"):
-        sweep.main(["--report-only", str(tmp_path / "missing")])
+        cli.main(["--report-only", str(tmp_path / "missing")])
     with pytest.raises(SystemExit, match="no run directories"):
-        sweep.main(["--report-only", str(tmp_path)])
+        cli.main(["--report-only", str(tmp_path)])
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "log.txt").write_text("garbage\n")
     with pytest.raises(SystemExit, match="bad/log.txt:1: cannot parse"):
-        sweep.main(["--report-only", str(tmp_path)])
+        cli.main(["--report-only", str(tmp_path)])
 
 
 PLAN = """
@@ -267,7 +268,7 @@ def test_translation_plan_runs_variants_per_corpus_and_reports_bleu(tmp_path, mo
 
     launches(monkeypatch, in_process)
     out = tmp_path / "sweep"
-    sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out)])
+    cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out)])
     assert len(commands) == 4
     nrelu = next(c for c in commands if "nrelu" in c)
     assert nrelu[nrelu.index("--act-kwargs") + 1] == '{"per_instance": true}' and "--plain-top-k" in nrelu
@@ -298,9 +299,9 @@ def test_translation_plan_runs_variants_per_corpus_and_reports_bleu(tmp_path, mo
     # nothing the first report did not
     without_plots(monkeypatch)
     commands.clear()  # the same command again: every run has its test BLEU, nothing is launched
-    sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out)])
+    cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(out)])
     assert commands == []
-    assert "nrelu+1relu/seed2" in sweep.report(out / "gen")
+    assert "nrelu+1relu/seed2" in sweep_report.report(out / "gen")
 
 
 def test_plan_corpora_are_separate_sweeps(tmp_path, monkeypatch):
@@ -316,7 +317,7 @@ def test_plan_corpora_are_separate_sweeps(tmp_path, monkeypatch):
                                         '[variants.swish_bf16]\nact = "silu"\ndtype = "bfloat16"\n'
                                         '[corpora.a]\ntrain_prefix = "x/a"\n[corpora.bb]\ntrain_prefix = "x/b"\n')
     launches(monkeypatch, fake_subprocess_run)
-    sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--max-steps", "10"])
+    cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--max-steps", "10"])
     assert [(c[1].rsplit("/", 1)[-1], Path(c[c.index("--out-dir") + 1]).relative_to(tmp_path / "s").as_posix())
             for c in calls] == [("train_gpt2.py", "a/gelu_seed1"), ("train_gpt2.py", "a/swish_bf16_seed1"),
                                 ("train_gpt2.py", "bb/gelu_seed1"), ("train_gpt2.py", "bb/swish_bf16_seed1")]
@@ -324,23 +325,23 @@ def test_plan_corpora_are_separate_sweeps(tmp_path, monkeypatch):
     assert calls[1][calls[1].index("--dtype") + 1] == "bfloat16"
     assert json.loads((tmp_path / "s" / "bb" / "sweep.json").read_text())["per_act"]["gelu"]["final_val"]["mean"] == 3.2
     with pytest.raises(SystemExit):
-        sweep.main(["--report-only", str(tmp_path / "s" / "missing")])
+        cli.main(["--report-only", str(tmp_path / "s" / "missing")])
     without_plots(monkeypatch)
-    sweep.main(["--report-only", str(tmp_path / "s")])  # both corpora reported again
+    cli.main(["--report-only", str(tmp_path / "s")])  # both corpora reported again
     assert (tmp_path / "s" / "a" / "sweep.md").is_file()
 
 
 def test_shipped_translation_plan():
-    args, overrides = sweep.parse_args(["--plan", "configs/sweep_translation_acts.toml", "--out-dir", "x",
+    args, shipped = cli.parse_args(["--plan", "configs/sweep_translation_acts.toml", "--out-dir", "x",
                                         "--max-steps", "100"])
-    assert (args.trainer, args.seeds, overrides) == ("translation", [1, 2, 3], ["--max-steps", "100"])
-    assert (sweep.ROOT / args.config).is_file()
-    variants = {label: (opts, base) for label, opts, base in args.variants}
+    assert (shipped.trainer, shipped.seeds, shipped.overrides) == ("translation", [1, 2, 3], ["--max-steps", "100"])
+    assert (plan.ROOT / shipped.config).is_file()
+    variants = {label: (opts, base) for label, opts, base in shipped.variants}
     assert list(variants) == ["relu", "nrelu+1relu", "swish", "nswish+1swish"]
     assert variants["nswish+1swish"] == (["--act", "nswish", "--act-kwargs", '{"per_instance": true}',
                                           "--plain-top-k", "1"], "swish")
-    assert [name for name, _ in args.corpora] == ["multi30k", "iwslt_sample"]
-    assert all(opts[::2] == ["--train-prefix", "--valid-prefix", "--test-prefix"] for _, opts in args.corpora)
+    assert [name for name, _ in shipped.corpora] == ["multi30k", "iwslt_sample"]
+    assert all(opts[::2] == ["--train-prefix", "--valid-prefix", "--test-prefix"] for _, opts in shipped.corpora)
 
 
 @pytest.mark.parametrize("plan, message", [
@@ -354,7 +355,7 @@ def test_bad_plans(tmp_path, plan, message, capsys, monkeypatch):
     launches(monkeypatch, lambda *a, **k: pytest.fail("launched a run on a bad plan"))
     (tmp_path / "plan.toml").write_text(plan)
     with pytest.raises(SystemExit):
-        sweep.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
+        cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
     assert message in capsys.readouterr().err
 
 
@@ -374,7 +375,7 @@ def test_report_power_spread_and_control(tmp_path, monkeypatch):
     finals.update({("relu", s): v + d for (s, v), d in zip(gelu.items(), (0.0132 - 0.0067, 0.0132, 0.0132 + 0.0067))})
     finals.update({("aglu", s): v + d for (s, v), d in zip(gelu.items(), (0.3, -0.2, 0.05))})
     fake_sweep(tmp_path, finals, control="gelu_aa")
-    text = sweep.report(tmp_path)
+    text = sweep_report.report(tmp_path)
     result = json.loads((tmp_path / "sweep.json").read_text())
     relu = result["paired"]["relu"]["final_val"]
     assert relu["std"] == pytest.approx(0.0067) and relu["mean"] == pytest.approx(0.0132)
@@ -393,7 +394,7 @@ def test_report_power_spread_and_control(tmp_path, monkeypatch):
     assert f"**aglu needs more seeds**: its seed std of final val loss (0.2179) is {ratio:.1f}x gelu's (0.1000)" in text
 
     without_plots(monkeypatch)
-    sweep.main(["--report-only", str(tmp_path), "--target-diff", "0.03"])  # a named difference, in nats
+    cli.main(["--report-only", str(tmp_path), "--target-diff", "0.03"])  # a named difference, in nats
     text = (tmp_path / "sweep.md").read_text()
     assert "relu - gelu, final val loss: 3 seeds can detect 0.021 nats; the named 0.03 would need 3 seeds." in text
     assert json.loads((tmp_path / "sweep.json").read_text())["target_diff"] == 0.03
@@ -404,7 +405,7 @@ def test_control_that_excludes_zero_says_the_sweep_is_unreliable(tmp_path):
     finals.update({("gelu_aa", s): v + 0.05 + s / 1000 for (_, s), v in finals.items()})
     finals.update({("relu", s): v + 0.01 for (_, s), v in list(finals.items())[:3]})
     fake_sweep(tmp_path, finals, control="gelu_aa")
-    text = sweep.report(tmp_path)
+    text = sweep_report.report(tmp_path)
     assert json.loads((tmp_path / "sweep.json").read_text())["control_reliable"] is False
     assert "differs from 0 (at family-wise error rate 0.05, Holm over its 1 metric). The sweep is unreliable" in text and text.index("unreliable") < text.index("| run ")
 
@@ -420,7 +421,7 @@ def test_hellaswag_pairs_get_the_item_level_interval(tmp_path, write_items):
         fake_run(run, act, seed, 3.5, hella=len(hits) / 40)
         write_items(run / "hellaswag_items_00010.jsonl.gz", labels,
                     [label if i in hits else (label + 1) % 4 for i, label in enumerate(labels)], step=10)
-    text = sweep.report(tmp_path, acts=["gelu", "relu"])
+    text = sweep_report.report(tmp_path, acts=["gelu", "relu"])
     hella = json.loads((tmp_path / "sweep.json").read_text())["paired"]["relu"]["hella_acc_norm"]
     diffs = [sum((i in right[("relu", s)]) - (i in right[("gelu", s)]) for s in (1, 2)) / 2 for i in range(40)]
     mean, sd = sum(diffs) / 40, statistics.stdev(diffs)
@@ -443,7 +444,7 @@ def test_hellaswag_pairs_get_the_item_level_interval(tmp_path, write_items):
     # a run scored on other items than its partner: a one-line error naming the file
     write_items(tmp_path / "relu_seed2" / "hellaswag_items_00010.jsonl.gz", labels[:30], labels[:30], step=10)
     with pytest.raises(SystemExit, match="relu_seed2/hellaswag_items_00010.jsonl.gz has 30 items"):
-        sweep.main(["--report-only", str(tmp_path)])
+        cli.main(["--report-only", str(tmp_path)])
 
 
 def test_control_from_the_cli_and_a_plan(tmp_path, monkeypatch):
@@ -456,22 +457,22 @@ def test_control_from_the_cli_and_a_plan(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(cmd, 0)
 
     launches(monkeypatch, fake_subprocess_run)
-    sweep.main(["--config", "c.toml", "--acts", "gelu,relu", "--seeds", "1,2", "--control", "--out-dir",
+    cli.main(["--config", "c.toml", "--acts", "gelu,relu", "--seeds", "1,2", "--control", "--out-dir",
                 str(tmp_path / "cli")])
     launched = [Path(c[c.index("--out-dir") + 1]).name for c in calls]
     assert launched == ["gelu_seed1", "gelu_aa_seed1", "relu_seed1", "gelu_seed2", "gelu_aa_seed2", "relu_seed2"]
     offsets = {Path(c[c.index("--out-dir") + 1]).name: c[c.index("--init-seed-offset") + 1] if "--init-seed-offset"
                in c else None for c in calls}
-    assert offsets["gelu_aa_seed2"] == str(sweep.CONTROL_INIT_SEED_OFFSET) and offsets["gelu_seed2"] is None
+    assert offsets["gelu_aa_seed2"] == str(plan.CONTROL_INIT_SEED_OFFSET) and offsets["gelu_seed2"] is None
     assert calls[1][calls[1].index("--act") + 1] == "gelu" and calls[1][calls[1].index("--seed") + 1] == "1"
     result = json.loads((tmp_path / "cli" / "sweep.json").read_text())
     assert result["control"] == "gelu_aa" and list(result["paired"]) == ["gelu_aa", "relu"]
 
     (tmp_path / "plan.toml").write_text('config = "c.toml"\nseeds = [1]\ncontrol = "same"\n[variants.gelu]\n'
                                         'act = "gelu"\n[variants.relu]\nact = "relu"\n')
-    args, _ = sweep.parse_args(["--plan", str(tmp_path / "plan.toml"), "--out-dir", "x"])
-    assert args.variants[1] == ("same", ["--act", "gelu", "--init-seed-offset", "1000000"], "gelu")
-    assert args.control == "same" and args.acts == ["gelu", "same", "relu"]
+    _, controlled = cli.parse_args(["--plan", str(tmp_path / "plan.toml"), "--out-dir", "x"])
+    assert controlled.variants[1] == ("same", ["--act", "gelu", "--init-seed-offset", "1000000"], "gelu")
+    assert controlled.control == "same" and controlled.labels == ["gelu", "same", "relu"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -480,7 +481,7 @@ def test_control_from_the_cli_and_a_plan(tmp_path, monkeypatch):
 ])
 def test_bad_control(argv, message, capsys):
     with pytest.raises(SystemExit):
-        sweep.parse_args(["--config", "c.toml", "--acts", "gelu,relu", "--seeds", "1", "--out-dir", "x", *argv])
+        cli.parse_args(["--config", "c.toml", "--acts", "gelu,relu", "--seeds", "1", "--out-dir", "x", *argv])
     assert message in capsys.readouterr().err
 
 
@@ -503,7 +504,7 @@ def test_later_seeds_reuse_the_first_seeds_kernel_path_and_the_report_names_it(t
         return subprocess.CompletedProcess(cmd, 0)
 
     launches(monkeypatch, fake_subprocess_run)
-    sweep.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu,nswish", "--seeds", "1,2",
+    cli.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,aglu,nswish", "--seeds", "1,2",
                 "--out-dir", str(tmp_path / "s"), "--max-steps", "10"])
     reused = {(c[c.index("--act") + 1], c[c.index("--seed") + 1]): c[c.index("--kernels-from") + 1]
               for c in calls if "--kernels-from" in c}
@@ -513,7 +514,7 @@ def test_later_seeds_reuse_the_first_seeds_kernel_path_and_the_report_names_it(t
            "- nswish: MIXED: seed 1: nswish Triton kernel; seed 2: nswish PyTorch\n" in md
     assert json.loads((tmp_path / "s" / "sweep.json").read_text())["kernel_paths"]["aglu"] == "aglu Triton kernel"
     with pytest.raises(SystemExit):
-        sweep.parse_args(["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "o",
+        cli.parse_args(["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "o",
                           "--kernels-from", "x"])
 
 
@@ -524,7 +525,7 @@ def test_report_states_parameters_and_flags_arms_that_are_not_matched(tmp_path):
         for seed in (1, 2):
             fake_run(tmp_path / f"{label}_seed{seed}", label, seed, 3.0 + seed / 10,
                      params={"total": n + 50_000, "non_embedding": n, "mlp_per_layer": n // 10})
-    text = sweep.report(tmp_path, acts=list(counts))
+    text = sweep_report.report(tmp_path, acts=list(counts))
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert result["params"]["swiglu"] == {"total": 1_054_000, "non_embedding": 1_004_000, "mlp_per_layer": 100_400}
     assert [(f["variant"], round(f["relative"], 6)) for f in result["param_flags"]] == [("wide_glu", 0.006)]
@@ -535,28 +536,28 @@ def test_report_states_parameters_and_flags_arms_that_are_not_matched(tmp_path):
 
 
 def test_gated_names_sweep_with_the_plain_ones():
-    args, _ = sweep.parse_args(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,swiglu,aglu,aglu_glu",
+    _, gated = cli.parse_args(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,swiglu,aglu,aglu_glu",
                                 "--seeds", "1", "--out-dir", "x"])
-    assert args.acts == ["gelu", "swiglu", "aglu", "aglu_glu"] and args.baseline == "gelu"
+    assert gated.labels == ["gelu", "swiglu", "aglu", "aglu_glu"] and gated.baseline == "gelu"
 
 
 @pytest.mark.parametrize("plan, config", [("configs/sweep_gpt2_glu.toml", "configs/gpt2_124m.toml"),
                                           ("configs/sweep_gpt2_glu_cpu.toml", "configs/gpt2_cpu_study.toml")])
 def test_shipped_glu_plans_match_parameters(plan, config):
     """Both plans: ten arms, plain and gated, whose models have MLPs of equal size within 0.5% of gelu's."""
-    from analysis.sweep import options  # noqa: F401  (the plan's tables are trainer options)
+    from sweep.plan import options  # noqa: F401  (the plan's tables are trainer options)
     from model import MLP, GPTConfig
     from training.config import load_config
 
     import train_gpt2
 
-    args, _ = sweep.parse_args(["--plan", plan, "--out-dir", "x"])
-    assert args.config == config and len(args.variants) == 10
+    _, shipped = cli.parse_args(["--plan", plan, "--out-dir", "x"])
+    assert shipped.config == config and len(shipped.variants) == 10
     sizes = {}
-    for label, opts, _ in args.variants:
+    for label, opts, _ in shipped.variants:
         cfg = load_config(train_gpt2.TrainConfig, ["--config", config, *opts])
         sizes[label] = sum(p.numel() for p in MLP(cfg.model, 0).parameters())
-    assert {label for label, _, _ in args.variants} >= {"gelu", "swiglu", "relu2", "relu2_glu", "aglu", "aglu_glu",
+    assert {label for label, _, _ in shipped.variants} >= {"gelu", "swiglu", "relu2", "relu2_glu", "aglu", "aglu_glu",
                                                         "nswish", "nswish_glu"}
     assert all(abs(n / sizes["gelu"] - 1) < 0.005 for n in sizes.values()), sizes
 
@@ -576,4 +577,4 @@ def test_sweep_refuses_eval_hellaswags_items_under_the_runs_own_name(tmp_path, w
                           [{"i": i, "label": x, "completion": hellaswag_items.scoring_record([0, -1, -2, -3], [1] * 4)}
                            for i, x in enumerate(labels)])
     with pytest.raises(SystemExit, match="relu_seed2/hellaswag_items_00010.jsonl.gz holds eval/hellaswag.py's scoring"):
-        sweep.report(tmp_path, acts=["gelu", "relu"])
+        sweep_report.report(tmp_path, acts=["gelu", "relu"])

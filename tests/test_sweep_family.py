@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from analysis import sweep
+from analysis import sweep_report
 from analysis.sweep_report import ALPHA
 from stats import significance
 from stats.family import holm
@@ -68,7 +68,7 @@ def test_one_raw_false_alarm_among_the_controls_metrics_is_not_unreliable(tmp_pa
                  hella=0.25 + s / 100 + (0.01, -0.01, 0.0)[s - 1])
     (tmp_path / "sweep_plan.json").write_text(json.dumps({"acts": ["gelu", "gelu_aa"], "baseline": "gelu",
                                                           "control": "gelu_aa"}))
-    text = sweep.report(tmp_path)
+    text = sweep_report.report(tmp_path)
     result = json.loads((tmp_path / "sweep.json").read_text())
     final, hella = result["paired"]["gelu_aa"]["final_val"], result["paired"]["gelu_aa"]["hella_acc_norm"]
     t = 0.02 / (0.006 / math.sqrt(3))

@@ -105,6 +105,7 @@ def test_tiny_model_learns_in_process(tmp_path):
     info = json.loads((tmp_path / "out" / "run.json").read_text())
     assert info["config"]["model"]["act"] == "aglu" and info["environment"]["world_size"] == 1
     assert info["environment"]["grad_accum"] == 2  # 128 tokens a step of 4 x 16-token micro-batches
+    assert info["lr"] == info["config"]["optim"]["max_lr"]  # the lr a sweep sets (train_gpt2.OptimConfig.swept_lr)
     # the training compute a ladder reads: model.py's count per token (the one MFU uses) times the tokens seen
     model = GPT(GPTConfig(**info["config"]["model"]), seed=0)
     assert info["environment"]["flops_per_token"] == model.flops_per_token(16)

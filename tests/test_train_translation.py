@@ -100,7 +100,8 @@ def test_logs_in_the_gpt2_trainer_formats(runs):
     evals = [r for r in rows if r["kind"] == "eval"]
     kinds = [layer["kind"] for layer in evals[-1]["telemetry"]["layers"]]  # encoder then decoder FFNs
     assert kinds == ["NSwish", "SiLU", "NSwish", "SiLU"] and "alpha" in evals[-1]["telemetry"]["layers"][0]["params"]
-    assert json.loads((straight / "run.json").read_text())["config"]["model"]["act"] == "nswish"
+    info = json.loads((straight / "run.json").read_text())
+    assert info["config"]["model"]["act"] == "nswish" and info["lr"] == info["config"]["optim"]["lr"]
 
 
 def test_eval_only_translates_and_scores_the_checkpoint(runs):

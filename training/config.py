@@ -162,6 +162,12 @@ def load_config(cls, argv=None):
     return cfg
 
 
+def learning_rate(cfg):
+    """The run's learning rate, as a sweep sets it and run.json states it: the first option its optim section's
+    `swept_lr` names (the GPT trainer's max_lr, the translation trainer's lr)."""
+    return getattr(cfg.optim, cfg.optim.swept_lr[0])
+
+
 def to_dict(cfg):
     """A config (or any part of it) as plain data: what checkpoints, run.json and resume comparisons store."""
     return dataclasses.asdict(cfg)

@@ -47,7 +47,7 @@ from activations.impl import model_identity
 from training import distributed, hardware, preflight, runlog
 from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resumed_changes,
                                  resume_training, save_training_checkpoint)
-from training.config import ConfigError, to_dict
+from training.config import ConfigError, learning_rate, to_dict
 from training.precision import PRECISIONS, autocast_context, grad_scaler
 from training.runlog import RunLog, environment
 from training.stop import GracefulStop
@@ -244,7 +244,8 @@ class Trainer:
                 history.append({"step": start, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}})
             decisions["config_changes"] = history
             log.write_run_info(to_dict(cfg), {**environment(d), "grad_accum": parts.accum, "decisions": decisions,
-                                              "params": parts.params, "flops_per_token": parts.flops_per_token})
+                                              "params": parts.params, "flops_per_token": parts.flops_per_token},
+                               lr=learning_rate(cfg))
             if changes:
                 log.record(start, kind="resume", changes=history[-1]["changes"])
             if d.master:

@@ -21,7 +21,7 @@ SUMMARIES = {
 
 
 def last_measure(run):
-    """The newest `measure` record of a run (analysis/runs.py Run), or None."""
+    """The newest `measure` record of a run (analysis/runs.py RunRecord), or None."""
     return run.measures[-1][2] if run.measures else None
 
 

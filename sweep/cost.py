@@ -12,9 +12,9 @@ import json
 import statistics
 from pathlib import Path
 
-from analysis.runs import RunError, load_run, markdown_table
-from analysis.sweep_report import finished
+from analysis.runs import RunError, finished, load_run, markdown_table
 from errors import ConfigError
+from sweep.plan import trainer_config
 
 
 def gpt2_flops(config, options, cache):
@@ -23,11 +23,9 @@ def gpt2_flops(config, options, cache):
     if key not in cache:
         import torch
 
-        import train_gpt2
         from model import GPT
-        from training.config import load_config
 
-        cfg = load_config(train_gpt2.TrainConfig, ["--config", config, *options])
+        cfg = trainer_config("gpt2", ["--config", config, *options])
         with torch.device("meta"):
             per_token = GPT(cfg.model, seed=cfg.run.init_seed).flops_per_token(cfg.optim.seq_len)
         cache[key] = cfg.model.act, per_token * cfg.optim.total_batch_size * cfg.optim.max_steps

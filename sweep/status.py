@@ -1,6 +1,6 @@
 """Where a sweep stands: every run of its plan with its state, job and last logged step.
 
-    python -m analysis.sweep --status runs/ladder_gpu
+    python -m sweep --status runs/ladder_gpu
 
 States: done (its final evaluation is logged), running, pending (not started, or queued), requeued (stopped at a
 time limit or preemption with its checkpoint, queued again), failed (the trainer exited with an error, or the
@@ -13,22 +13,21 @@ import fnmatch
 import json
 from pathlib import Path
 
-from analysis import launchers
-from analysis.runs import RunError, load_run, markdown_table
-from analysis.sweep_report import finished
+from analysis.runs import RunError, finished, load_run, markdown_table
+from sweep import launchers
+from sweep.plan import run_dir
 
-def planned_runs(args, out):
+
+def planned_runs(plan, out):
     """The names of the plan's run directories; a ladder's runs after its lr grid as patterns (lr not known yet)."""
-    from analysis.sweep import run_dir  # the sweep imports this module
-
     names = []
-    ladder = args.ladder
+    ladder = plan.ladder
     if ladder and ladder.lr_seeds:  # the grid on its own seeds, then every size on the compared ones
         names += [run_dir(out, label, seed, ladder.lr_size, lr).name for seed in ladder.lr_seeds
-                  for label, _, _ in args.variants for lr in ladder.lrs]
-    for seed in args.seeds:
+                  for label in plan.labels for lr in ladder.lrs]
+    for seed in plan.seeds:
         for size in (ladder.sizes if ladder else [None]):
-            for label, _, _ in args.variants:
+            for label in plan.labels:
                 grid = ladder is None or (not ladder.lr_seeds and (not ladder.lr_size or size == ladder.lr_size))
                 for lr in (ladder.lrs if ladder and grid else [None]):
                     name = run_dir(out, label, seed, size, lr).name
@@ -111,4 +110,4 @@ def missing_text(directory):
         return ""
     shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
     return (f"missing: {len(names)} run(s) of the plan have not finished ({shown}); this report is from the "
-            f"finished ones (python -m analysis.sweep --status {directory})")
+            f"finished ones (python -m sweep --status {directory})")

@@ -1,4 +1,4 @@
-"""Where a sweep's runs execute. analysis/sweep.py decides what runs (each run a trainer command line and its
+"""Where a sweep's runs execute. sweep/schedule.py decides what runs (each run a trainer command line and its
 directory); a launcher runs them, and is the only code here that knows about schedulers:
 
     sequential  one after another, this process waiting for each (the default)
@@ -17,7 +17,7 @@ waits up to signal_delay_s for them) and hands submitit the same job to requeue,
 checkpoint (every run has --auto-resume) and ends where an uninterrupted run ends. Time limits requeue at most
 max_num_timeout times (submitit's count). The trainer and torchrun ignore SIGUSR2 (SLURM signals every process of
 the job; only the job's own process answers). A trainer that exits with an error fails its job, which is never
-requeued; its state and its log's last lines are in RUN_DIR/job.json, which `python -m analysis.sweep --status`
+requeued; its state and its log's last lines are in RUN_DIR/job.json, which `python -m sweep --status`
 reads.
 
 This module is what a job process unpickles: it imports no torch and nothing of the sweep at import time.
@@ -39,6 +39,7 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 from submitit.helpers import Checkpointable, DelayedSubmission
 from tqdm import tqdm
 
+from analysis.runs import finished
 from data.files import atomic_file
 from errors import ConfigError
 
@@ -52,10 +53,11 @@ ENDED_BADLY = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "
 
 
 @dataclass
-class Run:
+class RunCommand:
+    """One run as a launcher starts it: its directory and the trainer's command line."""
     path: Path  # its directory
     argv: list  # the trainer script and its options
-    cell: str  # how messages name it: "gelu size s1 lr 0.001 seed 2"
+    name: str  # how messages name it: "gelu size s1 lr 0.001 seed 2"
     kernels_from: Path | None = None  # the run whose kernel decisions this one reuses, once it has made them
 
     def now(self):
@@ -63,7 +65,8 @@ class Run:
         if self.kernels_from is None or not (self.kernels_from / "run.json").is_file():
             return self
         at = self.argv.index("--auto-resume")
-        return Run(self.path, [*self.argv[:at], "--kernels-from", str(self.kernels_from), *self.argv[at:]], self.cell)
+        return RunCommand(self.path, [*self.argv[:at], "--kernels-from", str(self.kernels_from), *self.argv[at:]],
+                          self.name)
 
 
 @dataclass
@@ -177,7 +180,7 @@ class TrainerJob(Checkpointable):
             tail = log_tail(self.run.path)
             if leader:  # 143: the trainer saved and stopped on someone else's SIGTERM (scancel, preemption)
                 write_job(self.run.path, state="stopped" if code == 128 + signal.SIGTERM else "failed", error=tail)
-            raise RuntimeError(f"{self.run.cell}: the trainer exited with code {code}; the last lines of "
+            raise RuntimeError(f"{self.run.name}: the trainer exited with code {code}; the last lines of "
                                f"{self.run.path / 'train.out'}:\n" + "\n".join(tail))
         if leader:
             write_job(self.run.path, state="ended")
@@ -211,18 +214,12 @@ class Sequential:
             tqdm.write(f"{run.path}: {' '.join(cmd[1:])}")
             with open(run.path / "train.out", "a") as log:
                 code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
-            if code != 0 or not finished_run(run.path):
+            if code != 0 or not finished(run.path):
                 tail = log_tail(run.path, 1) or [""]
-                raise SystemExit(f"error: {run.cell} stopped (exit code {code}): {tail[0][:200]} -- see "
+                raise SystemExit(f"error: {run.name} stopped (exit code {code}): {tail[0][:200]} -- see "
                                  f"{run.path / 'train.out'}; rerun the same command to continue (finished runs are "
                                  "skipped)")
         return []
-
-
-def finished_run(path):
-    from analysis.sweep_report import finished  # the sweep's process only: it reads logs (and plots)
-
-    return finished(path)
 
 
 class Local:
@@ -265,9 +262,9 @@ class Local:
     def launch(self, runs):
         with ThreadPoolExecutor(self.parallel) as pool:
             list(pool.map(self._run, runs))
-        failed = [run for run in runs if not finished_run(run.path)]
+        failed = [run for run in runs if not finished(run.path)]
         if failed:
-            lines = [f"  {run.cell}: {' | '.join(read_job(run.path).get('error') or log_tail(run.path, 1))[:300]} "
+            lines = [f"  {run.name}: {' | '.join(read_job(run.path).get('error') or log_tail(run.path, 1))[:300]} "
                      f"-- see {run.path / 'train.out'}" for run in failed]
             raise SystemExit(f"error: {len(failed)} of {len(runs)} runs failed:\n" + "\n".join(lines) +
                              "\nrerun the same command to continue (finished runs are skipped)")

@@ -1,0 +1,4 @@
+"""`python -m sweep ...`: the sweep's command line (sweep/cli.py)."""
+from sweep.cli import main
+
+main()

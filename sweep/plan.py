@@ -1,0 +1,323 @@
+"""A sweep's plan, read once into one frozen Plan: the trainer, its config and seeds, the variants (each a label, its
+trainer options and the label it is compared against), the corpora, the A/A control, the ladder, the launcher's
+resources and the trainer options after the sweep's own. From a --plan TOML file (trainer, config, seeds, control,
+[variants.LABEL], [corpora.NAME], [launcher]) or from --acts; the command line's options win over the file's.
+
+Beside those, a plan file may name a ladder:
+
+    lrs = [1e-3, 2e-3, 4e-3]   # every arm at every lr, log-spaced (or `python -m sweep --lrs 1e-3,2e-3,4e-3`)
+    lr_size = "s2"             # optional: the grid at this size only; the other sizes then run each arm at the best
+                               # lr the grid picked for it (stats/lr_grid.py's rule), after the whole grid
+    lr_seeds = [11, 12]        # optional: the grid on these seeds, disjoint from `seeds`; then every size, lr_size
+                               # too, runs each arm at its picked lr on `seeds`: the lr is chosen on other runs than
+                               # the ones compared, so the choice's luck (a winner's curse) cannot favour an arm
+    [sizes.s1]                 # a model size (GPT-2 trainer): n_layer, n_embd, n_head and its budget, max_steps
+    n_layer = 2
+    n_embd = 64
+    n_head = 2
+    max_steps = 400
+
+Runs: arms x sizes x seeds (x lrs). What an lr sets is the trainer's to say (its optim section's `swept_lr`): the
+GPT trainer's max_lr, with min_lr scaled at the config's min_lr / max_lr (the cosine schedule keeps its shape), the
+translation trainer's lr (inverse square root: its whole schedule scales). The config is read as the trainer reads
+it (training/config.py's load_config of its TrainConfig). Each size states its own max_steps, the same for every arm
+(the same data). The rule behind a ladder's budgets is the plan's to state and a test's to check: the shipped plans
+give every size a fixed number of tokens per parameter outside the embeddings (tests/test_ladder.py recomputes them
+from model.py). The sweep builds models only to count a plan's FLOPs for its cost line (sweep/cost.py).
+"""
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import activations
+from analysis.runs import RunError, load_run, summary
+from errors import ConfigError
+from stats.lr_grid import check_grid, pick
+from sweep.launchers import Resources, read_resources
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINER_MODULES = {"gpt2": "train_gpt2", "translation": "train_translation"}
+TRAINERS = {name: ROOT / f"{module}.py" for name, module in TRAINER_MODULES.items()}  # the scripts a run starts
+RESERVED = {"--act", "--seed", "--out-dir", "--out_dir", "--resume", "--auto-resume", "--auto_resume", "--config",
+            "--init-seed-offset", "--init_seed_offset", "--kernels-from", "--kernels_from"}
+# The A/A control's torch seed is seed + this: far from any seed list, so no control run shares an init stream
+# with a baseline run, while the data order (the seed alone) stays the baseline's.
+CONTROL_INIT_SEED_OFFSET = 1_000_000
+LABEL = re.compile(r"[A-Za-z0-9.+-][A-Za-z0-9_.+-]*")
+PLAN_KEYS = ("trainer", "config", "seeds", "control", "variants", "corpora", "launcher")
+SHAPE_KEYS = ("n_layer", "n_embd", "n_head")
+SIZE_KEYS = (*SHAPE_KEYS, "max_steps")
+LADDER_KEYS = ("lrs", "lr_size", "lr_seeds", "sizes")
+SET_BY_SIZES = ("--n-layer", "--n-embd", "--n-head", "--max-steps")  # what a ladder's size sets for each run
+
+
+class Variant(NamedTuple):
+    label: str
+    options: list  # its trainer options, e.g. ["--act", "gelu"]
+    baseline: str | None  # the label it is compared against; None: the sweep's baseline
+
+
+@dataclass(frozen=True)
+class Ladder:
+    lrs: list  # [None]: the config's lr
+    sizes: dict  # name -> its table; {None: {}}: the config's size
+    lr_size: str | None
+    lr_seeds: list | None = None  # the grid's own seeds (None: the sweep's seeds, the choice then made on them)
+
+
+class PlanFile(NamedTuple):
+    """A --plan TOML file as written: what the command line may still replace."""
+    trainer: str | None
+    config: str | None
+    seeds: list | None
+    variants: list  # [Variant]
+    corpora: list  # [(name, trainer options)]
+    control: bool | str  # false, true or the A/A control's label
+    ladder: Ladder | None
+    launcher: dict | None  # its [launcher] table
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a sweep runs, decided before the first run starts."""
+    trainer: str  # a key of TRAINERS
+    config: str
+    seeds: list
+    variants: list  # [Variant], the A/A control right after its baseline
+    corpora: list  # [(name, trainer options)]: each a sweep of its own in OUT_DIR/{name}; [] for one sweep
+    baseline: str
+    control: str | None  # the A/A control's label
+    ladder: Ladder | None
+    size_options: dict  # {size: the trainer options of its shape and max_steps} ({None: []}: the config's size)
+    lr_ratios: dict  # {trainer option an lr sets: its value over the lr}, from the trainer's own swept_lr
+    resources: Resources
+    nproc_per_node: int
+    overrides: list  # trainer options after the sweep's own, for every run
+    dry_run: bool = False
+    throughput: list | None = None  # bench/train_step.py --json files for the cost line
+
+    @property
+    def labels(self):
+        return [variant.label for variant in self.variants]
+
+    def lr_options(self, lr):
+        """The trainer options that run an lr: ["--max-lr", "0.001", "--min-lr", "0.0001"]; [] for the config's."""
+        if lr is None:
+            return []
+        return [item for name, ratio in self.lr_ratios.items() for item in (flag(name), f"{lr * ratio:g}")]
+
+
+def flag(name):
+    """A config option's command-line flag: max_lr -> --max-lr."""
+    return f"--{name.replace('_', '-')}"
+
+
+def run_dir(out_dir, label, seed, size=None, lr=None):
+    return Path(out_dir) / "_".join([label, *([size] if size else []), *([f"lr{lr:g}"] if lr else []), f"seed{seed}"])
+
+
+def options(table):
+    """Trainer command-line options from a TOML table: {"plain_top_k": 1} -> ["--plain-top-k", "1"]."""
+    out = []
+    for key, value in table.items():
+        text = json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)
+        out += [f"--{key.replace('_', '-')}", text]
+    return out
+
+
+def trainer_config(trainer, argv):
+    """The trainer's own TrainConfig from argv (--config FILE and options), read as the trainer reads it."""
+    from training.config import load_config
+
+    if trainer == "gpt2":  # torch with it: only a sweep that runs (never --status or --report-only) reads one
+        from train_gpt2 import TrainConfig
+    else:
+        from train_translation import TrainConfig
+    return load_config(TrainConfig, argv)
+
+
+def read_file(path, lrs=None):
+    """The PlanFile of a --plan TOML file (lrs: --lrs, which replaces the plan's)."""
+    try:
+        plan = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read --plan {path}: {e}") from None
+    unknown = set(plan) - {*PLAN_KEYS, *LADDER_KEYS}
+    if unknown or not isinstance(plan.get("variants"), dict) or not plan["variants"]:
+        raise ConfigError(f"--plan {path}: expected keys trainer, config, seeds, optional control, [variants.LABEL] "
+                          f"tables and optional [corpora.NAME] tables{f'; unknown {sorted(unknown)}' if unknown else ''}")
+    variants = []
+    for label, table in plan["variants"].items():
+        table = dict(table)
+        baseline = table.pop("baseline", None)
+        if baseline is not None and baseline not in plan["variants"]:
+            raise ConfigError(f"--plan {path}: variant {label} has baseline {baseline!r}, which is not a variant")
+        variants.append(Variant(label, options(table), baseline))
+    corpora = [(name, options(table)) for name, table in plan.get("corpora", {}).items()]
+    control = plan.get("control", False)
+    if not isinstance(control, (bool, str)):
+        raise ConfigError(f"--plan {path}: control must be true or the control's label, got {control!r}")
+    return PlanFile(plan.get("trainer"), plan.get("config"), plan.get("seeds"), variants, corpora, control,
+                    read_ladder(plan, f"--plan {path}", lrs), plan.get("launcher"))
+
+
+def read_ladder(plan, where, lrs=None):
+    """The ladder of a plan's top-level table (lrs: --lrs, which replaces the plan's), or None without one."""
+    lrs = lrs or plan.get("lrs")
+    sizes = plan.get("sizes")
+    if lrs is None and sizes is None:
+        if "lr_size" in plan:
+            raise ConfigError(f"{where}: lr_size needs [sizes.NAME] tables and lrs")
+        return None
+    if lrs is not None:
+        if not isinstance(lrs, list) or not lrs or not all(isinstance(x, (int, float)) for x in lrs):
+            raise ConfigError(f"{where}: lrs must be a list of numbers such as [1e-3, 2e-3, 4e-3], got {lrs!r}")
+        if bad := [x for x in lrs if not x > 0]:
+            raise ConfigError(f"{where}: learning rate {bad[0]} is not positive; an lr grid holds lrs > 0")
+        lrs = sorted(float(x) for x in lrs)
+        if len(lrs) > 1:
+            check_grid("lrs", {lr: {} for lr in lrs})
+    check_sizes(sizes, where)
+    lr_size = plan.get("lr_size")
+    if lr_size is not None and (lr_size not in (sizes or {}) or lrs is None or len(lrs) < 2):
+        raise ConfigError(f"{where}: lr_size {lr_size!r} must name one of the [sizes.NAME] tables and needs lrs "
+                          "(at least 2)")
+    lr_seeds = plan.get("lr_seeds")
+    if lr_seeds is not None and (lr_size is None or not isinstance(lr_seeds, list) or not lr_seeds
+                                 or not all(isinstance(s, int) for s in lr_seeds)
+                                 or set(lr_seeds) & set(plan.get("seeds") or [])):
+        raise ConfigError(f"{where}: lr_seeds must be a list of integers disjoint from seeds, with lr_size, "
+                          f"got {lr_seeds!r}")
+    return Ladder(lrs or [None], sizes or {None: {}}, lr_size, lr_seeds)
+
+
+def check_sizes(sizes, where):
+    if sizes is not None and (not isinstance(sizes, dict) or not sizes):
+        raise ConfigError(f"{where}: sizes are [sizes.NAME] tables with {', '.join(SIZE_KEYS)}")
+    for name, table in (sizes or {}).items():
+        if unknown := sorted(set(table) - set(SIZE_KEYS)):
+            raise ConfigError(f"{where}: size {name} has unknown key(s) {unknown}; a size takes {', '.join(SIZE_KEYS)}")
+        if missing := [k for k in SHAPE_KEYS if k not in table]:
+            raise ConfigError(f"{where}: size {name} lacks {', '.join(missing)}")
+        if "max_steps" not in table:
+            raise ConfigError(f"{where}: size {name} has no max_steps; give each size its budget (e.g. a fixed number "
+                              "of tokens per parameter, as configs/ladder_cpu.toml does)")
+
+
+def lr_ratios(ladder, trainer, config):
+    """{trainer option an lr sets: its value over the lr}: the trainer's swept_lr, read off its config ({} without
+    lrs)."""
+    if ladder is None or None in ladder.lrs:
+        return {}
+    optim = trainer_config(trainer, ["--config", config]).optim
+    lr, *scaled = optim.swept_lr
+    if not getattr(optim, lr) > 0:
+        raise ConfigError(f"{config}: an lr grid scales {', '.join(scaled) or 'nothing'} with {lr}; its {lr} "
+                          f"{getattr(optim, lr)} must be positive")
+    return {lr: 1.0, **{name: getattr(optim, name) / getattr(optim, lr) for name in scaled}}
+
+
+def size_options(ladder, trainer):
+    """{size: its trainer options} of a ladder."""
+    if trainer == "translation" and None not in ladder.sizes:
+        raise ConfigError("sizes are GPT-2 shapes (n_layer, n_embd, n_head); the translation trainer's ladder is lrs "
+                          "alone")
+    return {name: [o for k in SIZE_KEYS for o in (f"--{k.replace('_', '-')}", str(table[k]))] if name else []
+            for name, table in ladder.sizes.items()}
+
+
+def from_args(args, overrides):
+    """The Plan of the sweep's command line (argparse's namespace and the options it did not know); a plan that
+    cannot run is a ConfigError."""
+    file = read_file(args.plan, args.lrs) if args.plan else None
+    if file and (args.acts or args.baseline):
+        raise ConfigError("--plan names the variants and their baselines; leave out --acts and --baseline")
+    if file:
+        variants, corpora, ladder = file.variants, file.corpora, file.ladder
+        trainer, config, seeds = args.trainer or file.trainer, args.config or file.config, args.seeds or file.seeds
+        control = args.control or file.control
+    else:
+        variants = [Variant(a, ["--act", a], None) for a in args.acts or []]
+        ladder = read_ladder({"lrs": args.lrs}, "--lrs") if args.acts and args.lrs else None
+        trainer, config, seeds, corpora, control = args.trainer, args.config, args.seeds, [], args.control
+    trainer = trainer or "gpt2"
+    missing = (["--acts (or --plan)"] if not variants else []) + [
+        name for name, value in (("--config", config), ("--seeds", seeds), ("--out-dir", args.out_dir)) if not value]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)} (or use --report-only DIR)")
+    if trainer not in TRAINERS:
+        raise ConfigError(f"unknown trainer {trainer!r}; choose one of {', '.join(sorted(TRAINERS))}")
+    check_options(variants, corpora, overrides)
+    ratios, sizes = {}, {}
+    if ladder:
+        sizes, ratios = size_options(ladder, trainer), lr_ratios(ladder, trainer, config)
+        fixed = (SET_BY_SIZES if None not in ladder.sizes else ()) + tuple(map(flag, ratios))
+        if clash := [o for o in overrides + [o for _, opts in corpora for o in opts[::2]] +
+                     [o for _, opts, _ in variants for o in opts[::2]] if o.split("=")[0].replace("_", "-") in fixed]:
+            raise ConfigError(f"{', '.join(clash)} is set by the ladder (sizes, lrs) for each run; remove it from the "
+                              "options")
+    check_names(variants, corpora, args.baseline, args.nproc_per_node)
+    resources = read_resources(file.launcher if file else None, f"--plan {args.plan}" if args.plan else "--launcher",
+                               args.launcher)
+    baseline = args.baseline or variants[0].label
+    variants, control = with_control(variants, baseline, control)
+    return Plan(trainer, config, seeds, variants, corpora, baseline, control, ladder, sizes, ratios, resources,
+                args.nproc_per_node, overrides, args.dry_run, args.throughput)
+
+
+def check_options(variants, corpora, overrides):
+    """The options the sweep sets for each run are its own: no variant, corpus or override may set them."""
+    clash = [o.split("=")[0] for o in overrides if o.split("=")[0] in RESERVED]
+    clash += [o for _, opts in corpora for o in opts[::2] if o in RESERVED or o == "--act"]
+    clash += [o for _, opts, _ in variants for o in opts[::2] if o in RESERVED - {"--act"}]
+    if clash:
+        raise ConfigError(f"{', '.join(clash)} is set by the sweep for each run; remove it from the trainer options")
+
+
+def check_names(variants, corpora, baseline, nproc_per_node):
+    """Labels that name directories, activations the registry knows, a baseline among the variants."""
+    if bad := [name for name, *_ in variants + corpora if not LABEL.fullmatch(name)]:
+        raise ConfigError(f"variant/corpus names {', '.join(bad)} must be letters, digits, . _ + - (they name "
+                          "directories)")
+    acts = [opts[opts.index("--act") + 1] for _, opts, _ in variants if "--act" in opts]
+    if unknown := [a for a in acts if a not in activations.available() and activations.gate_activation(a) is None]:
+        raise ConfigError(f"unknown activation(s) {', '.join(unknown)}; choose from "
+                          f"{', '.join(activations.available())}, or a gated MLP: {', '.join(activations.GLU_NAMES)} "
+                          f"or NAME{activations.GLU_SUFFIX}")
+    labels = [label for label, _, _ in variants]
+    if baseline and baseline not in labels:
+        raise ConfigError(f"--baseline {baseline} is not one of --acts {','.join(labels)}")
+    if nproc_per_node < 1:
+        raise ConfigError("--nproc-per-node must be at least 1")
+
+
+def with_control(variants, baseline, control):
+    """(variants, the control's label or None): with an A/A control (control true or its label), the baseline
+    again right after it, with the same seeds and another init stream (the trainer's --init-seed-offset)."""
+    if not control:
+        return variants, None
+    labels = [label for label, _, _ in variants]
+    label = control if isinstance(control, str) else f"{baseline}_aa"
+    if label in labels or not LABEL.fullmatch(label):
+        raise ConfigError(f"control label {label!r} must be new and made of letters, digits, . _ + -")
+    base_options = next(opts for name, opts, _ in variants if name == baseline)
+    at = labels.index(baseline) + 1
+    return [*variants[:at], Variant(label, [*base_options, "--init-seed-offset", str(CONTROL_INIT_SEED_OFFSET)],
+                                     baseline), *variants[at:]], label
+
+
+def best_lr(label, grid_dirs):
+    """The grid's best lr of one arm by stats/lr_grid.py's rule, from its finished runs {lr: {seed: dir}}."""
+    grid = {}
+    for lr, seeds in grid_dirs.items():
+        for seed, path in seeds.items():
+            try:
+                loss = summary(load_run(path))["final_val"]
+            except RunError as e:
+                raise ConfigError(f"the lr grid's run {path} cannot be read ({e}); rerun the sweep") from None
+            grid.setdefault(lr, {})[seed] = math.inf if loss is None else loss
+    return pick(label, grid)["best_lr"]

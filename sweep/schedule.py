@@ -1,0 +1,127 @@
+"""What runs when: the runs of one sweep directory in the order they start, each handed to the plan's launcher.
+
+Runs go seed by seed (every variant's seed 1, then seed 2 ...), so that a sweep stopped early still pairs every
+variant with its baseline; a ladder's, size by size within a seed. A ladder whose lr grid is at one size (lr_size)
+runs that grid first, then every other size at each arm's best lr of the grid. A run whose final evaluation is
+logged is skipped; an unfinished one continues from its newest checkpoint (--auto-resume). A variant's later seeds
+run the activation kernels' path its first seed decided (the trainer's --kernels-from). OUT/sweep_plan.json records
+what the directory's sweep runs, so that the same directory never mixes two sweeps' runs.
+"""
+import json
+
+from tqdm import tqdm
+
+from analysis.runs import finished
+from errors import ConfigError
+from sweep import launchers, status
+from sweep.cost import bench_rates, cost_text, run_rates
+from sweep.plan import TRAINERS, best_lr, run_dir
+
+
+def train_argv(plan, variant_options, seed, path, overrides):
+    """The trainer script and its options for one run (a launcher puts python or torchrun before it)."""
+    return [str(TRAINERS[plan.trainer]), "--config", plan.config, *variant_options, "--seed", str(seed),
+            "--out-dir", str(path), "--auto-resume", *overrides]
+
+
+def run_sweep(plan, out, corpus_options=()):
+    """The runs of one sweep directory: every variant x seed, with the corpus options (if any) before the plan's
+    overrides. Returns the runs still queued on a scheduler (none for the sequential and local launchers)."""
+    overrides = [*corpus_options, *plan.overrides]
+    ladder = plan.ladder
+    if ladder is None:  # seed by seed: a sweep stopped early still pairs every variant with its baseline
+        phases = [[(label, opts, seed, None, None) for seed in plan.seeds for label, opts, _ in plan.variants]]
+    else:
+        grid_sizes = [ladder.lr_size] if ladder.lr_size else list(ladder.sizes)
+        lrs = {label: ladder.lrs for label in plan.labels}
+        rest = [size for size in ladder.sizes if size not in grid_sizes or ladder.lr_seeds]
+        # the other sizes (with lr_seeds, every size) run at each arm's best lr of the whole grid, known once every
+        # grid run finished; their FLOPs do not depend on it
+        phases = [ladder_jobs(plan, grid_sizes, lrs, grid_seeds(plan)),
+                  ladder_jobs(plan, rest, {label: [None] for label in lrs})]
+    sizes = list(ladder.sizes) if ladder else [None]
+    runs = sorted(((size, [*opts, *overrides]) for phase in phases for _, opts, _, size, _ in phase),
+                  key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
+    print(cost_text(plan.trainer, plan.config, runs, *throughput(plan, out)))
+    if plan.dry_run:
+        for label, opts, seed, size, lr in phases[0]:
+            path = run_dir(out, label, seed, size, lr)
+            print(f"{path}: {' '.join(train_argv(plan, opts, seed, path, overrides))}")
+        for label, _, seed, size, _ in [job for phase in phases[1:] for job in phase]:
+            print(f"{label} size {size} seed {seed}: after the lr grid, at {label}'s best lr")
+        return []
+    write_plan(plan, overrides, out)
+    queued = launch(plan, overrides, out, phases[0])
+    if ladder is None or not phases[1] or queued:
+        return queued
+    try:
+        best = {label: best_lr(label, {lr: {seed: run_dir(out, label, seed, ladder.lr_size, lr)
+                                            for seed in grid_seeds(plan)} for lr in ladder.lrs})
+                for label in plan.labels}
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    tqdm.write(f"best lr at size {ladder.lr_size}: " + ", ".join(f"{a} {lr:g}" for a, lr in best.items()))
+    return launch(plan, overrides, out, ladder_jobs(plan, rest, {label: [lr] for label, lr in best.items()}))
+
+
+def throughput(plan, out):
+    """({act: FLOP/s per GPU}, its source) for the cost line: --throughput files, else this sweep's finished runs."""
+    if plan.throughput:
+        return bench_rates(plan.throughput)
+    return run_rates([out] if out.is_dir() else [])
+
+
+def write_plan(plan, overrides, out):
+    """OUT/sweep_plan.json: what the sweep runs, so that the same directory never mixes two sweeps' runs."""
+    out.mkdir(parents=True, exist_ok=True)
+    plan_path = out / "sweep_plan.json"
+    ladder = plan.ladder
+    record = {"trainer": plan.trainer, "config": plan.config, "overrides": overrides,
+              "nproc_per_node": plan.nproc_per_node, "variants": {label: opts for label, opts, _ in plan.variants},
+              "ladder": ladder and {"sizes": plan.size_options, "lrs": ladder.lrs, "lr_size": ladder.lr_size,
+                                    **({"lr_seeds": ladder.lr_seeds} if ladder.lr_seeds else {})}}
+    kept = ("trainer", "config", "overrides", "nproc_per_node", "ladder")
+    if plan_path.exists():  # the same variant in the same directory must mean the same run
+        old = {"trainer": "gpt2", **json.loads(plan_path.read_text())}
+        old_variants = old.get("variants") or {a: ["--act", a] for a in old.get("acts", [])}
+        if ({k: old.get(k) for k in kept} != {k: record[k] for k in kept}
+                or any(old_variants.get(label, opts) != opts for label, opts in record["variants"].items())):
+            raise SystemExit(f"error: {out} holds a sweep with other settings ({old['config']} "
+                             f"{' '.join(old['overrides'])}); use another --out-dir so finished runs are not mixed")
+    plan_path.write_text(json.dumps({**record, "acts": plan.labels, "seeds": plan.seeds, "baseline": plan.baseline,
+                                     "control": plan.control, "baselines": {v.label: v.baseline for v in plan.variants},
+                                     "runs": status.planned_runs(plan, out)}, indent=2))
+
+
+def grid_seeds(plan):
+    """The lr grid's seeds: the plan's lr_seeds (the lr is then chosen on other seeds than it is compared on), else
+    the sweep's."""
+    return plan.ladder.lr_seeds or plan.seeds
+
+
+def ladder_jobs(plan, sizes, lrs, seeds=None):
+    """(label, options, seed, size, lr) of each run, seed by seed (seeds: the sweep's by default), then size by size:
+    a ladder stopped early still has every arm and size on its first seeds."""
+    return [(label, [*opts, *plan.size_options[size], *plan.lr_options(lr)], seed, size, lr)
+            for seed in seeds or plan.seeds for size in sizes for label, opts, _ in plan.variants for lr in lrs[label]]
+
+
+def launch(plan, overrides, out, jobs):
+    """Hands the jobs not finished yet to the launcher; returns those it left queued on a scheduler."""
+    runs = []
+    for label, opts, seed, size, lr in jobs:
+        path = run_dir(out, label, seed, size, lr)
+        if finished(path):
+            tqdm.write(f"{path}: finished, skipped")
+            continue
+        path.mkdir(parents=True, exist_ok=True)
+        # every seed of an arm on the numerical path its first seed's run decided (activations/policy.py), where
+        # that run has started when this one starts (side by side, each may decide: the report names the paths)
+        first = run_dir(out, label, plan.seeds[0], size, lr) if seed != plan.seeds[0] else None
+        where = (f" size {size}" if size else "") + (f" lr {lr:g}" if lr else "")
+        runs.append(launchers.RunCommand(path, train_argv(plan, opts, seed, path, overrides),
+                                         f"{label}{where} seed {seed}", first))
+    if not runs:
+        return []
+    launcher = launchers.LAUNCHERS[plan.resources.kind](plan.resources, plan.nproc_per_node, out / "submitit")
+    return launcher.launch(runs)
