@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import activations
 from analysis.runs import RunError, load_run, summary
 from errors import ConfigError
 from stats.lr_grid import check_grid, pick
@@ -280,6 +279,8 @@ def check_options(variants, corpora, overrides):
 
 def check_names(variants, corpora, baseline, nproc_per_node):
     """Labels that name directories, activations the registry knows, a baseline among the variants."""
+    import activations  # torch with it: only a sweep that runs (never --status or --report-only) checks names
+
     if bad := [name for name, *_ in variants + corpora if not LABEL.fullmatch(name)]:
         raise ConfigError(f"variant/corpus names {', '.join(bad)} must be letters, digits, . _ + - (they name "
                           "directories)")

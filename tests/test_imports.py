@@ -22,9 +22,9 @@ BELOW = {
     "sweep": {"errors", "stats", "activations", "data", "model", "training", "translation", "eval", "analysis",
               "train_gpt2", "train_translation"},
 }
-# one upward import, named: `python -m sweep`, the sweep's command before it moved, forwards to sweep/cli.py
+# one upward import, named: `python -m analysis.sweep`, the sweep's command before it moved, forwards to sweep/cli.py
 # for one release
-UPWARD = {("sweep/cli.py", "sweep")}
+UPWARD = {("analysis/sweep.py", "sweep")}
 # what evaluations and exports may take from training/: reading checkpoints (and, to run under torchrun on
 # the device the trainers use, the process group and precision helpers), never the loop
 TRAINING_FOR = {

@@ -578,3 +578,15 @@ def test_sweep_refuses_eval_hellaswags_items_under_the_runs_own_name(tmp_path, w
                            for i, x in enumerate(labels)])
     with pytest.raises(SystemExit, match="relu_seed2/hellaswag_items_00010.jsonl.gz holds eval/hellaswag.py's scoring"):
         sweep_report.report(tmp_path, acts=["gelu", "relu"])
+
+
+def test_the_former_command_forwards_to_the_sweep_with_a_note(tmp_path, capsys):
+    """`python -m analysis.sweep ...`, kept for one release: the same output as `python -m sweep ...`, and one line
+    on stderr that names the new command."""
+    fake_run(tmp_path / "gelu_seed1", "gelu", 1, 3.5)
+    cli.main(["--status", str(tmp_path)])
+    old = subprocess.run([sys.executable, "-m", "analysis.sweep", "--status", str(tmp_path)], capture_output=True,
+                         text=True, check=True)
+    assert old.stdout == capsys.readouterr().out and "gelu_seed1 | done" in old.stdout
+    assert old.stderr.splitlines() == ["note: `python -m analysis.sweep` is `python -m sweep` now; this name goes in "
+                                       "the next release"]
