@@ -20,6 +20,7 @@ up by the arm's label (a contender named as the arm); an arm without one is said
 """
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.lr_grid_plot import plot_lr_grid
@@ -89,7 +90,7 @@ def is_ladder(out):
     return len({p["size"] for p in points}) > 1 or len({p["lr"] for p in points}) > 1
 
 
-def cells(points):
+def by_size_arm_lr(points):
     """{size: {arm: {lr: {seed: point}}}}"""
     out = {}
     for p in points:
@@ -163,9 +164,26 @@ def _ci(low, high, fmt="{:.3g}"):
     return "[" + ", ".join("-" if v is None else fmt.format(v) for v in (low, high)) + "]"
 
 
-def _report(out, points, unfinished, baseline, throughput, opts):
+@dataclass
+class LadderRuns:
+    """A ladder's finished runs as its report reads them."""
+    arms: list  # the baseline first
+    baseline: str
+    sizes: list  # by compute
+    by_size: dict  # {size: {arm: {lr: {seed: point}}}} of the compared runs
+    grid_by_size: dict  # the same of the lr grid's own seeds (lr_seeds), {} without them
+    lr_seeds: set
+    points: list  # the compared runs' points
+    grid_runs: int  # how many runs the lr grid's own seeds have
+
+    def at(self, size, arm, lr):
+        """{seed: point} of one arm at one size and lr, or None."""
+        return self.by_size[size].get(arm, {}).get(lr)
+
+
+def read_ladder(out, points, baseline):
+    """The LadderRuns of a ladder's points: the lr grid's seeds apart, the baseline checked, the sizes by compute."""
     plan = json.loads((out / "sweep_plan.json").read_text()) if (out / "sweep_plan.json").is_file() else {}
-    level = opts["level"]
     lr_seeds = set((plan.get("ladder") or {}).get("lr_seeds") or [])
     grid_points = [p for p in points if p["seed"] in lr_seeds]
     points = [p for p in points if p["seed"] not in lr_seeds]
@@ -175,34 +193,43 @@ def _report(out, points, unfinished, baseline, throughput, opts):
         raise ConfigError(f"baseline {baseline!r} is not an arm of these runs ({', '.join(arms)}); name one with "
                           "--baseline")
     arms = [baseline] + [a for a in arms if a != baseline]
-    by_size, grid_by_size = cells(points), cells(grid_points)
+    by_size, grid_by_size = by_size_arm_lr(points), by_size_arm_lr(grid_points)
     compute_of = {s: _mean([p for p in points if p["size"] == s and p["compute"] is not None] or [{"compute": 0}],
                            "compute") for s in by_size}
     sizes = sorted(by_size, key=lambda s: (compute_of[s], tuple(x or 0 for x in s)))  # by compute
-    md = [f"# Ladder {out}", "", f"Runs read from their own run.json and metrics.jsonl: {len(points)} compared"
-          + (f" and {len(grid_points)} of the lr grid (seeds {', '.join(map(str, sorted(lr_seeds)))})"
-             if grid_points else "")
-          + f", arms {', '.join(arms)} (baseline {baseline}), sizes by compute {', '.join(map(size_label, sizes))}.",
-          ""]
+    return LadderRuns(arms, baseline, sizes, by_size, grid_by_size, lr_seeds, points, len(grid_points))
+
+
+def runs_section(out, ladder, unfinished):
+    """The report's head: what was read, and each arm's mean loss and compute at each size and lr."""
+    arms, sizes, by_size, grid_runs = ladder.arms, ladder.sizes, ladder.by_size, ladder.grid_runs
+    md = [f"# Ladder {out}", "", f"Runs read from their own run.json and metrics.jsonl: {len(ladder.points)} compared"
+          + (f" and {grid_runs} of the lr grid (seeds {', '.join(map(str, sorted(ladder.lr_seeds)))})"
+             if grid_runs else "")
+          + f", arms {', '.join(arms)} (baseline {ladder.baseline}), sizes by compute "
+          f"{', '.join(map(size_label, sizes))}.", ""]
     if unfinished:
         md += [f"Unfinished (left out): {', '.join(unfinished)}", ""]
     rows = [[size_label(s), a, f"{lr:g}", ", ".join(map(str, sorted(seeds))),
              f"{_mean(seeds.values(), 'loss'):.4f}",
              "-" if None in [p["compute"] for p in seeds.values()] else f"{_mean(seeds.values(), 'compute'):.3g}"]
             for s in sizes for a in arms for lr, seeds in sorted(by_size[s].get(a, {}).items())]
-    md += [markdown_table(["size", "arm", "lr", "seeds", "final val loss (mean)", "compute (FLOPs)"], rows), ""]
-    result = {"baseline": baseline, "arms": arms, "sizes": [size_label(s) for s in sizes], "unfinished": unfinished,
-              "level": level, "lr_grid": {}, "best_lr": {}, "lr_choice": {}, "pairs": {}}
+    return md + [markdown_table(["size", "arm", "lr", "seeds", "final val loss (mean)", "compute (FLOPs)"], rows), ""]
 
-    chosen, cursed = {}, set()  # (size, arm) -> the lr compared; sizes whose pick saw the compared runs
+
+def lr_sections(out, ladder, result):
+    """Each size's lr grid: the picks into result ("lr_grid", "best_lr") and the markdown; returns (markdown,
+    {(size, arm): the lr compared}, the sizes whose pick was made on the compared runs)."""
+    md, chosen, cursed = [], {}, set()
+    by_size, grid_by_size, sizes = ladder.by_size, ladder.grid_by_size, ladder.sizes
     for s in sorted(set(by_size) | set(grid_by_size), key=lambda s: sizes.index(s) if s in sizes else -1):
         own = {a: {lr: {seed: p["loss"] for seed, p in seeds.items()} for lr, seeds in by_size.get(s, {})[a].items()}
-               for a in arms if a in by_size.get(s, {})}
+               for a in ladder.arms if a in by_size.get(s, {})}
         grids = {a: {lr: {seed: p["loss"] for seed, p in seeds.items()} for lr, seeds in g.items()}
                  for a, g in grid_by_size.get(s, {}).items()} if s in grid_by_size else own
         if all(len(g) == 1 for g in grids.values()):
             continue
-        compared = lr_grid.compare(grids, baseline)
+        compared = lr_grid.compare(grids, ladder.baseline)
         result["lr_grid"][size_label(s)] = compared
         for a, lr in compared["best_lr"].items():
             result["best_lr"].setdefault(a, {})[size_label(s)] = lr
@@ -214,80 +241,115 @@ def _report(out, points, unfinished, baseline, throughput, opts):
         pairs = [f"- {line}" for line in compared["sentences"][len(compared["picks"]):]]
         md += [f"## Learning rate at {size_label(s)}", "", f"Rule: {compared['rule']}.", "", *picks, "",
                "Unadjusted, exploratory (outside the report's error control: the lr was picked on these very runs, "
-               f"so the arm with the flatter lr curve gains most from the pick's luck): each arm against {baseline} "
-               "paired by seed, each at its own best lr and at the baseline's.", "", *pairs, ""]
+               f"so the arm with the flatter lr curve gains most from the pick's luck): each arm against "
+               f"{ladder.baseline} paired by seed, each at its own best lr and at the baseline's.", "", *pairs, ""]
     if result["lr_grid"]:
         plot_lr_grid(result["lr_grid"], out / "lr_grid.png")
         md += ["![loss against lr](lr_grid.png)", ""]
-    for s in sizes:
-        for a in arms:
-            if (s, a) not in chosen and len(by_size[s].get(a, {})) == 1:
-                chosen[(s, a)] = next(iter(by_size[s][a]))
-    for a in arms:
-        lrs = [(s, chosen[(s, a)]) for s in sizes if (s, a) in chosen]
+    return md, chosen, cursed
+
+
+def lr_choices(ladder, result, chosen):
+    """Each arm's lr at each size, and how it was chosen, into result["lr_choice"] and chosen (an arm that ran
+    one lr at a size: that one); its markdown."""
+    for s in ladder.sizes:
+        for a in ladder.arms:
+            if (s, a) not in chosen and len(ladder.by_size[s].get(a, {})) == 1:
+                chosen[(s, a)] = next(iter(ladder.by_size[s][a]))
+    seeds = ", ".join(map(str, sorted(ladder.lr_seeds)))
+    for a in ladder.arms:
+        lrs = [(s, chosen[(s, a)]) for s in ladder.sizes if (s, a) in chosen]
         where = {k: v for k, v in result["best_lr"].get(a, {}).items()}
-        how = (f"picked on the grid at {', '.join(where)} on seeds {', '.join(map(str, sorted(lr_seeds)))}, compared "
-               "on the others" if grid_points and where else
+        how = (f"picked on the grid at {', '.join(where)} on seeds {seeds}, compared on the others"
+               if ladder.grid_runs and where else
                f"picked at {', '.join(where)} on the compared seeds themselves (its comparisons there: exploratory)"
                if where else "the one lr it ran")
         ran = (f"{lrs[0][1]:g} at every size" if len({lr for _, lr in lrs}) == 1 else
                ", ".join(f"{lr:g} at {size_label(s)}" for s, lr in lrs)) if lrs else "no run"
         result["lr_choice"][a] = f"{ran} ({how})"
-    md += ["## Each arm's lr", "", *[f"- {a}: {text}." for a, text in result["lr_choice"].items()], ""]
+    return ["## Each arm's lr", "", *[f"- {a}: {text}." for a, text in result["lr_choice"].items()], ""]
 
-    family = []  # (kind, name, p, where to write the adjusted p)
+
+def size_pairs(ladder, result, chosen, cursed, family):
+    """Each arm against the baseline at each size, paired by seed at the lrs compared, into result["pairs"]; those
+    not exploratory join the family. Returns [(size, arm, pair)]."""
     pair_rows = []
-    for s in sizes:
-        base = by_size[s].get(baseline, {}).get(chosen.get((s, baseline)))
-        for a in arms[1:]:
-            arm = by_size[s].get(a, {}).get(chosen.get((s, a)))
+    for s in ladder.sizes:
+        base = ladder.at(s, ladder.baseline, chosen.get((s, ladder.baseline)))
+        for a in ladder.arms[1:]:
+            arm = ladder.at(s, a, chosen.get((s, a)))
             if not base or not arm:
                 continue
             pair = paired({k: p["loss"] for k, p in base.items()}, {k: p["loss"] for k, p in arm.items()})
             pair["exploratory"] = s in cursed
             result["pairs"].setdefault(size_label(s), {})[a] = pair
             if pair["p"] is not None and not pair["exploratory"]:
-                family.append(("pair", f"{a} - {baseline} at {size_label(s)}", pair["p"], pair))
+                family.append(("pair", f"{a} - {ladder.baseline} at {size_label(s)}", pair["p"], pair))
             pair_rows.append((s, a, pair))
+    return pair_rows
 
-    # the fit pairs every arm at every size on the same seeds: a half-finished ladder is fitted on the sizes every
-    # arm has finished, on the seeds all of them share, and says which it left out
-    cell = {(s, a): by_size[s].get(a, {}).get(chosen.get((s, a))) for s in sizes for a in arms}
-    complete = [s for s in sizes if all(cell[(s, a)] for a in arms)]
-    shared = set.intersection(*(set(cell[(s, a)]) for s in complete for a in arms)) if complete else set()
-    if len(complete) < len(sizes) or any(set(cell[(s, a)]) != shared for s in complete for a in arms):
+
+def fit_input(compared, complete, shared, arms):
+    """({arm: {compute: {seed: loss}}}, {size: {arm: compute}}) of the complete sizes on the shared seeds."""
+    losses, compute_at = {}, {}
+    for s in complete:
+        for a in arms:
+            seeds = {seed: p for seed, p in compared[(s, a)].items() if seed in shared}
+            if any(p["compute"] is None for p in seeds.values()):
+                raise ConfigError(f"{size_label(s)} {a}: a run records no training FLOPs (its eval records have "
+                                  "no `flops`: an older nanoact, or the translation trainer, which has no FLOP "
+                                  "count); a ladder needs them")
+            compute = _mean(seeds.values(), "compute")
+            losses.setdefault(a, {})[compute] = {seed: p["loss"] for seed, p in seeds.items()}
+            compute_at.setdefault(s, {})[a] = compute
+    return losses, compute_at
+
+
+def fit_section_of(out, ladder, chosen, throughput, opts, result, family):
+    """The multiplier fit (its verdicts join the family, Holm-adjusted here) and its markdown; without enough
+    sizes, the family is adjusted alone. The fit pairs every arm at every size on the same seeds: a half-finished
+    ladder is fitted on the sizes every arm has finished, on the seeds all of them share, and says which."""
+    compared = {(s, a): ladder.at(s, a, chosen.get((s, a))) for s in ladder.sizes for a in ladder.arms}
+    complete = [s for s in ladder.sizes if all(compared[(s, a)] for a in ladder.arms)]
+    shared = set.intersection(*(set(compared[(s, a)]) for s in complete for a in ladder.arms)) if complete else set()
+    md = []
+    if len(complete) < len(ladder.sizes) or any(set(compared[(s, a)]) != shared for s in complete
+                                                for a in ladder.arms):
         md += [f"Fitted on sizes {', '.join(map(size_label, complete)) or 'none'} and seeds "
                f"{', '.join(map(str, sorted(shared))) or 'none'}: those every arm has finished.", ""]
-    if len(complete) >= scaling.MIN_SIZES["shared"] and shared:
-        ladder, compute_at = {}, {}
-        for s in complete:
-            for a in arms:
-                seeds = {seed: p for seed, p in cell[(s, a)].items() if seed in shared}
-                if any(p["compute"] is None for p in seeds.values()):
-                    raise ConfigError(f"{size_label(s)} {a}: a run records no training FLOPs (its eval records have "
-                                      "no `flops`: an older nanoact, or the translation trainer, which has no FLOP "
-                                      "count); a ladder needs them")
-                compute = _mean(seeds.values(), "compute")
-                ladder.setdefault(a, {})[compute] = {seed: p["loss"] for seed, p in seeds.items()}
-                compute_at.setdefault(s, {})[a] = compute
-        speeds = throughput_ratios(throughput, compute_at, baseline) if throughput else None
-        vocab = {p["vocab"] for p in points}
-        fit = scaling.fit_ladder(ladder, baseline, target=opts["target"], extrapolate=opts["extrapolate"],
-                                 vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
-                                 confidence=level, n_sims=opts["resamples"], rng=opts["seed"])
-        for a, m in fit["multipliers"].items():
-            family.append(("multiplier", f"{a}'s multiplier over {baseline}", m["fitted"]["p"], m["fitted"]))
-            if m["trend"]:
-                family.append(("trend", f"{a}'s trend", m["trend"]["p"], m["trend"]))
+    if len(complete) < scaling.MIN_SIZES["shared"] or not shared:
         adjust([(p, where) for _, _, p, where in family])
-        md += fit_section(fit, complete, speeds, opts)
-        plot_scaling(fit, out / "scaling.png")
-        md += ["![loss and multiplier against compute](scaling.png)", ""]
-        result.update(fit=fit, wall_clock=fit["throughput_source"] or "not measured")
-    else:
-        adjust([(p, where) for _, _, p, where in family])
-        md += [f"No fit: {len(complete)} complete sizes (the shared fit needs {scaling.MIN_SIZES['shared']}).", ""]
-    md += pairs_section(pair_rows, baseline, level) + verdicts(family, level)
+        return md + [f"No fit: {len(complete)} complete sizes (the shared fit needs {scaling.MIN_SIZES['shared']}).",
+                     ""]
+    losses, compute_at = fit_input(compared, complete, shared, ladder.arms)
+    speeds = throughput_ratios(throughput, compute_at, ladder.baseline) if throughput else None
+    vocab = {p["vocab"] for p in ladder.points}
+    fit = scaling.fit_ladder(losses, ladder.baseline, target=opts["target"], extrapolate=opts["extrapolate"],
+                             vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
+                             confidence=opts["level"], n_sims=opts["resamples"], rng=opts["seed"])
+    for a, m in fit["multipliers"].items():
+        family.append(("multiplier", f"{a}'s multiplier over {ladder.baseline}", m["fitted"]["p"], m["fitted"]))
+        if m["trend"]:
+            family.append(("trend", f"{a}'s trend", m["trend"]["p"], m["trend"]))
+    adjust([(p, where) for _, _, p, where in family])
+    md += fit_section(fit, complete, speeds, opts)
+    plot_scaling(fit, out / "scaling.png")
+    result.update(fit=fit, wall_clock=fit["throughput_source"] or "not measured")
+    return md + ["![loss and multiplier against compute](scaling.png)", ""]
+
+
+def _report(out, points, unfinished, baseline, throughput, opts):
+    ladder = read_ladder(out, points, baseline)
+    result = {"baseline": ladder.baseline, "arms": ladder.arms, "sizes": [size_label(s) for s in ladder.sizes],
+              "unfinished": unfinished, "level": opts["level"], "lr_grid": {}, "best_lr": {}, "lr_choice": {},
+              "pairs": {}}
+    md = runs_section(out, ladder, unfinished)
+    lr_md, chosen, cursed = lr_sections(out, ladder, result)
+    md += lr_md + lr_choices(ladder, result, chosen)
+    family = []  # the report's verdicts, one Holm family: (kind, name, p, the dict its adjusted p is written into)
+    pair_rows = size_pairs(ladder, result, chosen, cursed, family)
+    md += fit_section_of(out, ladder, chosen, throughput, opts, result, family)
+    md += pairs_section(pair_rows, ladder.baseline, opts["level"]) + verdicts(family, opts["level"])
     result["family"] = [{"kind": kind, "claim": name, "p": p, "p_holm": where.get("p_holm")}
                         for kind, name, p, where in family]
     text = "\n".join(md)

@@ -19,6 +19,7 @@ Written to sweep.md, sweep.json and compare.png (analysis/sweep_plot.py) in the 
 """
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from analysis import literature_measures
@@ -260,14 +261,28 @@ def declared_sentence(pairs, baselines, metrics, control, size):
     return f"Declared different at {family}: {'; '.join(found)}."
 
 
-def report(out_dir, acts=None, baseline=None, target_diff=None):
-    """Read every run under out_dir and write sweep.md, sweep.json and compare.png there; returns the markdown.
-    Runs are grouped by variant (directory {label}_seed{seed}); each variant is compared with its baseline
-    (the plan's `baselines`, else `baseline`, else the first variant). target_diff (final val loss, nats):
-    the difference whose seeds the report counts; default the observed one."""
-    out = Path(out_dir)
+@dataclass
+class SweepRuns:
+    """A sweep directory's runs as its report reads them."""
+    out: Path
+    runs: list  # every run, in the report's order (variant, then seed)
+    done: list  # the finished runs
+    compared: list  # the finished runs of the variants compared: what the statistics read
+    unfinished: list  # the labels of the runs left out
+    order: list  # the variants with a finished run, the A/A control right after its baseline
+    baseline: str | None
+    control: str | None  # the A/A control's label
+    baselines: dict  # variant -> the variant it is compared against
+
+    def of(self, variant):
+        return [run for run in self.compared if variant_of(run) == variant]
+
+
+def read_sweep(out, acts=None, baseline=None):
+    """The SweepRuns of a sweep directory: the variants in the order of acts, else the plan's, else sorted."""
     plan = json.loads((out / "sweep_plan.json").read_text()) if (out / "sweep_plan.json").is_file() else {}
-    dirs = sorted(p for p in out.iterdir() if p.is_dir() and ((p / "log.txt").is_file() or (p / "metrics.jsonl").is_file()))
+    dirs = sorted(p for p in out.iterdir()
+                  if p.is_dir() and ((p / "log.txt").is_file() or (p / "metrics.jsonl").is_file()))
     if not dirs:
         raise SystemExit(f"error: {out}: no run directories (with log.txt or metrics.jsonl) inside")
     try:
@@ -289,59 +304,57 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
     rank = {a: i for i, a in enumerate(order)}
     runs.sort(key=lambda r: (rank.get(variant_of(r), len(rank)), str(variant_of(r)), r.setting("seed") or 0))
     baselines = {a: (plan.get("baselines") or {}).get(a) or baseline for a in order}
+    return SweepRuns(out, runs, done, [r for r in done if variant_of(r) in rank], unfinished, order, baseline,
+                     control, baselines)
 
-    rows = {a: {} for a in order}  # variant -> metric -> {seed: value}
-    for run in done:
-        if variant_of(run) in rows:
-            s = summary(run)
-            for key, _ in METRICS:
-                if s[key] is not None:
-                    rows[variant_of(run)].setdefault(key, {})[run.setting("seed")] = s[key]
+
+def compare_variants(sweep, target_diff):
+    """(metrics logged, {variant: {metric: mean_std}}, {variant: {metric: paired difference to its baseline}}, the
+    size of the claims' Holm family): each pair with its power, HellaSwag's with its item-level interval, every
+    claim Holm-adjusted (the A/A control's over its own metrics)."""
+    rows = {a: {} for a in sweep.order}  # variant -> metric -> {seed: value}
+    for run in sweep.compared:
+        s = summary(run)
+        for key, _ in METRICS:
+            if s[key] is not None:
+                rows[variant_of(run)].setdefault(key, {})[run.setting("seed")] = s[key]
     metrics = [(k, name) for k, name in METRICS if any(k in r for r in rows.values())]
-    per_act = {a: {k: mean_std(list(rows[a].get(k, {}).values())) for k, _ in metrics} for a in order}
+    per_act = {a: {k: mean_std(list(rows[a].get(k, {}).values())) for k, _ in metrics} for a in sweep.order}
+    baselines = sweep.baselines
     pairs = {a: {k: add_power(paired(rows[baselines[a]].get(k, {}), rows[a].get(k, {})), k, target_diff)
-                 for k, _ in metrics} for a in order if a != baselines[a] and baselines[a] in rows}
+                 for k, _ in metrics} for a in sweep.order if a != baselines[a] and baselines[a] in rows}
     if "hella_acc_norm" in dict(metrics):
-        items = items_of(r for r in done if variant_of(r) in rows)
+        items = items_of(sweep.compared)
         for a, per in pairs.items():
             per["hella_acc_norm"]["item_level"] = item_interval(items, a, baselines[a])
-    family_size = holm_family(pairs, [a for a in pairs if a != control], metrics)
-    if control in pairs:
-        holm_family(pairs, [control], metrics)
-    flags = spread_flags(per_act, baselines, metrics)
-    paths = kernel_paths([r for r in done if variant_of(r) in rows])
-    setup_flags = flag_lines([r for r in done if variant_of(r) in rows])
+    family_size = holm_family(pairs, [a for a in pairs if a != sweep.control], metrics)
+    if sweep.control in pairs:
+        holm_family(pairs, [sweep.control], metrics)
+    return metrics, per_act, pairs, family_size
+
+
+def variant_params(runs):
+    """{variant: the parameter counts of its first run that records them}."""
     params = {}
-    for run in done:
-        if variant_of(run) in rows and run_params(run):
+    for run in runs:
+        if run_params(run):
             params.setdefault(variant_of(run), run_params(run))
-    size_flags = param_flags(params, baselines)
-    reliable, verdict = control_verdict(control, baselines[control], pairs[control], metrics) if control in pairs \
-        else (None, None)
-    result = {"baseline": baseline, "baselines": baselines, "acts": order, "unfinished": unfinished,
-              "control": control, "control_reliable": reliable, "target_diff": target_diff, "alpha": ALPHA,
-              "family_size": family_size,
-              "runs": [summary(r) for r in runs], "per_act": per_act, "paired": pairs, "kernel_paths": paths,
-              "spread_flags": [{"variant": a, "metric": k, "std": s, "baseline_std": b, "ratio": r}
-                               for a, k, s, b, r in flags],
-              "params": params, "param_flags": [{"variant": a, "non_embedding": m, "baseline_non_embedding": b,
-                                                 "relative": r} for a, m, b, r in size_flags]}
+    return params
 
-    def pm(stat):
-        if stat["mean"] is None:
-            return "-"
-        return f"{stat['mean']:.4f} ± {stat['std']:.4f}" if stat["std"] is not None else f"{stat['mean']:.4f}"
 
-    md = [f"# Sweep {out}", ""]
-    if verdict:
-        md += [verdict, ""]
-    md += [table(runs), ""]
-    if unfinished:
-        md += [f"Unfinished (left out of the statistics): {', '.join(unfinished)}", ""]
-    md += ["Mean ± sample std over seeds:", "",
-           markdown_table(["variant", "n", *[name for _, name in metrics]],
-                          [[a, max((s["n"] for s in per_act[a].values()), default=0),
-                            *[pm(per_act[a][k]) for k, _ in metrics]] for a in order]), ""]
+def plus_minus(stat):
+    if stat["mean"] is None:
+        return "-"
+    return f"{stat['mean']:.4f} ± {stat['std']:.4f}" if stat["std"] is not None else f"{stat['mean']:.4f}"
+
+
+def variants_section(sweep, metrics, per_act, params, size_flags, flags, paths, setup_flags):
+    """The markdown of each variant on its own: its runs' mean ± std, parameters, kernel path, and what is flagged."""
+    order, baselines = sweep.order, sweep.baselines
+    md = ["Mean ± sample std over seeds:", "",
+          markdown_table(["variant", "n", *[name for _, name in metrics]],
+                         [[a, max((s["n"] for s in per_act[a].values()), default=0),
+                           *[plus_minus(per_act[a][k]) for k, _ in metrics]] for a in order]), ""]
     if params:
         md += ["Parameters per variant (run.json; outside embeddings: what an MLP's form changes):", "",
                markdown_table(["variant", "parameters", "outside embeddings", "per MLP", "vs baseline"],
@@ -367,11 +380,17 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
     if setup_flags:
         md += ["Settings besides the config that differ between runs or within one (run.json, analysis/run_setup.py):",
                "", *setup_flags, ""]
+    return md
+
+
+def pairs_section(pairs, baselines, metrics, control, family_size, target_diff):
+    """The markdown of the paired differences: the table, the claims declared, what the seeds can detect."""
     pair_rows, sentences = [], []
     for a, per in pairs.items():
         for k, name in metrics:
             p = per[k]
-            pair_rows.append([f"{a} - {baselines[a]}", name, p["n"], pm(p), "-" if p["t"] is None else f"{p['t']:.2f}",
+            pair_rows.append([f"{a} - {baselines[a]}", name, p["n"], plus_minus(p),
+                              "-" if p["t"] is None else f"{p['t']:.2f}",
                               "-" if p["ci95"] is None else f"[{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}]",
                               "-" if p["p"] is None else f"{p['p']:.3g}",
                               "-" if p["p_holm"] is None else f"{p['p_holm']:.3g}",
@@ -379,41 +398,82 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
                               p["seeds_needed"] or "-"])
             sentences.append("- " + power_sentence(f"{a} - {baselines[a]}", name, k, p,
                                                    k == "final_val" and target_diff is not None))
-    if pair_rows:
-        target = "the named difference" if target_diff is not None else "the observed difference"
-        md += ["Paired differences against the baseline over shared seeds (mean ± std, t = mean/(std/√n), 95% CI "
-               "with Student's t quantile, p of the paired t-test; Holm p: adjusted over the family of the sweep's "
-               "pair-metric claims, the A/A control over its own metrics, with HellaSwag's claim taking the larger "
-               f"of its per-seed and item-level p; a claim holds at Holm p < {ALPHA}); "
-               "val loss: negative is better, HellaSwag/BLEU: positive is better. Detectable: the smallest true "
-               "difference these seeds find with 80% power at alpha 0.05, (t_0.975 + t_0.80) std/√n with n-1 "
-               f"degrees of freedom; seeds: how many {target} needs"
-               f"{f' ({target_diff} nats for the val loss)' if target_diff is not None else ''}:", "",
-               markdown_table(["pair", "metric", "n", "diff", "t", "95% CI", "p", "Holm p", "detectable (80%)",
-                               "seeds needed"], pair_rows), "",
-               declared_sentence(pairs, baselines, metrics, control, family_size), "",
-               "What these seeds can detect:", "", *sentences, ""]
+    if not pair_rows:
+        return []
+    target = "the named difference" if target_diff is not None else "the observed difference"
+    return ["Paired differences against the baseline over shared seeds (mean ± std, t = mean/(std/√n), 95% CI "
+            "with Student's t quantile, p of the paired t-test; Holm p: adjusted over the family of the sweep's "
+            "pair-metric claims, the A/A control over its own metrics, with HellaSwag's claim taking the larger "
+            f"of its per-seed and item-level p; a claim holds at Holm p < {ALPHA}); "
+            "val loss: negative is better, HellaSwag/BLEU: positive is better. Detectable: the smallest true "
+            "difference these seeds find with 80% power at alpha 0.05, (t_0.975 + t_0.80) std/√n with n-1 "
+            f"degrees of freedom; seeds: how many {target} needs"
+            f"{f' ({target_diff} nats for the val loss)' if target_diff is not None else ''}:", "",
+            markdown_table(["pair", "metric", "n", "diff", "t", "95% CI", "p", "Holm p", "detectable (80%)",
+                            "seeds needed"], pair_rows), "",
+            declared_sentence(pairs, baselines, metrics, control, family_size), "",
+            "What these seeds can detect:", "", *sentences, ""]
+
+
+def measures_section(measured, baselines):
+    """The markdown of the literature's measurements paired by seed: exploratory, outside the Holm family."""
+    if not literature_measures.sentences(measured, baselines):
+        return []
+    return ["The literature's measurements at each run's last evaluation (analysis/literature_measures.py: "
+            + "; ".join(f"{name}: {what}" for name, (what, _) in literature_measures.SUMMARIES.items())
+            + f"), paired by seed; each measure's own 95% interval, unadjusted, exploratory: outside the Holm "
+            f"family of the claims above, no error control over these {sum(map(len, measured.values()))} "
+            "comparisons (with many null measures some interval excludes 0 by chance), so they declare nothing:",
+            "", *literature_measures.sentences(measured, baselines), ""]
+
+
+def report(out_dir, acts=None, baseline=None, target_diff=None):
+    """Read every run under out_dir and write sweep.md, sweep.json and compare.png there; returns the markdown.
+    Runs are grouped by variant (directory {label}_seed{seed}); each variant is compared with its baseline
+    (the plan's `baselines`, else `baseline`, else the first variant). target_diff (final val loss, nats):
+    the difference whose seeds the report counts; default the observed one."""
+    sweep = read_sweep(Path(out_dir), acts, baseline)
+    out, order, baselines, control = sweep.out, sweep.order, sweep.baselines, sweep.control
+    metrics, per_act, pairs, family_size = compare_variants(sweep, target_diff)
+    flags = spread_flags(per_act, baselines, metrics)
+    paths, setup_flags = kernel_paths(sweep.compared), flag_lines(sweep.compared)
+    params = variant_params(sweep.compared)
+    size_flags = param_flags(params, baselines)
+    reliable, verdict = control_verdict(control, baselines[control], pairs[control], metrics) if control in pairs \
+        else (None, None)
+    result = {"baseline": sweep.baseline, "baselines": baselines, "acts": order, "unfinished": sweep.unfinished,
+              "control": control, "control_reliable": reliable, "target_diff": target_diff, "alpha": ALPHA,
+              "family_size": family_size,
+              "runs": [summary(r) for r in sweep.runs], "per_act": per_act, "paired": pairs, "kernel_paths": paths,
+              "spread_flags": [{"variant": a, "metric": k, "std": s, "baseline_std": b, "ratio": r}
+                               for a, k, s, b, r in flags],
+              "params": params, "param_flags": [{"variant": a, "non_embedding": m, "baseline_non_embedding": b,
+                                                 "relative": r} for a, m, b, r in size_flags]}
+    md = [f"# Sweep {out}", "", *([verdict, ""] if verdict else []), table(sweep.runs), ""]
+    if sweep.unfinished:
+        md += [f"Unfinished (left out of the statistics): {', '.join(sweep.unfinished)}", ""]
+    md += variants_section(sweep, metrics, per_act, params, size_flags, flags, paths, setup_flags)
+    md += pairs_section(pairs, baselines, metrics, control, family_size, target_diff)
     md += hellaswag_intervals(pairs, baselines)
-    measured = literature_measures.paired_differences({a: [r for r in done if variant_of(r) == a] for a in order},
-                                           {a: baselines[a] for a in pairs})
-    result["measures"] = measured
-    if literature_measures.sentences(measured, baselines):
-        md += ["The literature's measurements at each run's last evaluation (analysis/literature_measures.py: "
-               + "; ".join(f"{name}: {what}" for name, (what, _) in literature_measures.SUMMARIES.items())
-               + f"), paired by seed; each measure's own 95% interval, unadjusted, exploratory: outside the Holm "
-               f"family of the claims above, no error control over these {sum(map(len, measured.values()))} "
-               "comparisons (with many null measures some interval excludes 0 by chance), so they declare nothing:",
-               "", *literature_measures.sentences(measured, baselines), ""]
+    result["measures"] = literature_measures.paired_differences({a: sweep.of(a) for a in order},
+                                                                {a: baselines[a] for a in pairs})
+    md += measures_section(result["measures"], baselines)
     result["setup_flags"] = setup_flags
     text = "\n".join(md)
     (out / "sweep.md").write_text(text)
     (out / "sweep.json").write_text(json.dumps(result, indent=2))
+    return text + plots(sweep, result)
+
+
+def plots(sweep, result):
+    """compare.png, and compare_telemetry.png and compare_measures.png where runs logged them; the text to add to
+    the report when nothing is logged yet to draw."""
     try:
-        plot_sweep({a: [r for r in done if variant_of(r) == a] for a in order}, result, out / "compare.png")
-        if any(r.telemetry for r in runs):
-            plot_telemetry(runs, out / "compare_telemetry.png")
-        if any(r.measures for r in done):
-            literature_measures.plot(done, out / "compare_measures.png")
+        plot_sweep({a: sweep.of(a) for a in sweep.order}, result, sweep.out / "compare.png")
+        if any(r.telemetry for r in sweep.runs):
+            plot_telemetry(sweep.runs, sweep.out / "compare_telemetry.png")
+        if any(r.measures for r in sweep.done):
+            literature_measures.plot(sweep.done, sweep.out / "compare_measures.png")
     except RunError as e:  # nothing logged yet: the tables still stand
-        text += f"\n(no plot: {e})"
-    return text
+        return f"\n(no plot: {e})"
+    return ""
