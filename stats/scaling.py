@@ -292,6 +292,83 @@ def _p(value, se, dof):
     return None if not se > 0 else float(2 * student.sf(abs(value / se), dof))
 
 
+def target_point(target, top, vocab, extrapolate):
+    """{"name", "compute", "extrapolation"} of a target (name, C, vocabulary or None), or None; a target the ladder
+    cannot support (beyond EXTRAPOLATION_LIMIT x its largest compute `top`, or on another vocabulary) is a
+    ConfigError unless extrapolate."""
+    if target is None:
+        return None
+    beyond = target[1] > EXTRAPOLATION_LIMIT * top
+    other_vocab = target[2] is not None and vocab is not None and target[2] != vocab
+    if (beyond or other_vocab) and not extrapolate:
+        why = (f"{target[1] / top:.3g}x the ladder's largest compute (over {EXTRAPOLATION_LIMIT:g}x)" if beyond
+               else f"vocabulary {target[2]}, the ladder's {vocab}")
+        raise ConfigError(f"target {target[0]} lies at {why}: an extrapolation the ladder cannot support; pass "
+                          "--extrapolate to print it marked as one, or choose a target inside the ladder")
+    return {"name": target[0], "compute": float(target[1]), "extrapolation": bool(beyond or other_vocab)}
+
+
+def fit_forms(means, x, arms, confidence):
+    """({form: its fit for sweep.json, or "not identified"}, {form: (theta, cov, dof)}) of every form the ladder's
+    sizes identify."""
+    k, n_sizes = means.shape
+    forms, fits = {}, {}
+    for form in FORMS:
+        if n_sizes < MIN_SIZES[form] or k * n_sizes <= layout(form, k)[3]:
+            forms[form] = {"identified": False, "text": f"{FORMS[form]}: not identified by "
+                           f"{n_sizes} sizes (needs {MIN_SIZES[form]})"}
+            continue
+        theta, cov, dof = fit(means[None], x, form)
+        fits[form] = (theta, cov, dof)
+        e_idx, al, la, _ = layout(form, k)
+        sd = np.sqrt(np.diag(cov[0]))
+        rss = float(((_model(theta, x, layout(form, k))[0][0] - means) ** 2).sum())
+        forms[form] = {"identified": True, "text": FORMS[form], "dof": dof, "rss": rss, "params": {
+            a: {name: {"value": float(theta[0, i]), "ci": [float(v) for v in _interval(theta[0, i], sd[i], dof,
+                                                                                     confidence)]}
+                for name, i in (("E", e_idx[j]), ("alpha", al[j]))}
+            for j, a in enumerate(arms)}}
+    return forms, fits
+
+
+def at_sizes(computes, free, fitted, lo, hi, ratio):
+    """One arm's rows per size: the curve-free multiplier (value, low, high: free (3, S)) and whether it disagrees
+    with the fitted one's interval [lo, hi] (log m), and the wall-clock multiplier where a throughput ratio {C:
+    ratio} is known."""
+    rows = []
+    for s, c in enumerate(computes):
+        fv, flo, fhi = free[:, s]
+        row = {"compute": c, "curve_free": _value(np.exp(fv)), "curve_free_ci": [_value(np.exp(flo)),
+                                                                                 _value(np.exp(fhi))]}
+        row["disagree"] = bool(math.isfinite(fv) and (fhi < lo or flo > hi))
+        r = ratio.get(c)
+        row["throughput_ratio"] = r
+        row["wall_clock"] = None if r is None else fitted["multiplier"] * r
+        row["wall_clock_ci"] = None if r is None else [v * r for v in fitted["ci"]]
+        rows.append(row)
+    return rows
+
+
+def add_trend(entry, value, se, slope, slope_se, dof, confidence, n_sizes, curve_c, target):
+    """The trend fit's multiplier into one arm's entry: at each size (its rows), at the target, along the curve,
+    and the slope of log m on log C with its p. value, se: the trend's log m at the sizes, the target (if any) and
+    curve_c, in that order."""
+    q = student.ppf(0.5 + confidence / 2, dof)
+
+    def pack(i):
+        return {"multiplier": _value(np.exp(value[i])), "ci": [_value(np.exp(value[i] - q * se[i])),
+                                                               _value(np.exp(value[i] + q * se[i]))]}
+
+    for s, row in enumerate(entry["at_sizes"]):
+        row["trend_fit"] = pack(s)
+    at_target = 1 if target else 0
+    if target:
+        entry["target"] = {"compute": target["compute"], **pack(n_sizes)}
+    entry["curve"] = [{"compute": float(c), **pack(n_sizes + at_target + i)} for i, c in enumerate(curve_c)]
+    low, high = _interval(slope, slope_se, dof, confidence)
+    entry["trend"] = {"slope": slope, "ci": [low, high], "p": _p(slope, slope_se, dof)}
+
+
 def fit_ladder(ladder, baseline, target=None, extrapolate=False, vocab=None, throughput=None, confidence=0.95,
                n_sims=400, rng=0):
     """Fits, multipliers (fitted and curve-free), trend and the interval's measured coverage as plain numbers for
@@ -302,15 +379,7 @@ def fit_ladder(ladder, baseline, target=None, extrapolate=False, vocab=None, thr
     computes = [sorted(ladder[a]) for a in arms]  # the given values: a throughput ratio is looked up by them
     k, n_sizes, n = losses.shape
     top = float(np.exp(log_c.max()))
-    if target is not None:
-        beyond = target[1] > EXTRAPOLATION_LIMIT * top
-        other_vocab = target[2] is not None and vocab is not None and target[2] != vocab
-        if (beyond or other_vocab) and not extrapolate:
-            why = (f"{target[1] / top:.3g}x the ladder's largest compute (over {EXTRAPOLATION_LIMIT:g}x)" if beyond
-                   else f"vocabulary {target[2]}, the ladder's {vocab}")
-            raise ConfigError(f"target {target[0]} lies at {why}: an extrapolation the ladder cannot support; pass "
-                              "--extrapolate to print it marked as one, or choose a target inside the ladder")
-        target = {"name": target[0], "compute": float(target[1]), "extrapolation": bool(beyond or other_vocab)}
+    target = target_point(target, top, vocab, extrapolate)
     means = losses.mean(axis=2)
     ref = log_c.mean()
     x = log_c - ref
@@ -320,22 +389,7 @@ def fit_ladder(ladder, baseline, target=None, extrapolate=False, vocab=None, thr
               "interval": "nonlinear least-squares t interval on the means (residual variance: seed noise and lack "
                           "of fit), delta method for functions of the parameters",
               "throughput_source": (throughput or {}).get("source")}
-    fits = {}
-    for form in FORMS:
-        if n_sizes < MIN_SIZES[form] or k * n_sizes <= layout(form, k)[3]:
-            result["forms"][form] = {"identified": False, "text": f"{FORMS[form]}: not identified by "
-                                     f"{n_sizes} sizes (needs {MIN_SIZES[form]})"}
-            continue
-        theta, cov, dof = fit(means[None], x, form)
-        fits[form] = (theta, cov, dof)
-        e_idx, al, la, _ = layout(form, k)
-        sd = np.sqrt(np.diag(cov[0]))
-        rss = float(((_model(theta, x, layout(form, k))[0][0] - means) ** 2).sum())
-        result["forms"][form] = {"identified": True, "text": FORMS[form], "dof": dof, "rss": rss, "params": {
-            a: {name: {"value": float(theta[0, i]), "ci": [float(v) for v in _interval(theta[0, i], sd[i], dof,
-                                                                                     confidence)]}
-                for name, i in (("E", e_idx[j]), ("alpha", al[j]))}
-            for j, a in enumerate(arms)}}
+    result["forms"], fits = fit_forms(means, x, arms, confidence)
     seed_sd = losses.std(axis=2, ddof=1).mean(axis=0) if n > 1 else np.zeros(n_sizes)
     theta, cov, dof = fits["shared"]
     result["calibration"] = simulate(theta[0], "shared", log_c, seed_sd, n, n_sims, confidence, rng)
@@ -346,8 +400,7 @@ def fit_ladder(ladder, baseline, target=None, extrapolate=False, vocab=None, thr
     free = curve_free(log_c, means, var_mean, k * n_sizes * (n - 1), confidence)
     trend = fits.get("trend")
     if trend:
-        t_at = np.concatenate([x[0], at_target, np.log(curve_c) - ref])
-        t_value, t_se = log_multiplier(*trend[:2], "trend", k, t_at)
+        t_value, t_se = log_multiplier(*trend[:2], "trend", k, np.concatenate([x[0], at_target, np.log(curve_c) - ref]))
         slope, slope_se = trend_slope(*trend[:2], k)
     for j, a in enumerate(arms):
         result["arms"][a] = {"points": [{"compute": float(c), "mean": float(row.mean()),
@@ -361,32 +414,10 @@ def fit_ladder(ladder, baseline, target=None, extrapolate=False, vocab=None, thr
         lo, hi = _interval(lv, lse, dof, confidence)
         fitted = {"multiplier": math.exp(lv), "ci": [math.exp(lo), math.exp(hi)], "p": _p(lv, lse, dof)}
         ratio = ((throughput or {}).get("ratio") or {}).get(a) or {}
-        rows = []
-        for s in range(n_sizes):
-            c = computes[j][s]
-            fv, flo, fhi = free[:, j - 1, s]
-            row = {"compute": c, "curve_free": _value(np.exp(fv)), "curve_free_ci": [_value(np.exp(flo)),
-                                                                                     _value(np.exp(fhi))]}
-            row["disagree"] = bool(math.isfinite(fv) and (fhi < lo or flo > hi))
-            r = ratio.get(c)
-            row["throughput_ratio"] = r
-            row["wall_clock"] = None if r is None else fitted["multiplier"] * r
-            row["wall_clock_ci"] = None if r is None else [v * r for v in fitted["ci"]]
-            rows.append(row)
-        entry = {"fitted": fitted, "at_sizes": rows, "target": None, "curve": [], "trend": None}
+        entry = {"fitted": fitted, "at_sizes": at_sizes(computes[j], free[:, j - 1], fitted, lo, hi, ratio),
+                 "target": None, "curve": [], "trend": None}
         if trend:
-            q = student.ppf(0.5 + confidence / 2, trend[2])
-            tv, ts = t_value[0, j - 1], t_se[0, j - 1]
-            pack = lambda i: {"multiplier": _value(np.exp(tv[i])), "ci": [_value(np.exp(tv[i] - q * ts[i])),
-                                                                          _value(np.exp(tv[i] + q * ts[i]))]}
-            for s, row in enumerate(rows):
-                row["trend_fit"] = pack(s)
-            if target:
-                entry["target"] = {"compute": target["compute"], **pack(n_sizes)}
-            entry["curve"] = [{"compute": float(c), **pack(n_sizes + len(at_target) + i)}
-                              for i, c in enumerate(curve_c)]
-            sv, ss = float(slope[0, j - 1]), float(slope_se[0, j - 1])
-            s_lo, s_hi = _interval(sv, ss, trend[2], confidence)
-            entry["trend"] = {"slope": sv, "ci": [s_lo, s_hi], "p": _p(sv, ss, trend[2])}
+            add_trend(entry, t_value[0, j - 1], t_se[0, j - 1], float(slope[0, j - 1]), float(slope_se[0, j - 1]),
+                      trend[2], confidence, n_sizes, curve_c, target)
         result["multipliers"][a] = entry
     return result
