@@ -39,8 +39,7 @@ from stats.lr_grid import check_grid, pick
 from sweep.launchers import Resources, read_resources
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAINER_MODULES = {"gpt2": "train_gpt2", "translation": "train_translation"}
-TRAINERS = {name: ROOT / f"{module}.py" for name, module in TRAINER_MODULES.items()}  # the scripts a run starts
+TRAINERS = {"gpt2": ROOT / "train_gpt2.py", "translation": ROOT / "train_translation.py"}  # the scripts runs start
 RESERVED = {"--act", "--seed", "--out-dir", "--out_dir", "--resume", "--auto-resume", "--auto_resume", "--config",
             "--init-seed-offset", "--init_seed_offset", "--kernels-from", "--kernels_from"}
 # The A/A control's torch seed is seed + this: far from any seed list, so no control run shares an init stream
@@ -51,7 +50,6 @@ PLAN_KEYS = ("trainer", "config", "seeds", "control", "variants", "corpora", "la
 SHAPE_KEYS = ("n_layer", "n_embd", "n_head")
 SIZE_KEYS = (*SHAPE_KEYS, "max_steps")
 LADDER_KEYS = ("lrs", "lr_size", "lr_seeds", "sizes")
-SET_BY_SIZES = ("--n-layer", "--n-embd", "--n-head", "--max-steps")  # what a ladder's size sets for each run
 
 
 class Variant(NamedTuple):
@@ -124,7 +122,7 @@ def options(table):
     out = []
     for key, value in table.items():
         text = json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)
-        out += [f"--{key.replace('_', '-')}", text]
+        out += [flag(key), text]
     return out
 
 
@@ -225,7 +223,7 @@ def size_options(ladder, trainer):
     if trainer == "translation" and None not in ladder.sizes:
         raise ConfigError("sizes are GPT-2 shapes (n_layer, n_embd, n_head); the translation trainer's ladder is lrs "
                           "alone")
-    return {name: [o for k in SIZE_KEYS for o in (f"--{k.replace('_', '-')}", str(table[k]))] if name else []
+    return {name: [o for k in SIZE_KEYS for o in (flag(k), str(table[k]))] if name else []
             for name, table in ladder.sizes.items()}
 
 
@@ -254,7 +252,7 @@ def from_args(args, overrides):
     ratios, sizes = {}, {}
     if ladder:
         sizes, ratios = size_options(ladder, trainer), lr_ratios(ladder, trainer, config)
-        fixed = (SET_BY_SIZES if None not in ladder.sizes else ()) + tuple(map(flag, ratios))
+        fixed = {*map(flag, SIZE_KEYS if None not in ladder.sizes else ()), *map(flag, ratios)}
         if clash := [o for o in overrides + [o for _, opts in corpora for o in opts[::2]] +
                      [o for _, opts, _ in variants for o in opts[::2]] if o.split("=")[0].replace("_", "-") in fixed]:
             raise ConfigError(f"{', '.join(clash)} is set by the ladder (sizes, lrs) for each run; remove it from the "
