@@ -22,11 +22,13 @@ BELOW = {
 # own TrainConfig, so that they mean to the count what they will mean to the run
 UPWARD = {("analysis/cost.py", "train_gpt2")}
 # what evaluations and exports may take from training/: reading checkpoints (and, to run under torchrun on
-# the device the trainers use, the process group and precision helpers), never the loop
+# the device the trainers use, the process group and precision helpers), the in-loop evaluations' contract
+# (training/in_loop.py), never the loop
 TRAINING_FOR = {
-    "eval": {"training.checkpoint", "training.distributed", "training.precision"},
+    "eval": {"training.checkpoint", "training.distributed", "training.precision", "training.in_loop"},
     "export": {"training.checkpoint"},
-    "analysis": {"training.config"},  # the cost line reads a run's options as the trainer does
+    # the cost line reads a run's options as the trainer does; the readers, the Metric a run declares
+    "analysis": {"training.config", "training.in_loop"},
 }
 ROOMS = set(BELOW) | {"bench", "sample", "train_gpt2", "train_translation"}
 
