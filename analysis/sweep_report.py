@@ -24,17 +24,18 @@ from pathlib import Path
 from analysis import measures
 from analysis.compare import plot_telemetry, table
 from analysis.run_setup import flag_lines, kernel_text
-from analysis.runs import RunError, load_run, load_runs, markdown_table, summary
+from analysis.runs import HELLASWAG_ACC_NORM, RunError, load_run, load_runs, markdown_table, metrics_of, summary
 from analysis.sweep_plot import plot_sweep
 from eval import hellaswag_items
 from eval.compare_items import shared_items
 from eval.hellaswag_items import ItemsError
 from eval.stats import detectable_difference, holm, item_level, mean_std, mcnemar_exact, paired, seeds_needed
 
-METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_norm"),
-           ("bleu", "valid BLEU (greedy)"), ("test_bleu_greedy", "test BLEU greedy"), ("test_bleu_beam", "test BLEU beam")]
-UNITS = {"final_val": "nats", "hella_acc_norm": "acc_norm", "bleu": "BLEU", "test_bleu_greedy": "BLEU",
-         "test_bleu_beam": "BLEU"}
+# the metrics compared over seeds: the final val loss, each plotted in-loop metric the runs declare, test BLEU
+FIRST, LAST = [("final_val", "final val loss")], [("test_bleu_greedy", "test BLEU greedy"),
+                                                  ("test_bleu_beam", "test BLEU beam")]
+UNITS = {"final_val": "nats", "test_bleu_greedy": "BLEU", "test_bleu_beam": "BLEU"}  # and each in-loop metric's
+HELLA = HELLASWAG_ACC_NORM.name  # the in-loop HellaSwag number with items files (an item-level interval)
 SPREAD_FLAG = 2.0  # a variant's seed std above this multiple of its baseline's gets flagged
 PARAM_FLAG = 0.005  # a variant whose non-embedding parameter count differs from its baseline's by more gets flagged
 ALPHA = 0.05  # the family-wise error rate of the report's verdicts: Holm over a family of claims (holm_family)
@@ -70,7 +71,7 @@ def add_power(pair, key, target_diff=None):
     return pair
 
 
-# the in-loop HellaSwag number the sweep reads (hella_acc_norm): completion scoring, acc_norm
+# the in-loop HellaSwag number the sweep reads (HELLA): completion scoring, acc_norm
 ITEM_KEY = ("completion", "acc_norm")
 
 
@@ -120,9 +121,9 @@ def item_interval(items, variant, base):
             "p_mcnemar": [mcnemar_exact(a, b) for _, _, a, b in per_seed]}
 
 
-def power_sentence(name, metric, key, pair, named):
+def power_sentence(name, metric, unit, pair, named):
     """One plain sentence: what these seeds can detect, and what the target difference needs."""
-    n, unit = pair["n"], UNITS[key]
+    n = pair["n"]
     if n < 2:
         return f"{name}, {metric}: {n} shared seed{'s' * (n != 1)}: no interval and no detectable difference yet."
     if pair["std"] == 0:
@@ -144,7 +145,7 @@ def hellaswag_intervals(pairs, baselines):
     each answers; [] when no pair has items files."""
     rows = []
     for a, per in pairs.items():
-        p = per.get("hella_acc_norm") or {}
+        p = per.get(HELLA) or {}
         items = p.get("item_level")
         if items is None:
             continue
@@ -243,7 +244,7 @@ def control_verdict(control, base, pairs, metrics):
     detail = "; ".join(f"{name} {p['mean']:+.4f}, 95% CI [{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}], Holm p "
                        f"{p['p_holm']:.3g}" for name, p in shown)
     family = (f"at family-wise error rate {ALPHA}, Holm over its {len(tested)} metric{'s' * (len(tested) > 1)}"
-              f"{'; HellaSwag needs its item-level interval to exclude 0 too' if 'hella_acc_norm' in pairs else ''}")
+              f"{'; HellaSwag needs its item-level interval to exclude 0 too' if HELLA in pairs else ''}")
     if bad:
         return False, (f"**{head}: {detail}: {'these differ' if len(shown) > 1 else 'differs'} from 0 ({family}). "
                        "The sweep is unreliable: identical settings differ beyond their noise, so the seeds do not "
@@ -263,11 +264,23 @@ def declared_sentence(pairs, baselines, metrics, control, size):
              if pairs[a][k]["p_holm"] is not None and pairs[a][k]["p_holm"] < ALPHA]
     family = (f"family-wise error rate {ALPHA}: Holm over the {size} pair-metric claims of this sweep, the A/A "
               "control left out")
-    if "hella_acc_norm" in dict(metrics):
+    if HELLA in dict(metrics):
         family += "; a HellaSwag claim needs its item-level interval to exclude 0 too"
     if not found:
         return f"Declared different at {family}: none."
     return f"Declared different at {family}: {'; '.join(found)}."
+
+
+def seed_values(done, order, candidates):
+    """({variant: {metric key: {seed: value}}} of the finished runs, the candidates (key, name) any run has)."""
+    rows = {a: {} for a in order}
+    for run in done:
+        if variant_of(run) in rows:
+            s = summary(run)
+            for key, _ in candidates:
+                if s.get(key) is not None:
+                    rows[variant_of(run)].setdefault(key, {})[run.setting("seed")] = s[key]
+    return rows, [(k, name) for k, name in candidates if any(k in r for r in rows.values())]
 
 
 def report(out_dir, acts=None, baseline=None, target_diff=None):
@@ -300,21 +313,16 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
     runs.sort(key=lambda r: (rank.get(variant_of(r), len(rank)), str(variant_of(r)), r.setting("seed") or 0))
     baselines = {a: (plan.get("baselines") or {}).get(a) or baseline for a in order}
 
-    rows = {a: {} for a in order}  # variant -> metric -> {seed: value}
-    for run in done:
-        if variant_of(run) in rows:
-            s = summary(run)
-            for key, _ in METRICS:
-                if s[key] is not None:
-                    rows[variant_of(run)].setdefault(key, {})[run.setting("seed")] = s[key]
-    metrics = [(k, name) for k, name in METRICS if any(k in r for r in rows.values())]
+    in_loop = [m for m in metrics_of(done).values() if m.plotted]
+    units = {**UNITS, **{m.name: m.unit for m in in_loop}}
+    rows, metrics = seed_values(done, order, [*FIRST, *((m.name, m.label) for m in in_loop), *LAST])
     per_act = {a: {k: mean_std(list(rows[a].get(k, {}).values())) for k, _ in metrics} for a in order}
     pairs = {a: {k: add_power(paired(rows[baselines[a]].get(k, {}), rows[a].get(k, {})), k, target_diff)
                  for k, _ in metrics} for a in order if a != baselines[a] and baselines[a] in rows}
-    if "hella_acc_norm" in dict(metrics):
+    if HELLA in dict(metrics):
         items = items_of(r for r in done if variant_of(r) in rows)
         for a, per in pairs.items():
-            per["hella_acc_norm"]["item_level"] = item_interval(items, a, baselines[a])
+            per[HELLA]["item_level"] = item_interval(items, a, baselines[a])
     family_size = holm_family(pairs, [a for a in pairs if a != control], metrics)
     if control in pairs:
         holm_family(pairs, [control], metrics)
@@ -387,7 +395,7 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
                               "-" if p["p_holm"] is None else f"{p['p_holm']:.3g}",
                               "-" if p["detectable"] is None else f"{p['detectable']:.4f}",
                               p["seeds_needed"] or "-"])
-            sentences.append("- " + power_sentence(f"{a} - {baselines[a]}", name, k, p,
+            sentences.append("- " + power_sentence(f"{a} - {baselines[a]}", name, units[k], p,
                                                    k == "final_val" and target_diff is not None))
     if pair_rows:
         target = "the named difference" if target_diff is not None else "the observed difference"
@@ -419,7 +427,7 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
     (out / "sweep.md").write_text(text)
     (out / "sweep.json").write_text(json.dumps(result, indent=2))
     try:
-        plot_sweep({a: [r for r in done if variant_of(r) == a] for a in order}, result, out / "compare.png")
+        plot_sweep({a: [r for r in done if variant_of(r) == a] for a in order}, result, out / "compare.png", in_loop)
         if any(r.telemetry for r in runs):
             plot_telemetry(runs, out / "compare_telemetry.png")
         if any(r.measures for r in done):
