@@ -11,7 +11,6 @@ train_translation.py; this file holds what is GPT-2's own, top to bottom: its op
 shards, the evaluations (the contract: training/loop.py's docstring).
 """
 import sys
-import time
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 from pathlib import Path
@@ -22,10 +21,9 @@ from activations import micro_batch_note, mlp_activation, telemetry
 from activations.gated import width_note
 from data.bits_per_byte import bits_per_byte, validation_bytes
 from data.loader import ShardLoader, shards_tokenizer
-from data.tokenizer import TOKENIZERS, VOCAB_SIZE, TokenizerError, gpt2_tokenizer
-from errors import NanoactError
-from eval import hellaswag_items, internals, sparsity
-from eval.hellaswag import data_file, evaluate_model, load_items
+from data.tokenizer import TOKENIZERS, VOCAB_SIZE, TokenizerError
+from eval import internals, sparsity
+from eval.hellaswag_in_loop import HellaSwag
 from model import GPT, GPTConfig, mlp_width, mlp_width_args, pretrained_gpt2
 from training import distributed
 from training.checkpoint import load_checkpoint
@@ -126,6 +124,7 @@ class GPTTrainer(Trainer):
     evaluations: validation loss, activation telemetry, HellaSwag and samples at their intervals."""
     kind = "gpt2"
     lr_flag = "--max-lr"
+    in_loop = (HellaSwag,)  # beside the val loss (training/in_loop.py): a new evaluation is one file and one entry
 
     def build(self, ctx, ckpt):
         cfg, d, o = self.cfg, ctx.dist, self.cfg.optim
@@ -168,26 +167,6 @@ class GPTTrainer(Trainer):
                                  f"act {cfg.model.act} | "
                                  f"grad accum {self.accum}{micro_batch_note(self.model, self.accum * d.world_size)}")
 
-    def inputs(self):
-        """HellaSwag's file and tokenizer, resolved before step 0 rather than at the first HellaSwag step."""
-        return [self.resolve_hellaswag] if self.cfg.eval.hellaswag_interval else []
-
-    def resolve_hellaswag(self):
-        """The HellaSwag jsonl (--hellaswag-data, else the cached download, fetched now if absent), read and
-        checked; the GPT-2 tokenizer it is scored with, and a model with a row for each of its tokens."""
-        e = self.cfg.eval
-        try:
-            self.hellaswag_path = data_file(e.hellaswag_data or None, "--hellaswag-data")
-            load_items(self.hellaswag_path, e.hellaswag_limit or None)
-            vocab = gpt2_tokenizer().n_vocab
-        except NanoactError as error:
-            raise type(error)(f"--hellaswag-interval {e.hellaswag_interval}: {error}; or train without HellaSwag: "
-                              "--hellaswag-interval 0") from None
-        if self.cfg.model.vocab_size < vocab:
-            raise ConfigError(f"--hellaswag-interval {e.hellaswag_interval}: HellaSwag is scored in GPT-2 tokens "
-                              f"(ids up to {vocab - 1:,}) but the model's vocab_size is {self.cfg.model.vocab_size:,}; "
-                              "train on GPT-2 shards with --vocab-size 50304, or --hellaswag-interval 0")
-
     def learning_rate(self, step):
         o = self.cfg.optim
         return warmup_cosine(step, o.warmup_steps, o.max_steps, o.max_lr, o.min_lr)
@@ -211,9 +190,9 @@ class GPTTrainer(Trainer):
         return {"mfu": mfu}
 
     def evaluate(self, step, last, model):
-        """Validation loss (on `model`: compiled when compile is on), activation telemetry on the first
-        validation batch, and HellaSwag at its interval."""
-        d, e = self.ctx.dist, self.cfg.eval
+        """Validation loss (on `model`: compiled when compile is on) and activation telemetry on the first
+        validation batch (HellaSwag is an in-loop evaluation: eval/hellaswag_in_loop.py)."""
+        d = self.ctx.dist
         val = self.validation_loss(model)
         result = Evaluation({"val_loss": val}, f"val loss {val:.4f}", {"val": val})
         if self.val_bytes:
@@ -227,28 +206,7 @@ class GPTTrainer(Trainer):
             # the literature's one-batch measurements (eval/measure.py runs them all, CETT and PPL-p% included)
             result.fields["measure"] = {"sparsity": sparsity.on_batch(self.model, batch, self.ctx.autocast),
                                         **internals.measure(self.model, batch, self.ctx.autocast)}
-        if e.hellaswag_interval and (step % e.hellaswag_interval == 0 or last):
-            # a HellaSwag that raises (a damaged file, an OOM) is logged, and the val loss above kept
-            result.attempt("hellaswag", lambda: self.hellaswag(step, last, model), d)
         return result
-
-    def hellaswag(self, step, last, model):
-        d, e = self.ctx.dist, self.cfg.eval
-        t0 = time.time()  # the whole call: the first one also tokenizes (then cached) and compiles
-        # the final evaluation scores both ways and keeps every item's predictions for paired comparisons
-        # (eval/compare_items.py, the sweep report); the ones before only the completion scoring they log
-        items = hellaswag_items.run_items_file(self.cfg.run.out_dir, step, e.hellaswag_limit) if last else None
-        hella = evaluate_model(model, device=d.device, data_path=self.hellaswag_path,
-                               limit=e.hellaswag_limit or None, scoring="both" if last else "completion",
-                               dist_info=d, autocast=self.ctx.autocast, progress=False, cache=True,
-                               items_file=items, about={"scored_by": hellaswag_items.TRAINING,
-                                                        "run": self.cfg.run.out_dir, "step": step,
-                                                        "act": self.cfg.model.act})["completion"]
-        seconds = time.time() - t0
-        return Evaluation({"hellaswag_acc": hella["acc"], "hellaswag_acc_norm": hella["acc_norm"],
-                           "hellaswag_seconds": seconds},
-                          f" | hellaswag acc {hella['acc']:.4f} acc_norm {hella['acc_norm']:.4f} ({seconds:.1f}s)",
-                          {"hella": hella["acc_norm"]})
 
     @torch.no_grad()
     def validation_loss(self, model):

@@ -29,7 +29,8 @@ from activations import micro_batch_note, telemetry
 from activations.gated import width_note
 from data import DataError
 from data.parallel_corpus import TokenBatchLoader, encode, load_sentencepiece, load_split, sentencepiece_model
-from eval.bleu import decode_cost, split_bleu, translate_and_score
+from eval.bleu import split_bleu
+from eval.bleu_in_loop import ValidBleu
 from training import distributed
 from training.checkpoint import load_checkpoint
 from training.config import ConfigError, EvalConfig, RunConfig, from_dict, run_cli, to_dict
@@ -142,6 +143,7 @@ class TranslationTrainer(Trainer):
     batches, and the evaluations: validation loss, greedy BLEU, activation telemetry; test BLEU at the end."""
     kind = "translation"
     token_unit = "tgt tok"
+    in_loop = (ValidBleu,)  # beside the val loss (training/in_loop.py): a new evaluation is one file and one entry
     warmed_up = False  # compile() ran every padded batch shape: a step that compiles again is then an error
 
     def build(self, ctx, ckpt):
@@ -246,29 +248,16 @@ class TranslationTrainer(Trainer):
         return {"bleu": evaluation.get("bleu") if evaluation else None, "spm": self.spm_bytes}
 
     def evaluate(self, step, last, model):
-        """Validation loss on the whole valid split, greedy BLEU on its first --bleu-sentences sentences and
-        activation telemetry (on a mid-length validation batch), all on the uncompiled model: decoding runs
-        ever-changing shapes; `val` / `bleu` lines in log.txt."""
+        """Validation loss on the whole valid split and activation telemetry (on a mid-length validation batch),
+        on the uncompiled model, as the valid BLEU after it (an in-loop evaluation: eval/bleu_in_loop.py)."""
         d, model = self.ctx.dist, self.model
         val = self.validation_loss()
-        result = Evaluation({"val_loss": val}, f"val loss {val:.4f}")
-        if step > 0:  # an untrained model's BLEU is 0 and its greedy outputs run to the length cap
-            result.attempt("bleu", self.valid_bleu, d)  # a BLEU that raises is logged, the val loss kept
+        result = Evaluation({"val_loss": val}, f"val loss {val:.4f}", {"val": val})
         if d.master:
             x, y_in, _ = self.val_loader.batch(len(self.val_loader) // 2)
             result.fields["telemetry"] = telemetry.collect(model, (x.to(d.device), y_in.to(d.device)),
                                                            self.ctx.autocast)
-        result.scalars["val"] = val
         return result
-
-    def valid_bleu(self):
-        src, ref = self.valid_text
-        n = self.cfg.eval.bleu_sentences or len(src)
-        with self.ctx.autocast:
-            bleu, _, _, seconds = translate_and_score(self.model, self.sp, src[:n], ref[:n], self.cfg.eval,
-                                                      self.ctx.dist, 1)
-        return Evaluation({"bleu": bleu, "bleu_sentences": n, "bleu_seconds": seconds},
-                          f" | valid BLEU (greedy) {bleu:.2f} | {decode_cost(n, seconds)}", {"bleu": bleu})
 
     @torch.no_grad()
     def validation_loss(self):

@@ -23,9 +23,10 @@ import matplotlib.pyplot as plt
 
 from analysis import literature_measures
 from analysis.run_setup import flag_lines
-from analysis.runs import RunError, load_runs, markdown_table, summary
+from analysis.runs import RunError, load_runs, markdown_table, metrics_of, summary
+from stats.significance import wilson
 
-PANELS = [("train", "train loss"), ("val", "val loss"), ("hella", "HellaSwag acc_norm"), ("bleu", "BLEU")]
+PANELS = [("train", "train loss"), ("val", "val loss")]  # then a panel per plotted in-loop metric
 # measured for every activation (activations/telemetry.py), after each activation's own state in the telemetry figure
 MEASURED = ["sparsity", "rho", "rho_prime"]
 MEASURED_TITLES = {"sparsity": "sparsity (|y| < 1e-2)", "rho": "measured Var[y]/Var[x]",
@@ -56,14 +57,32 @@ def _hella_eval(record, scoring):
     return "-" if r is None else f"{100 * r['acc']:.2f} / {100 * r['acc_norm']:.2f}"
 
 
+def metric_header(metric):
+    return f"{metric.label} % [95% CI]" if metric.items else f"{metric.label} (best)"
+
+
+def metric_cell(run, name):
+    """An in-loop metric's last value as its run declares it: a proportion of items in % with the 95% Wilson
+    interval eval/hellaswag.py reports, else the value and the run's best, in its format; `-` without one."""
+    metric, points = run.metrics.get(name), run.series.get(name)
+    if metric is None or not points:
+        return "-"
+    value = points[-1][1]
+    if metric.items:
+        return _pct_ci(value, wilson(round(value * metric.items), metric.items))
+    best = (max if metric.higher_is_better else min)(p[1] for p in points)
+    return f"{value:{metric.fmt}} ({best:{metric.fmt}})"
+
+
 def table(runs):
-    """The comparison table (markdown); metric columns no run has are left out. The in-loop HellaSwag
-    (completion scoring, acc_norm) comes from the training log; the eval/hellaswag.py columns from the
-    run's hellaswag_*.json (which checkpoint step, how many items)."""
+    """The comparison table (markdown); metric columns no run has are left out. The in-loop metrics (HellaSwag
+    in completion scoring, BLEU, any a trainer declares) come from the training log, shown as each run's run.json
+    says; the eval/hellaswag.py columns from the run's hellaswag_*.json (which checkpoint step, how many items)."""
+    declared = metrics_of(runs)
     headers = ["run", "act", "seed", "step", "tokens", "final val", "best val (step)", "val bpb",
-               "hella acc % [95% CI]", "hella acc_norm %", "hellaswag.py (step, n)", "completion acc / acc_norm %",
-               "lm_eval acc / acc_norm %", "BLEU (best)", "tok/s", "ANAct score", "zeros", "massive",
-               "attn entropy", "stream growth"]
+               *map(metric_header, declared.values()), "hellaswag.py (step, n)", "completion acc / acc_norm %",
+               "lm_eval acc / acc_norm %", "tok/s", "ANAct score", "zeros", "massive", "attn entropy",
+               "stream growth"]
     rows = []
     for run in runs:
         s, measured = summary(run), literature_measures.summarize(run)
@@ -73,10 +92,9 @@ def table(runs):
                      _fmt(s["final_val"], ".4f"),
                      "-" if s["best_val"] is None else f"{s['best_val']:.4f} ({s['best_val_step']})",
                      _fmt(s["final_val_bpb"], ".4f"),
-                     _pct_ci(s["hella_acc"], s["hella_acc_ci95"]), _pct_ci(s["hella_acc_norm"], s["hella_acc_norm_ci95"]),
+                     *(metric_cell(run, name) for name in declared),
                      "-" if ev is None else f"{ev.get('step')}, {ev['n']}",
                      _hella_eval(ev, "completion"), _hella_eval(ev, "lm_eval"),
-                     "-" if s["bleu"] is None else f"{s['bleu']:.2f} ({s['best_bleu']:.2f})",
                      _fmt(s["tok_per_s"], ",.0f"), _fmt(s["anact_score"], ".3f"),
                      *(_fmt(measured.get(name), ".3g") for name in
                        ("zeros", "massive", "attention_entropy", "stream_growth"))])
@@ -94,9 +112,10 @@ def _xs(run, points, x):
 
 def plot(runs, out, x="step", smooth=0.9):
     """One PNG with a panel per metric that any run has; returns the path."""
-    panels = [(name, title) for name, title in PANELS if any(run.series.get(name) for run in runs)]
+    panels = [*PANELS, *((m.name, m.label) for m in metrics_of(runs).values() if m.plotted)]
+    panels = [(name, title) for name, title in panels if any(run.series.get(name) for run in runs)]
     if not panels:
-        raise RunError("no train/val/HellaSwag/BLEU points in any run yet; nothing to plot")
+        raise RunError("no train/val/in-loop metric points in any run yet; nothing to plot")
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]

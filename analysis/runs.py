@@ -2,14 +2,15 @@
 or llm.c's `main.log`.
 
 A run directory holds any of:
-  log.txt        `STEP KIND VALUE` lines (build-nanogpt's format): train, val, hella (acc_norm), bleu
+  log.txt        `STEP KIND VALUE` lines (build-nanogpt's format): train, val, and the plotted in-loop metrics
+                 (hella: HellaSwag acc_norm, bleu, ...)
   main.log       llm.c's (`train_gpt2.cu -o DIR`) `s:STEP trl:LOSS lr:LR norm:NORM` train lines, `s:STEP tel:LOSS`
                  val lines and `s:STEP eval:ACC` HellaSwag lines (acc_norm: the lowest mean token loss wins)
   metrics.jsonl  one JSON object per line with "step" and "kind": train records (loss, tok_per_s, tokens)
-                 and eval records (val_loss, val_bpb (bits per byte), hellaswag_acc, hellaswag_acc_norm, bleu, telemetry, tokens)
-  run.json       {"config": ..., "lr": ..., "environment": ..., "segments": ...}: activation, seed, max_steps,
-                 tokens per step, the learning rate a sweep sets; per start of the run (segments) its versions,
-                 precision, compile, kernels and source
+                 and eval records (val_loss, val_bpb (bits per byte), the in-loop metrics, telemetry, tokens)
+  run.json       {"config": ..., "lr": ..., "metrics": ..., "environment": ..., "segments": ...}: activation, seed,
+                 max_steps, tokens per step, the learning rate a sweep sets; the in-loop metrics and how to show them (training/in_loop.py's Metric); per
+                 start of the run (segments) its versions, precision, compile, kernels and source
   hellaswag_*.json  results of eval/hellaswag.py on the run's checkpoints (both scorings); the full one
                  (no --limit) of the latest step is shown, else the largest limited one
 metrics.jsonl wins for every series it has; log.txt, then main.log fill in the rest (build-nanogpt and llm.c
@@ -19,19 +20,24 @@ is an error naming the file and line.
 """
 import json
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from errors import DataError
-from stats.significance import wilson
+from training.in_loop import Metric
 
 HELLASWAG_ITEMS = 10042  # the validation set build-nanogpt and our trainer score when no limit is set
+# The in-loop metrics of a run whose run.json declares none (one written before runs declared them, build-nanogpt's
+# log.txt, llm.c's main.log): as eval/hellaswag_in_loop.py and eval/bleu_in_loop.py declare them
+# (tests/test_compare.py holds them equal), HellaSwag over the run's --hellaswag-limit items, else all
+HELLASWAG_ACC = Metric("hellaswag_acc", "HellaSwag acc", "acc", plotted=False)
+HELLASWAG_ACC_NORM = Metric("hellaswag_acc_norm", "HellaSwag acc_norm", "acc_norm", log_kind="hella")
+VALID_BLEU = Metric("bleu", "valid BLEU (greedy)", "BLEU", fmt=".2f")
 
-# metrics.jsonl field -> series name; log.txt kinds use the series names directly
-METRIC_SERIES = {"loss": "train", "val_loss": "val", "val_bpb": "val_bpb", "hellaswag_acc_norm": "hella", "hellaswag_acc": "hella_acc",
-                 "bleu": "bleu"}
-LOG_KINDS = {"train", "val", "hella", "bleu"}
-LLMC_STREAMS = {"trl": "train", "tel": "val", "eval": "hella"}  # llm.c's llmc/logger.h -> series
+# metrics.jsonl field -> series name, besides the in-loop metrics (each its own name's series)
+METRIC_SERIES = {"loss": "train", "val_loss": "val", "val_bpb": "val_bpb"}
+LOG_KINDS = {"train": "train", "val": "val"}  # log.txt kind -> series name, besides the plotted in-loop metrics
+LLMC_STREAMS = {"trl": "train", "tel": "val", "eval": HELLASWAG_ACC_NORM.name}  # llm.c's llmc/logger.h -> series
 
 
 class RunError(DataError):
@@ -53,6 +59,7 @@ class RunRecord:
     test: dict | None = None  # translation: the test-set BLEU record written after the last step
     kernels: dict | None = None  # run.json's activation kernel decisions {family: {impl, reason, ...}}
     segments: list = field(default_factory=list)  # run.json's starts: [{"start_step", "environment"}]
+    metrics: dict = field(default_factory=dict)  # name -> Metric: its in-loop metrics (run.json's, else earlier ones)
 
     def setting(self, name):
         """A config leaf by name (config option names are unique across sections), or None."""
@@ -88,8 +95,9 @@ def _lines(path):
     return [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
 
 
-def read_log_txt(path):
-    """{kind: {step: value}} from build-nanogpt's `STEP KIND VALUE` lines."""
+def read_log_txt(path, kinds):
+    """{series: {step: value}} from build-nanogpt's `STEP KIND VALUE` lines of the kinds in `kinds` (kind ->
+    series name)."""
     out = {}
     for n, line in _lines(path):
         parts = line.split()
@@ -100,8 +108,8 @@ def read_log_txt(path):
         except (ValueError, IndexError):
             raise RunError(f"{path}:{n}: cannot parse {line[:60]!r}; expected 'STEP KIND VALUE' lines "
                            "such as '100 val 3.2841'") from None
-        if kind in LOG_KINDS:
-            out.setdefault(kind, {})[step] = value  # a later line for the same step (restarted run) wins
+        if kind in kinds:
+            out.setdefault(kinds[kind], {})[step] = value  # a later line for the same step (restarted run) wins
     return out
 
 
@@ -163,6 +171,24 @@ def segments_of(info):
     return [{"start_step": None, "environment": info.get("environment") or {}}]
 
 
+def declared_metrics(info, hellaswag_limit):
+    """{name: Metric} of the in-loop metrics run.json declares; without declarations, the earlier ones."""
+    if info is not None and "metrics" in info:
+        return {m["name"]: Metric(**m) for m in info["metrics"]}
+    items = hellaswag_limit or HELLASWAG_ITEMS
+    return {m.name: m for m in (replace(HELLASWAG_ACC, items=items), replace(HELLASWAG_ACC_NORM, items=items),
+                                VALID_BLEU)}
+
+
+def metrics_of(runs):
+    """{name: Metric} of every in-loop metric the runs declare, in the order they declare them."""
+    found = {}
+    for run in runs:
+        for name, metric in run.metrics.items():
+            found.setdefault(name, metric)
+    return found
+
+
 def load_run(path):
     path = Path(path)
     if path.is_file():  # `compare log/log.txt` works like `compare log`
@@ -175,23 +201,28 @@ def load_run(path):
         raise RunError(f"{path}: no log.txt, metrics.jsonl or main.log here; pass the --out-dir of a training run "
                        "(build-nanogpt's log directory, llm.c's -o directory)")
     config = kernels = lr = None
+    declared = declared_metrics(None, None)
     if run_json.is_file():
         try:
             info = json.loads(run_json.read_text())
             config = info["config"]
-        except (ValueError, KeyError, TypeError, OSError):
-            raise RunError(f"{run_json}: not a run.json with a \"config\" object") from None
+            declared = declared_metrics(info, config_value(config, "hellaswag_limit"))
+        except (ValueError, KeyError, TypeError, AttributeError, OSError):
+            raise RunError(f"{run_json}: not a run.json with a \"config\" object (and Metric records in "
+                           "\"metrics\", if any)") from None
         kernels = ((info.get("environment") or {}).get("decisions") or {}).get("activations")
         # a run.json written before it stated `lr`: the GPT trainer's max_lr, else the translation trainer's lr
         lr = info.get("lr") or config_value(config, "max_lr") or config_value(config, "lr")
     run = RunRecord(path=path, label=path.name, config=config, lr=lr, hellaswag_eval=read_hellaswag_results(path),
-                    kernels=kernels, segments=segments_of(info) if run_json.is_file() else [])
+                    kernels=kernels, segments=segments_of(info) if run_json.is_file() else [], metrics=declared)
+    series = {**METRIC_SERIES, **{name: name for name in run.metrics}}
+    kinds = {**LOG_KINDS, **{m.log_kind or m.name: m.name for m in run.metrics.values() if m.plotted}}
 
     per_step = {}  # series -> {step: (value, tokens)}
     if metrics.is_file():
         for r in read_metrics(metrics):
             step, tokens = int(r["step"]), r.get("tokens")
-            for key, name in METRIC_SERIES.items():
+            for key, name in series.items():
                 if isinstance(r.get(key), (int, float)):
                     per_step.setdefault(name, {})[step] = (float(r[key]), tokens)
             if isinstance(r.get("tok_per_s"), (int, float)):
@@ -202,11 +233,12 @@ def load_run(path):
                 run.measures.append((step, tokens, r["measure"]))
             if r.get("kind") == "test":
                 run.test = r
-    for log, read in ((log_txt, read_log_txt), (main_log, read_main_log)):
-        if log.is_file():
-            for kind, values in read(log).items():
-                if kind not in per_step:
-                    per_step[kind] = {step: (value, None) for step, value in values.items()}
+    logs = [read_log_txt(log_txt, kinds) if log_txt.is_file() else {},
+            read_main_log(main_log) if main_log.is_file() else {}]
+    for found in logs:
+        for name, values in found.items():
+            if name not in per_step:
+                per_step[name] = {step: (value, None) for step, value in values.items()}
 
     # without token counts in the records, the config's tokens per step gives them (the trainer's convention:
     # a train record at step s has seen s+1 steps of data, an eval record at step s has seen s)
@@ -255,9 +287,7 @@ def summary(run):
 
     val = run.series.get("val") or []
     best = min(val, key=lambda p: p[1]) if val else None
-    limit = run.setting("hellaswag_limit")
-    n_hella = limit if limit else HELLASWAG_ITEMS
-    hella, hella_acc, bleu, bpb = last("hella"), last("hella_acc"), last("bleu"), last("val_bpb")
+    bpb = last("val_bpb")
     tokens = [p[2] for points in run.series.values() for p in points if p[2] is not None]
     scores = [t["anact_score"] for _, _, t in run.telemetry if isinstance(t.get("anact_score"), (int, float))]
     test = run.test or {}
@@ -266,12 +296,7 @@ def summary(run):
         "step": run.last_step, "max_steps": run.setting("max_steps"), "tokens": max(tokens) if tokens else None,
         "final_val": val[-1][1] if val else None, "best_val": best[1] if best else None,
         "best_val_step": best[0] if best else None, "final_val_bpb": bpb[1] if bpb else None,
-        "hella_acc": hella_acc[1] if hella_acc else None, "hella_acc_norm": hella[1] if hella else None,
-        "hella_n": n_hella if hella or hella_acc else None,
-        # the same 95% Wilson interval eval/hellaswag.py reports, from the accuracy and the item count
-        "hella_acc_ci95": wilson(round(hella_acc[1] * n_hella), n_hella) if hella_acc else None,
-        "hella_acc_norm_ci95": wilson(round(hella[1] * n_hella), n_hella) if hella else None,
-        "bleu": bleu[1] if bleu else None, "best_bleu": max(p[1] for p in run.series["bleu"]) if bleu else None,
+        **{name: last(name)[1] if last(name) else None for name in run.metrics},  # each in-loop metric's last
         "tok_per_s": statistics.median(run.tok_per_s) if run.tok_per_s else None,
         "anact_score": scores[-1] if scores else None,
         "hella_eval": run.hellaswag_eval,  # eval/hellaswag.py's numbers: {"step", "n", "results": {scoring: ...}}

@@ -18,9 +18,7 @@ from analysis.compare import ema
 from analysis.runs import RunError
 
 CURVES = [("train", "train loss (EMA {smooth}), 2nd half"), ("val", "val loss, 2nd half")]
-DOTS = [("final_val", "final val loss - baseline\n(negative is better)"),
-        ("hella_acc_norm", "HellaSwag acc_norm - baseline\n(positive is better)"),
-        ("bleu", "valid BLEU - baseline\n(positive is better)")]
+DOTS = [("final_val", "final val loss - baseline\n(negative is better)")]  # then each plotted in-loop metric's
 
 
 def _mean_band(runs, name, smooth):
@@ -75,11 +73,14 @@ def _dots(ax, result, key, colors):
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
 
 
-def plot_sweep(groups, result, out, smooth=0.9):
-    """groups: {variant: [finished runs]} in report order; result: the report's sweep.json dict."""
+def plot_sweep(groups, result, out, metrics=(), smooth=0.9):
+    """groups: {variant: [finished runs]} in report order; result: the report's sweep.json dict; metrics: the
+    plotted in-loop Metrics the runs declare."""
     groups = {a: runs for a, runs in groups.items() if runs}
     curves = [(name, title) for name, title in CURVES if any(r.series.get(name) for rs in groups.values() for r in rs)]
-    dots = [(key, title) for key, title in DOTS
+    dots = [*DOTS, *((m.name, f"{m.label} - baseline\n({'positive' if m.higher_is_better else 'negative'} is better)")
+                     for m in metrics)]
+    dots = [(key, title) for key, title in dots
             if any(p.get(key) and p[key]["mean"] is not None for p in result["paired"].values())]
     if not curves:
         raise RunError("no finished run with train or val points yet; nothing to plot")

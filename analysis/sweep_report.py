@@ -25,7 +25,7 @@ from pathlib import Path
 from analysis import literature_measures
 from analysis.compare import plot_telemetry, table
 from analysis.run_setup import flag_lines, kernel_text
-from analysis.runs import RunError, finished, load_runs, markdown_table, summary
+from analysis.runs import HELLASWAG_ACC_NORM, RunError, finished, load_runs, markdown_table, metrics_of, summary
 from analysis.sweep_plot import plot_sweep
 from eval import hellaswag_items
 from eval.compare_items import shared_items
@@ -33,10 +33,11 @@ from eval.hellaswag_items import ItemsError
 from stats.family import adjust
 from stats.significance import detectable_difference, item_level, mean_std, mcnemar_exact, paired, seeds_needed
 
-METRICS = [("final_val", "final val loss"), ("hella_acc_norm", "HellaSwag acc_norm"),
-           ("bleu", "valid BLEU (greedy)"), ("test_bleu_greedy", "test BLEU greedy"), ("test_bleu_beam", "test BLEU beam")]
-UNITS = {"final_val": "nats", "hella_acc_norm": "acc_norm", "bleu": "BLEU", "test_bleu_greedy": "BLEU",
-         "test_bleu_beam": "BLEU"}
+# the metrics compared over seeds: the final val loss, each plotted in-loop metric the runs declare, test BLEU
+FIRST, LAST = [("final_val", "final val loss")], [("test_bleu_greedy", "test BLEU greedy"),
+                                                  ("test_bleu_beam", "test BLEU beam")]
+UNITS = {"final_val": "nats", "test_bleu_greedy": "BLEU", "test_bleu_beam": "BLEU"}  # and each in-loop metric's
+HELLA = HELLASWAG_ACC_NORM.name  # the in-loop HellaSwag number with items files (an item-level interval)
 SPREAD_FLAG = 2.0  # a variant's seed std above this multiple of its baseline's gets flagged
 PARAM_FLAG = 0.005  # a variant whose non-embedding parameter count differs from its baseline's by more gets flagged
 ALPHA = 0.05  # the family-wise error rate of the report's verdicts: Holm over a family of claims (holm_family)
@@ -60,7 +61,7 @@ def add_power(pair, key, target_diff=None):
     return pair
 
 
-# the in-loop HellaSwag number the sweep reads (hella_acc_norm): completion scoring, acc_norm
+# the in-loop HellaSwag number the sweep reads (HELLA): completion scoring, acc_norm
 ITEM_KEY = ("completion", "acc_norm")
 
 
@@ -111,9 +112,9 @@ def item_interval(items, variant, base):
             "p_mcnemar": [mcnemar_exact(a, b) for _, _, a, b in per_seed]}
 
 
-def power_sentence(name, metric, key, pair, named):
+def power_sentence(name, metric, unit, pair, named):
     """One plain sentence: what these seeds can detect, and what the target difference needs."""
-    n, unit = pair["n"], UNITS[key]
+    n = pair["n"]
     if n < 2:
         return f"{name}, {metric}: {n} shared seed{'s' * (n != 1)}: no interval and no detectable difference yet."
     if pair["std"] == 0:
@@ -135,7 +136,7 @@ def hellaswag_intervals(pairs, baselines):
     each answers; [] when no pair has items files."""
     rows = []
     for a, per in pairs.items():
-        p = per.get("hella_acc_norm") or {}
+        p = per.get(HELLA) or {}
         items = p.get("item_level")
         if items is None:
             continue
@@ -234,7 +235,7 @@ def control_verdict(control, base, pairs, metrics):
     detail = "; ".join(f"{name} {p['mean']:+.4f}, 95% CI [{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}], Holm p "
                        f"{p['p_holm']:.3g}" for name, p in shown)
     family = (f"at family-wise error rate {ALPHA}, Holm over its {len(tested)} metric{'s' * (len(tested) > 1)}"
-              f"{'; HellaSwag needs its item-level interval to exclude 0 too' if 'hella_acc_norm' in pairs else ''}")
+              f"{'; HellaSwag needs its item-level interval to exclude 0 too' if HELLA in pairs else ''}")
     if bad:
         return False, (f"**{head}: {detail}: {'these differ' if len(shown) > 1 else 'differs'} from 0 ({family}). "
                        "The sweep is unreliable: identical settings differ beyond their noise, so the seeds do not "
@@ -254,11 +255,23 @@ def declared_sentence(pairs, baselines, metrics, control, size):
              if pairs[a][k]["p_holm"] is not None and pairs[a][k]["p_holm"] < ALPHA]
     family = (f"family-wise error rate {ALPHA}: Holm over the {size} pair-metric claims of this sweep, the A/A "
               "control left out")
-    if "hella_acc_norm" in dict(metrics):
+    if HELLA in dict(metrics):
         family += "; a HellaSwag claim needs its item-level interval to exclude 0 too"
     if not found:
         return f"Declared different at {family}: none."
     return f"Declared different at {family}: {'; '.join(found)}."
+
+
+def seed_values(done, order, candidates):
+    """({variant: {metric key: {seed: value}}} of the finished runs, the candidates (key, name) any run has)."""
+    rows = {a: {} for a in order}
+    for run in done:
+        if variant_of(run) in rows:
+            s = summary(run)
+            for key, _ in candidates:
+                if s.get(key) is not None:
+                    rows[variant_of(run)].setdefault(key, {})[run.setting("seed")] = s[key]
+    return rows, [(k, name) for k, name in candidates if any(k in r for r in rows.values())]
 
 
 @dataclass
@@ -273,6 +286,7 @@ class SweepRuns:
     baseline: str | None
     control: str | None  # the A/A control's label
     baselines: dict  # variant -> the variant it is compared against
+    in_loop: list  # the plotted in-loop metrics (training/in_loop.py's Metric) the finished runs declare
 
     def of(self, variant):
         return [run for run in self.compared if variant_of(run) == variant]
@@ -305,28 +319,23 @@ def read_sweep(out, acts=None, baseline=None):
     runs.sort(key=lambda r: (rank.get(variant_of(r), len(rank)), str(variant_of(r)), r.setting("seed") or 0))
     baselines = {a: (plan.get("baselines") or {}).get(a) or baseline for a in order}
     return SweepRuns(out, runs, done, [r for r in done if variant_of(r) in rank], unfinished, order, baseline,
-                     control, baselines)
+                     control, baselines, [m for m in metrics_of(done).values() if m.plotted])
 
 
 def compare_variants(sweep, target_diff):
     """(metrics logged, {variant: {metric: mean_std}}, {variant: {metric: paired difference to its baseline}}, the
     size of the claims' Holm family): each pair with its power, HellaSwag's with its item-level interval, every
     claim Holm-adjusted (the A/A control's over its own metrics)."""
-    rows = {a: {} for a in sweep.order}  # variant -> metric -> {seed: value}
-    for run in sweep.compared:
-        s = summary(run)
-        for key, _ in METRICS:
-            if s[key] is not None:
-                rows[variant_of(run)].setdefault(key, {})[run.setting("seed")] = s[key]
-    metrics = [(k, name) for k, name in METRICS if any(k in r for r in rows.values())]
+    rows, metrics = seed_values(sweep.compared, sweep.order,
+                                [*FIRST, *((m.name, m.label) for m in sweep.in_loop), *LAST])
     per_act = {a: {k: mean_std(list(rows[a].get(k, {}).values())) for k, _ in metrics} for a in sweep.order}
     baselines = sweep.baselines
     pairs = {a: {k: add_power(paired(rows[baselines[a]].get(k, {}), rows[a].get(k, {})), k, target_diff)
                  for k, _ in metrics} for a in sweep.order if a != baselines[a] and baselines[a] in rows}
-    if "hella_acc_norm" in dict(metrics):
+    if HELLA in dict(metrics):
         items = items_of(sweep.compared)
         for a, per in pairs.items():
-            per["hella_acc_norm"]["item_level"] = item_interval(items, a, baselines[a])
+            per[HELLA]["item_level"] = item_interval(items, a, baselines[a])
     family_size = holm_family(pairs, [a for a in pairs if a != sweep.control], metrics)
     if sweep.control in pairs:
         holm_family(pairs, [sweep.control], metrics)
@@ -383,7 +392,7 @@ def variants_section(sweep, metrics, per_act, params, size_flags, flags, paths, 
     return md
 
 
-def pairs_section(pairs, baselines, metrics, control, family_size, target_diff):
+def pairs_section(pairs, baselines, metrics, units, control, family_size, target_diff):
     """The markdown of the paired differences: the table, the claims declared, what the seeds can detect."""
     pair_rows, sentences = [], []
     for a, per in pairs.items():
@@ -396,7 +405,7 @@ def pairs_section(pairs, baselines, metrics, control, family_size, target_diff):
                               "-" if p["p_holm"] is None else f"{p['p_holm']:.3g}",
                               "-" if p["detectable"] is None else f"{p['detectable']:.4f}",
                               p["seeds_needed"] or "-"])
-            sentences.append("- " + power_sentence(f"{a} - {baselines[a]}", name, k, p,
+            sentences.append("- " + power_sentence(f"{a} - {baselines[a]}", name, units[k], p,
                                                    k == "final_val" and target_diff is not None))
     if not pair_rows:
         return []
@@ -453,7 +462,8 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
     if sweep.unfinished:
         md += [f"Unfinished (left out of the statistics): {', '.join(sweep.unfinished)}", ""]
     md += variants_section(sweep, metrics, per_act, params, size_flags, flags, paths, setup_flags)
-    md += pairs_section(pairs, baselines, metrics, control, family_size, target_diff)
+    units = {**UNITS, **{m.name: m.unit for m in sweep.in_loop}}
+    md += pairs_section(pairs, baselines, metrics, units, control, family_size, target_diff)
     md += hellaswag_intervals(pairs, baselines)
     result["measures"] = literature_measures.paired_differences({a: sweep.of(a) for a in order},
                                                                 {a: baselines[a] for a in pairs})
@@ -469,7 +479,7 @@ def plots(sweep, result):
     """compare.png, and compare_telemetry.png and compare_measures.png where runs logged them; the text to add to
     the report when nothing is logged yet to draw."""
     try:
-        plot_sweep({a: sweep.of(a) for a in sweep.order}, result, sweep.out / "compare.png")
+        plot_sweep({a: sweep.of(a) for a in sweep.order}, result, sweep.out / "compare.png", sweep.in_loop)
         if any(r.telemetry for r in sweep.runs):
             plot_telemetry(sweep.runs, sweep.out / "compare_telemetry.png")
         if any(r.measures for r in sweep.done):

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis import compare
+from analysis import compare, runs
 from analysis.runs import RunError, load_run, load_runs, summary
+from stats.significance import wilson
 from training.runlog import RunLog
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -88,24 +89,25 @@ def our_run(path, act="aglu", seed=3, max_steps=20, stop_at=None, tokens_per_ste
 def test_nanogpt_log_parses_exactly(tmp_path):
     truth = nanogpt_log(tmp_path / "log")
     run = load_run(tmp_path / "log" / "log.txt")  # the file itself also works
-    for kind in ("train", "val", "hella"):
-        assert [(s, v) for s, v, _ in run.series[kind]] == sorted(truth[kind].items())
+    for kind, series in (("train", "train"), ("val", "val"), ("hella", "hellaswag_acc_norm")):
+        assert [(s, v) for s, v, _ in run.series[series]] == sorted(truth[kind].items())
     assert run.label == "log" and run.config is None
     s = summary(run)
     assert s["final_val"] == truth["val"][29] and s["best_val"] == min(truth["val"].values())
-    assert s["hella_acc_norm"] == truth["hella"][29] and s["hella_n"] == 10042 and s["tok_per_s"] is None
+    assert s["hellaswag_acc_norm"] == truth["hella"][29] and s["tok_per_s"] is None
+    assert run.metrics["hellaswag_acc_norm"].items == 10042
 
 
 @pytest.mark.parametrize("restart_at", [None, 17])
 def test_llmc_main_log_parses_exactly(tmp_path, restart_at):
     truth = llmc_log(tmp_path / "log124M", restart_at=restart_at)
     run = load_run(tmp_path / "log124M" / "main.log")  # the file itself also works
-    for kind in ("train", "val", "hella"):
-        assert [(s, v) for s, v, _ in run.series[kind]] == sorted(truth[kind].items())
+    for kind, series in (("train", "train"), ("val", "val"), ("hella", "hellaswag_acc_norm")):
+        assert [(s, v) for s, v, _ in run.series[series]] == sorted(truth[kind].items())
     assert run.series["train"][-1][0] == 29 and run.series["val"][-1][0] == 30
     s = summary(run)
     assert s["final_val"] == truth["val"][30] and s["best_val"] == min(truth["val"].values())
-    assert s["hella_acc_norm"] == truth["hella"][30] and s["label"] == "log124M"
+    assert s["hellaswag_acc_norm"] == truth["hella"][30] and s["label"] == "log124M"
     if restart_at:  # the resumed job's lines for steps 10-17 replaced the first job's
         assert s["final_val"] == pytest.approx(2.01) and dict((st, v) for st, v, _ in run.series["val"])[10] == 4.01
 
@@ -118,9 +120,9 @@ def test_our_run_parses_with_tokens_hellaswag_and_bleu(tmp_path):
     assert [p[1] for p in run.series["bleu"]] == [10, 20, 30]
     s = summary(run)
     assert (s["step"], s["max_steps"], s["tokens"]) == (20, 20, 40960)
-    assert s["hella_acc"] == 0.3 and s["hella_n"] == 500
+    assert s["hellaswag_acc"] == 0.3 and run.metrics["hellaswag_acc"].items == 500
     assert s["tok_per_s"] == 1009.5  # median of 1000..1019
-    assert s["bleu"] == 30 and s["best_bleu"] == 30
+    assert s["bleu"] == 30 and compare.metric_cell(run, "bleu") == "30.00 (30.00)"  # the last and the best
 
 
 def test_val_bits_per_byte_is_a_series_and_a_column(tmp_path, capsys):
@@ -152,15 +154,26 @@ def test_in_progress_run_with_half_written_lines(tmp_path):
 
 
 def test_hellaswag_interval_is_wilson_from_the_item_count(tmp_path):
-    s = summary(load_run(our_run(tmp_path / "r")))  # acc 0.3 over hellaswag_limit = 500 items
+    cell = compare.metric_cell(load_run(our_run(tmp_path / "r")), "hellaswag_acc")  # 0.3 over hellaswag_limit 500
     z, p, n = 1.959964, 0.3, 500
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    assert s["hella_acc_ci95"] == pytest.approx([centre - half, centre + half], abs=1e-6)
+    assert cell == f"30.00 [{100 * (centre - half):.1f}, {100 * (centre + half):.1f}]"
     nanogpt_log(tmp_path / "n")
-    nano = summary(load_run(tmp_path / "n"))  # no config: the full 10,042 items
-    lo, hi = nano["hella_acc_norm_ci95"]
-    assert nano["hella_n"] == 10042 and 0.0085 < (hi - lo) / 2 < 0.0090  # the spec's "about +-0.9 points"
+    nano = load_run(tmp_path / "n")  # no config: the full 10,042 items
+    p = nano.series["hellaswag_acc_norm"][-1][1]
+    lo, hi = wilson(round(p * 10042), 10042)
+    assert 0.0085 < (hi - lo) / 2 < 0.0090  # the spec's "about +-0.9 points"
+    assert compare.metric_cell(nano, "hellaswag_acc_norm") == f"{100 * p:.2f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def test_a_run_that_declares_no_metrics_is_read_with_the_ones_the_evaluations_declare():
+    """Runs written before run.json declared their in-loop metrics (and build-nanogpt's, llm.c's logs) show them
+    under the names, labels and formats eval/hellaswag_in_loop.py and eval/bleu_in_loop.py declare now."""
+    from eval.bleu_in_loop import BLEU
+    from eval.hellaswag_in_loop import ACC, ACC_NORM
+
+    assert (runs.HELLASWAG_ACC, runs.HELLASWAG_ACC_NORM, runs.VALID_BLEU) == (ACC, ACC_NORM, BLEU)
 
 
 def test_ema_is_bias_corrected():

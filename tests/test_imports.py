@@ -18,7 +18,7 @@ BELOW = {
     "translation": {"errors", "activations", "data"},
     "eval": {"errors", "stats", "activations", "data", "training", "model", "translation"},
     "export": {"errors", "stats", "activations", "data", "training", "model", "eval"},
-    "analysis": {"errors", "stats", "activations", "data", "model", "eval"},
+    "analysis": {"errors", "stats", "activations", "data", "model", "training", "eval"},
     "sweep": {"errors", "stats", "activations", "data", "model", "training", "translation", "eval", "analysis",
               "train_gpt2", "train_translation"},
 }
@@ -26,11 +26,13 @@ BELOW = {
 # for one release
 UPWARD = {("analysis/sweep.py", "sweep")}
 # what evaluations and exports may take from training/: reading checkpoints (and, to run under torchrun on
-# the device the trainers use, the process group and precision helpers), never the loop
+# the device the trainers use, the process group and precision helpers), the in-loop evaluations' contract
+# (training/in_loop.py), never the loop
 TRAINING_FOR = {
-    "eval": {"training.checkpoint", "training.distributed", "training.precision"},
+    "eval": {"training.checkpoint", "training.distributed", "training.precision", "training.in_loop"},
     "export": {"training.checkpoint"},
     "sweep": {"training.config"},  # a plan's config and options read as the trainer reads them
+    "analysis": {"training.in_loop"},  # the readers: the Metric records a run declares
 }
 ROOMS = set(BELOW) | {"bench", "sample", "train_gpt2", "train_translation"}
 

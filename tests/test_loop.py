@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from analysis import compare
 from errors import CheckpointError, DataError
 from training.checkpoint import load_checkpoint
 from training.config import EvalConfig, RunConfig, run_cli
@@ -123,6 +124,54 @@ def test_resume_of_the_new_trainer_is_exact(tmp_path):
     assert steps == sorted(steps) and len(steps) == 60 + 4  # no step logged twice
     segments = json.loads((tmp_path / "resumed" / "run.json").read_text())["segments"]  # each start's environment
     assert [s["start_step"] for s in segments] == [0, 20] and segments[1]["environment"]["grad_accum"] == 1
+
+
+# A new in-loop evaluation as docs/training.md describes it: one file ...
+TOY_EVALUATION = '''"""A toy in-loop evaluation: the norm of the model's weights, lower is better."""
+import torch
+
+from training.in_loop import InLoopEvaluation, Metric
+
+NORM = Metric("toy_weight_norm", "weight norm", "norm", fmt=".3f", higher_is_better=False)
+
+
+class WeightNorm(InLoopEvaluation):
+    name = "weight norm"
+    metrics = (NORM,)
+
+    def due(self, step, last):
+        return step % 40 == 0 or last
+
+    @torch.no_grad()
+    def run(self, step, last, model):
+        norm = torch.cat([p.flatten() for p in model.parameters()]).norm().item()
+        return {NORM.name: norm}, f" | weight norm {norm:.3f}"
+'''
+
+
+def test_a_new_in_loop_evaluation_is_one_file_and_one_line(tmp_path, monkeypatch, capsys):
+    """Its metric, named in its file only, reaches the stdout line, log.txt, metrics.jsonl, run.json and
+    analysis.compare's table and figure: no reader knows its name."""
+    (tmp_path / "toy_evaluation.py").write_text(TOY_EVALUATION)
+    monkeypatch.syspath_prepend(tmp_path)
+    from toy_evaluation import WeightNorm
+
+    monkeypatch.setattr(LinearTrainer, "in_loop", (*LinearTrainer.in_loop, WeightNorm))  # ... and one line
+    LinearTrainer(config(tmp_path / "run")).fit()
+    printed = re.findall(r"step +(\d+)/60 \| val loss [\d.]+ \| weight norm (\d\.\d{3})\n", capsys.readouterr().out)
+    assert [int(step) for step, _ in printed] == [0, 40, 60]  # when it is due, beside the val loss
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    norms = [(r["step"], r["toy_weight_norm"]) for r in records if "toy_weight_norm" in r]
+    assert [(step, f"{norm:.3f}") for step, norm in norms] == [(int(step), norm) for step, norm in printed]
+    logged = [line.split() for line in (tmp_path / "run" / "log.txt").read_text().splitlines()]
+    assert [(int(step), float(value)) for step, kind, value in logged if kind == "toy_weight_norm"] == [
+        (step, pytest.approx(norm, abs=1e-6)) for step, norm in norms]
+    compare.main([str(tmp_path / "run"), "-o", str(tmp_path / "compare.png")])
+    header, _, row = capsys.readouterr().out.splitlines()[:3]
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    # the last and the best, which is the lowest: the file says lower is better
+    assert cells["weight norm (best)"] == f"{norms[-1][1]:.3f} ({min(n for _, n in norms):.3f})"
+    assert (tmp_path / "compare.png").stat().st_size > 10_000
 
 
 class EvaluationFails(LinearTrainer):

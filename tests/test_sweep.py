@@ -84,7 +84,7 @@ def test_report_statistics_equal_hand_computation(tmp_path):
     aglu = result["paired"]["aglu"]["final_val"]
     assert aglu["mean"] == pytest.approx(-0.17) and aglu["ci95"][0] < 0 < aglu["ci95"][1]  # 3 seeds: not significant
     # HellaSwag: aglu is +0.02 on every seed, so its differences have zero spread
-    assert result["paired"]["aglu"]["hella_acc_norm"]["mean"] == pytest.approx(0.02)
+    assert result["paired"]["aglu"]["hellaswag_acc_norm"]["mean"] == pytest.approx(0.02)
     assert "aglu - gelu" in text and "final val loss" in text and "HellaSwag acc_norm" in text
     assert (tmp_path / "sweep.md").read_text() == text
     assert (tmp_path / "compare.png").read_bytes().startswith(b"\x89PNG")
@@ -422,7 +422,7 @@ def test_hellaswag_pairs_get_the_item_level_interval(tmp_path, write_items):
         write_items(run / "hellaswag_items_00010.jsonl.gz", labels,
                     [label if i in hits else (label + 1) % 4 for i, label in enumerate(labels)], step=10)
     text = sweep_report.report(tmp_path, acts=["gelu", "relu"])
-    hella = json.loads((tmp_path / "sweep.json").read_text())["paired"]["relu"]["hella_acc_norm"]
+    hella = json.loads((tmp_path / "sweep.json").read_text())["paired"]["relu"]["hellaswag_acc_norm"]
     diffs = [sum((i in right[("relu", s)]) - (i in right[("gelu", s)]) for s in (1, 2)) / 2 for i in range(40)]
     mean, sd = sum(diffs) / 40, statistics.stdev(diffs)
     items = hella["item_level"]

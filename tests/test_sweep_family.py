@@ -70,7 +70,7 @@ def test_one_raw_false_alarm_among_the_controls_metrics_is_not_unreliable(tmp_pa
                                                           "control": "gelu_aa"}))
     text = sweep_report.report(tmp_path)
     result = json.loads((tmp_path / "sweep.json").read_text())
-    final, hella = result["paired"]["gelu_aa"]["final_val"], result["paired"]["gelu_aa"]["hella_acc_norm"]
+    final, hella = result["paired"]["gelu_aa"]["final_val"], result["paired"]["gelu_aa"]["hellaswag_acc_norm"]
     t = 0.02 / (0.006 / math.sqrt(3))
     assert final["p"] == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-9) == pytest.approx(0.0287, abs=1e-4)
     assert final["ci95"][0] > 0 and hella["p"] == pytest.approx(1.0)  # the old rule: "unreliable"

@@ -327,24 +327,25 @@ def test_the_hellaswag_file_given_passes_the_preflight_and_is_the_one_scored(tmp
     hella = hellaswag_file(3)
     trainer = train_gpt2.GPTTrainer(load_config(train_gpt2.TrainConfig, ["--hellaswag-interval", "250",
                                                                          "--hellaswag-data", str(hella)]))
-    assert trainer.inputs() == [trainer.resolve_hellaswag]
-    trainer.resolve_hellaswag()  # reads the file and loads the tokenizer; downloads nothing
-    assert trainer.hellaswag_path == hella
+    evaluation, = [cls(trainer, ctx=None) for cls in trainer.in_loop]
+    assert evaluation.inputs() == [evaluation.resolve]
+    evaluation.resolve()  # reads the file and loads the tokenizer; downloads nothing
+    assert evaluation.path == hella
 
 
 def test_a_hellaswag_that_fails_mid_run_keeps_the_val_loss_and_the_run(tmp_path, monkeypatch, capsys):
     """HellaSwag's file is damaged after step 0: at step 2 its evaluation raises; the val loss of that step is kept,
     the failure logged with its traceback, model_00002.pt written (none was due), and the run finishes."""
-    import train_gpt2
     from errors import DataError
+    from eval.hellaswag_in_loop import HellaSwag
 
     def hellaswag(self, step, last, model):  # its preflight and scoring are tested above: here only its outcome
         if step == 2:
             raise DataError("hellaswag_val.jsonl:1: not valid JSON")
-        return train_gpt2.Evaluation({"hellaswag_acc": 0.25}, " | hellaswag acc 0.2500", {"hella": 0.25})
+        return {"hellaswag_acc": 0.25}, " | hellaswag acc 0.2500"
 
-    monkeypatch.setattr(train_gpt2.GPTTrainer, "inputs", lambda self: [])
-    monkeypatch.setattr(train_gpt2.GPTTrainer, "hellaswag", hellaswag)
+    monkeypatch.setattr(HellaSwag, "inputs", lambda self: [])
+    monkeypatch.setattr(HellaSwag, "run", hellaswag)
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
     train_in_process(args(data, tmp_path / "out", max_steps=3, eval_interval=2, hellaswag_interval=2,
                           checkpoint_interval=0))

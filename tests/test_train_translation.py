@@ -89,8 +89,8 @@ def test_the_last_checkpoint_holds_the_last_evaluation(runs):
 def test_logs_in_the_gpt2_trainer_formats(runs):
     _, _, straight, _ = runs
     lines = [line.split() for line in (straight / "log.txt").read_text().splitlines()]
-    assert [(s, k) for s, k, _ in lines if k != "train"] == [("0", "val"), ("4", "bleu"), ("4", "val"),
-                                                             ("8", "bleu"), ("8", "val")]
+    assert [(s, k) for s, k, _ in lines if k != "train"] == [("0", "val"), ("4", "val"), ("4", "bleu"),
+                                                             ("8", "val"), ("8", "bleu")]
     assert [int(s) for s, k, _ in lines if k == "train"] == list(range(8))
     rows = records(straight)
     train = [r for r in rows if r["kind"] == "train"]

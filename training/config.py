@@ -164,8 +164,10 @@ def load_config(cls, argv=None):
 
 def learning_rate(cfg):
     """The run's learning rate, as a sweep sets it and run.json states it: the first option its optim section's
-    `swept_lr` names (the GPT trainer's max_lr, the translation trainer's lr)."""
-    return getattr(cfg.optim, cfg.optim.swept_lr[0])
+    `swept_lr` names (the GPT trainer's max_lr, the translation trainer's lr); None for a trainer that names none
+    (a new trainer runs without it; a sweep cannot set its lr)."""
+    swept = getattr(cfg.optim, "swept_lr", ())
+    return getattr(cfg.optim, swept[0]) if swept else None
 
 
 def to_dict(cfg):

@@ -8,25 +8,28 @@ A trainer subclasses Trainer and writes only what is its own:
     evaluate(step, last, model) -> Evaluation               its evaluations, on the model evaluations run
     optional: inputs() -> checks, step_fields(tok_per_s), after_step(step), checkpoint_state(evaluation),
               finish(step) -> closing record or None
+    in_loop = (InLoopEvaluation classes, ...)   evaluations beside evaluate's, one file each (training/in_loop.py)
 
 The base class keeps no attribute a trainer reads: a hook gets what it needs as arguments, or from what the
 trainer itself kept in build (its Context, its loaders). tests/test_loop.py trains a trainer of 40 lines.
 
 fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
-build; resume; the preflight (training/preflight.py: the trainer's inputs, out_dir writable, disk for the
-checkpoints); the activation kernels' decision (activations/policy.py); the run log; compile and DDP; the loop;
-the trainer's closing work and the summary line. The loop runs, per step: evaluate (every eval_interval steps and
-at the end), train step (the trainer's forward_backward, then activations.step_statistics: NSwish/NReLU's running
-statistics from the whole step's batch, one all-reduce; then clipping and the optimizer), log, the trainer's
-after_step, checkpoint (every checkpoint_interval steps and on a signal), stop; at the end the checkpoint follows
-the final evaluation, so the file the closing line names holds the numbers it prints. An evaluation that raises
-(the trainer's closing one included) is logged with its traceback, that step's checkpoint is written, and the run
-goes on (`outcome`, `Evaluation.attempt`). The stdout lines' format is training/runlog.py's.
+build; resume; the in-loop evaluations built; the preflight (training/preflight.py: the trainer's and the in-loop
+evaluations' inputs, out_dir writable, disk for the checkpoints); the activation kernels' decision
+(activations/policy.py); the run log (run.json records the in-loop metrics); compile and DDP; the loop; the
+trainer's closing work and the summary line. The loop runs, per step: evaluate and the in-loop evaluations due
+(every eval_interval steps and at the end), train step (the trainer's forward_backward, then
+activations.step_statistics: NSwish/NReLU's running statistics from the whole step's batch, one all-reduce; then
+clipping and the optimizer), log, the trainer's after_step, checkpoint (every checkpoint_interval steps and on a
+signal), stop; at the end the checkpoint follows the final evaluation, so the file the closing line names holds
+the numbers it prints. An evaluation that raises (the trainer's closing one included) is logged with its
+traceback, that step's checkpoint is written, and the run goes on (`outcome`, `Evaluation.attempt`). The stdout
+lines' format is training/runlog.py's.
 
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
 a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
 handlers and the process group are released on every exit. A collective that waits past --dist-timeout, or
-whose peer died, ends the rank with one line naming the step and what it waited for (`Run.waiting`); under
+whose peer died, ends the rank with one line naming the step and what it waited for (`Trainer.waiting`); under
 torchrun --max-restarts the next attempt resumes the newest checkpoint that verifies.
 """
 import contextlib
@@ -123,7 +126,7 @@ def outcome(work, d):
 
 
 @dataclass
-class Run:
+class FitState:
     """The state of one fit(), created there and passed to each step of the loop."""
     ctx: Context
     parts: Parts
@@ -132,6 +135,7 @@ class Run:
     train_model: torch.nn.Module  # what the steps run: the same, in DDP when there are several ranks
     step: int
     tokens: int
+    in_loop: list  # the trainer's in-loop evaluations (training/in_loop.py), built for this run
     evals: list = field(default_factory=list)  # every Evaluation's fields, in order
     started: float = field(default_factory=time.time)
     first_step_done: tuple | None = None  # (time, step) after the first, compiling, step: the ETA's origin
@@ -150,6 +154,7 @@ def param_line(counts):
 
 class Trainer:
     kind = None  # written into checkpoints: --resume refuses another trainer's
+    in_loop = ()  # its in-loop evaluations (training/in_loop.py), each built after build as cls(trainer, ctx)
     lr_flag = "--lr"  # the option a non-finite loss message suggests lowering
     token_unit = "tok"  # what the tokens/s of the step line count
 
@@ -205,70 +210,26 @@ class Trainer:
     # The shared loop ----------------------------------------------------------------------------------------
     def fit(self):
         """Train until max_steps (returns the model) or a signal (exits 128 + its number)."""
-        cfg, run_cfg = self.cfg, self.cfg.run
+        run_cfg = self.cfg.run
         d = distributed.setup(run_cfg.device, run_cfg.dist_timeout)
-        stop = log = None
+        stop = log = state = None
         try:
             ctx, platform, decisions = self.context(d)
-            self.waiting = (0, "the checkpoint to resume from")
-            ckpt = self.checkpoint_to_resume(d)
-            start = ckpt["step"] if ckpt else 0
-            self.waiting = (start, "the trainer's setup (data, tokenizer)")
-            parts = self.build(ctx, ckpt)
-            changes = {}
-            if ckpt is not None:
-                resume_training(ckpt, parts.model_config, d.world_size, d.rank, parts.model, parts.optimizer,
-                                parts.loader)
-                changes = resumed_changes(ckpt, cfg)
-                if ckpt.get("scaler"):
-                    ctx.scaler.load_state_dict(ckpt["scaler"])
-            # before step 0, every rank at once: what the run reads later and where it writes (training/preflight.py)
-            self.waiting = (start, "the check of the run's inputs and out_dir (training/preflight.py)")
-            writes = preflight.out_dir_checks(run_cfg.out_dir, parts.model, parts.optimizer, start, parts.max_steps,
-                                              run_cfg.checkpoint_interval, run_cfg.keep_checkpoints) if d.master else []
-            preflight.resolve([*self.inputs(), *writes], d)
-            # before compile and DDP: the kernels checked and timed on this GPU, at this run's shape and dtype, or
-            # the decision this run (or the run named by --kernels-from) recorded under the same key
-            recorded = ckpt.get("kernels") if ckpt else None
-            if recorded is None and run_cfg.kernels_from:
-                recorded = runlog.recorded_kernels(run_cfg.kernels_from)
-            decisions["activations"] = policy.select(
-                parts.model, parts.mlp_shape, platform, d.device, PRECISIONS[ctx.precision], ctx.compile, d,
-                recorded=recorded, cache=run_cfg.kernel_cache or None, reprobe=run_cfg.kernel_reprobe,
-                timeout=policy.probe_bound(run_cfg.dist_timeout))
+            ckpt, start, parts, changes = self.build_or_resume(ctx, d)
+            in_loop = [evaluation(self, ctx) for evaluation in self.in_loop]
+            decisions["activations"] = self.before_step_0(ctx, parts, ckpt, start, platform, in_loop)
             log = RunLog(run_cfg.out_dir, d.master, resume_step=start if ckpt else None,
                          tensorboard=run_cfg.tensorboard, wandb_project=run_cfg.wandb_project,
                          wandb_run_name=run_cfg.wandb_run_name)
-            history = list(ckpt.get("config_changes", [])) if ckpt else []
-            if changes:  # a deliberate change (--resume-changes): the run's record says from which step on
-                history.append({"step": start, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}})
-            decisions["config_changes"] = history
-            log.write_run_info(to_dict(cfg), {**environment(d), "grad_accum": parts.accum, "decisions": decisions,
-                                              "params": parts.params, "flops_per_token": parts.flops_per_token},
-                               lr=learning_rate(cfg))
-            if changes:
-                log.record(start, kind="resume", changes=history[-1]["changes"])
-            if d.master:
-                if d.restart:
-                    print(runlog.restart_line(d.restart, ckpt and ckpt["path"], start), flush=True)
-                where = f"resuming {ckpt['path']} at step {start}" if ckpt else parts.origin
-                print(runlog.start_line(parts.description, parts.max_steps, d.world_size, ctx.precision, ctx.compile,
-                                        where), flush=True)
-                if changes:
-                    print(runlog.changes_line(start, changes), flush=True)
+            history = self.record_start(log, ctx, ckpt, start, parts, changes, decisions, in_loop)
             eval_model, train_model = self.wrap(ctx, parts, start, log)
-            run = Run(ctx, parts, log, eval_model, train_model, step=start, tokens=ckpt.get("tokens", 0) if ckpt else 0,
-                      kernels=decisions["activations"], best_val=ckpt and ckpt.get("best_val"),
-                      config_changes=history)
+            state = FitState(ctx, parts, log, eval_model, train_model, step=start, in_loop=in_loop,
+                             tokens=ckpt.get("tokens", 0) if ckpt else 0, kernels=decisions["activations"],
+                             best_val=ckpt and ckpt.get("best_val"), config_changes=history)
             stop = GracefulStop()
-            self.loop(run, stop)
+            self.loop(state, stop)
             if not stop.requested:
-                closing, failure = outcome(lambda: self.finish(run.step), d)
-                if failure is not None:
-                    self.record_failures(run, {"finish": failure})
-                if closing is not None:
-                    log.record(run.step, kind="test", **closing)
-                self.close(run, start)
+                self.end(state, start)
         except RuntimeError as e:
             message = distributed.failure_message(e, d, self.waiting)
             if message is None:
@@ -281,11 +242,80 @@ class Trainer:
                 log.close()
             # DDP's reducer holds the process group: freed after the group is destroyed (when fit returns), gloo's
             # destructor can deadlock (torch 2.13; seen when a worker trains twice). It goes first.
-            run = eval_model = train_model = None
+            state = eval_model = train_model = None
             distributed.cleanup(d)
         if stop.requested:
             raise SystemExit(128 + stop.signum)
         return parts.model
+
+    def build_or_resume(self, ctx, d):
+        """The checkpoint to resume (or None), its step (0 without one), the trainer's Parts with the checkpoint's
+        weights, optimizer, loader and scaler states loaded, and the options it changes on purpose
+        (--resume-changes: {option: (old, new)})."""
+        self.waiting = (0, "the checkpoint to resume from")
+        ckpt = self.checkpoint_to_resume(d)
+        start = ckpt["step"] if ckpt else 0
+        self.waiting = (start, "the trainer's setup (data, tokenizer)")
+        parts = self.build(ctx, ckpt)
+        changes = {}
+        if ckpt is not None:
+            resume_training(ckpt, parts.model_config, d.world_size, d.rank, parts.model, parts.optimizer,
+                            parts.loader)
+            changes = resumed_changes(ckpt, self.cfg)
+            if ckpt.get("scaler"):
+                ctx.scaler.load_state_dict(ckpt["scaler"])
+        return ckpt, start, parts, changes
+
+    def before_step_0(self, ctx, parts, ckpt, start, platform, in_loop):
+        """Every rank at once: what the run reads later and where it writes (training/preflight.py); then, before
+        compile and DDP, the activation kernels checked and timed on this GPU at this run's shape and dtype, or
+        the decision this run (or the run named by --kernels-from) recorded under the same key. Returns it."""
+        d, run_cfg = ctx.dist, self.cfg.run
+        self.waiting = (start, "the check of the run's inputs and out_dir (training/preflight.py)")
+        writes = preflight.out_dir_checks(run_cfg.out_dir, parts.model, parts.optimizer, start, parts.max_steps,
+                                          run_cfg.checkpoint_interval, run_cfg.keep_checkpoints) if d.master else []
+        preflight.resolve([*self.inputs(), *(check for e in in_loop for check in e.inputs()), *writes], d)
+        recorded = ckpt.get("kernels") if ckpt else None
+        if recorded is None and run_cfg.kernels_from:
+            recorded = runlog.recorded_kernels(run_cfg.kernels_from)
+        return policy.select(parts.model, parts.mlp_shape, platform, d.device, PRECISIONS[ctx.precision], ctx.compile,
+                             d, recorded=recorded, cache=run_cfg.kernel_cache or None, reprobe=run_cfg.kernel_reprobe,
+                             timeout=policy.probe_bound(run_cfg.dist_timeout))
+
+    def record_start(self, log, ctx, ckpt, start, parts, changes, decisions, in_loop):
+        """run.json (the config, this start's environment and decisions, the in-loop metrics the readers show), a
+        `resume` record for options changed on purpose, and the start lines on stdout. Returns the run's
+        config changes, this start's last."""
+        d = ctx.dist
+        history = list(ckpt.get("config_changes", [])) if ckpt else []
+        if changes:  # a deliberate change (--resume-changes): the run's record says from which step on
+            history.append({"step": start, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}})
+        decisions["config_changes"] = history
+        log.write_run_info(to_dict(self.cfg), {**environment(d), "grad_accum": parts.accum, "decisions": decisions,
+                                               "params": parts.params, "flops_per_token": parts.flops_per_token},
+                           lr=learning_rate(self.cfg),
+                           metrics=[metric.record() for evaluation in in_loop for metric in evaluation.metrics])
+        if changes:
+            log.record(start, kind="resume", changes=history[-1]["changes"])
+        if d.master:
+            if d.restart:
+                print(runlog.restart_line(d.restart, ckpt and ckpt["path"], start), flush=True)
+            where = f"resuming {ckpt['path']} at step {start}" if ckpt else parts.origin
+            print(runlog.start_line(parts.description, parts.max_steps, d.world_size, ctx.precision, ctx.compile,
+                                    where), flush=True)
+            if changes:
+                print(runlog.changes_line(start, changes), flush=True)
+        return history
+
+    def end(self, state, start):
+        """After the last step: the trainer's closing evaluations (their record, or their failure) and the
+        closing line."""
+        closing, failure = outcome(lambda: self.finish(state.step), state.ctx.dist)
+        if failure is not None:
+            self.record_failures(state, {"finish": failure})
+        if closing is not None:
+            state.log.record(state.step, kind="test", **closing)
+        self.close(state, start)
 
     def context(self, d):
         """Seed, precision, autocast, GradScaler, TF32 and the compile decision: (Context, the platform, the
@@ -337,86 +367,100 @@ class Trainer:
         return model, DDP(model, device_ids=[ctx.dist.local_rank] if ctx.dist.device_type == "cuda" else None,
                           forward_sync_buffers=False)
 
-    def loop(self, run, stop):
+    def loop(self, state, stop):
         """Evaluate, step, log, checkpoint until max_steps or a signal."""
         interval = self.cfg.run.checkpoint_interval
         while True:
-            last = run.step == run.parts.max_steps
-            if every(run.step, self.cfg.eval.eval_interval) or last:
-                self.evaluation(run, last)
+            last = state.step == state.parts.max_steps
+            if every(state.step, self.cfg.eval.eval_interval) or last:
+                self.evaluation(state, last)
             if last:  # saved after the final evaluation, so the last checkpoint holds its val loss (and BLEU)
-                self.checkpoint(run)
+                self.checkpoint(state)
                 return
-            loss, lr, norm, seconds, step_tokens = self.train_step(run)
-            self.log_step(run, loss, lr, norm, seconds, step_tokens)
-            self.after_step(run.step)
-            self.waiting = (run.step, "the stop-signal all-reduce")
-            stopping = distributed.any_rank(stop.requested, run.ctx.dist)
-            if (every(run.step, interval) and run.step < run.parts.max_steps) or stopping:
-                self.checkpoint(run)
+            loss, lr, norm, seconds, step_tokens = self.train_step(state)
+            self.log_step(state, loss, lr, norm, seconds, step_tokens)
+            self.after_step(state.step)
+            self.waiting = (state.step, "the stop-signal all-reduce")
+            stopping = distributed.any_rank(stop.requested, state.ctx.dist)
+            if (every(state.step, interval) and state.step < state.parts.max_steps) or stopping:
+                self.checkpoint(state)
             if stopping:
                 stop.requested = True  # every rank exits non-zero, not only the one signalled
                 stop.signum = stop.signum or 15
-                if run.ctx.dist.master:
-                    print(f"stopped by signal at step {run.step}; continue with --resume (same --out-dir)", flush=True)
+                if state.ctx.dist.master:
+                    print(f"stopped by signal at step {state.step}; continue with --resume (same --out-dir)",
+                          flush=True)
                 return
 
-    def evaluation(self, run, last):
-        self.waiting = (run.step, "the evaluation (validation loss all-reduce)")
-        result, failure = outcome(lambda: self.evaluate(run.step, last, run.eval_model), run.ctx.dist)
-        result = result or Evaluation({}, "", failed={"evaluation": failure})
-        run.evals.append(result.fields)  # a failed evaluation's: empty, so this step's checkpoint holds no val loss
+    def evaluation(self, state, last):
+        result = self.evaluations(state, last)
+        state.evals.append(result.fields)  # a failed evaluation's: empty, so this step's checkpoint holds no val loss
         val = result.fields.get("val_loss")
-        if val is not None and (run.best_val is None or val < run.best_val[0]):
-            run.best_val = (val, run.step)
+        if val is not None and (state.best_val is None or val < state.best_val[0]):
+            state.best_val = (val, state.step)
         for kind, value in result.scalars.items():
-            run.log.scalar(run.step, kind, value)
-        flops = {} if run.parts.flops_per_token is None else {"flops": run.tokens * run.parts.flops_per_token}
+            state.log.scalar(state.step, kind, value)
+        flops = {} if state.parts.flops_per_token is None else {"flops": state.tokens * state.parts.flops_per_token}
         if result.fields:
-            run.log.record(run.step, kind="eval", tokens=run.tokens, **flops, **result.fields)
-        if run.ctx.dist.master and result.fields:
-            print(runlog.eval_line(run.step, run.parts.max_steps, result.text), flush=True)
+            state.log.record(state.step, kind="eval", tokens=state.tokens, **flops, **result.fields)
+        if state.ctx.dist.master and result.fields:
+            print(runlog.eval_line(state.step, state.parts.max_steps, result.text), flush=True)
         if result.failed:
-            self.record_failures(run, result.failed)
-            if not last and run.saved_step != run.step:  # the last step saves next anyway
-                self.checkpoint(run)  # this step's weights, to evaluate again
+            self.record_failures(state, result.failed)
+            if not last and state.saved_step != state.step:  # the last step saves next anyway
+                self.checkpoint(state)  # this step's weights, to evaluate again
 
-    def record_failures(self, run, failures):
+    def evaluations(self, state, last):
+        """The trainer's evaluate, then its in-loop evaluations that are due: one Evaluation. One that raises leaves
+        the others recorded (Evaluation.attempt); where evaluate raises, nothing of the step is."""
+        d = state.ctx.dist
+        self.waiting = (state.step, "the evaluation (validation loss all-reduce)")
+        result, failure = outcome(lambda: self.evaluate(state.step, last, state.eval_model), d)
+        if result is None:
+            return Evaluation({}, "", failed={"evaluation": failure})
+        for evaluation in state.in_loop:
+            if evaluation.due(state.step, last):
+                self.waiting = (state.step, f"the {evaluation.name} evaluation")
+                result.attempt(evaluation.name, lambda: in_loop_result(evaluation, state.step, last,
+                                                                       state.eval_model), d)
+        return result
+
+    def record_failures(self, state, failures):
         """Evaluations that raised ({part: traceback}) cost no training: the model goes back to training mode, what
         they held on the GPU is freed, and log.txt (`eval_failed`), metrics.jsonl (`evaluation: failed`, with the
         traceback) and stderr record them; the run goes on (docs/training.md says why)."""
-        run.parts.model.train()
-        if run.ctx.dist.device_type == "cuda":  # give back what the evaluation held (its traceback's frames too)
+        state.parts.model.train()
+        if state.ctx.dist.device_type == "cuda":  # give back what the evaluation held (its traceback's frames too)
             gc.collect()
             torch.cuda.empty_cache()
-        run.log.scalar(run.step, "eval_failed", len(failures))
+        state.log.scalar(state.step, "eval_failed", len(failures))
         for part, failure in failures.items():
             error = failure.strip().splitlines()[-1]
-            run.log.record(run.step, kind="eval", evaluation="failed", part=part, error=error, traceback=failure)
-            if run.ctx.dist.master:
+            state.log.record(state.step, kind="eval", evaluation="failed", part=part, error=error, traceback=failure)
+            if state.ctx.dist.master:
                 print(failure, end="", file=sys.stderr, flush=True)
-                print(runlog.eval_line(run.step, run.parts.max_steps, f"{part} failed ({error}); the run goes on"),
+                print(runlog.eval_line(state.step, state.parts.max_steps, f"{part} failed ({error}); the run goes on"),
                       flush=True)
 
-    def train_step(self, run):
+    def train_step(self, state):
         """One optimizer step: (loss, lr, grad norm, seconds, tokens of all ranks)."""
-        ctx, parts, t0 = run.ctx, run.parts, time.time()
-        lr = self.learning_rate(run.step)
+        ctx, parts, t0 = state.ctx, state.parts, time.time()
+        lr = self.learning_rate(state.step)
         for group in parts.optimizer.param_groups:
             group["lr"] = lr
-        self.waiting = (run.step, "the gradient all-reduce (DDP backward)")
-        seeds = micro_batch_seeds(self.cfg.run.init_seed, run.step, ctx.dist)
-        loss, tokens = self.forward_backward(run.train_model, seeds)
-        self.waiting = (run.step, "the activation statistics all-reduce")
+        self.waiting = (state.step, "the gradient all-reduce (DDP backward)")
+        seeds = micro_batch_seeds(self.cfg.run.init_seed, state.step, ctx.dist)
+        loss, tokens = self.forward_backward(state.train_model, seeds)
+        self.waiting = (state.step, "the activation statistics all-reduce")
         step_statistics(parts.model)
         ctx.scaler.unscale_(parts.optimizer)  # a no-op unless float16: clip the true gradients
-        norm = torch.nn.utils.clip_grad_norm_(run.train_model.parameters(), self.cfg.optim.grad_clip).item()
-        self.waiting = (run.step, "the loss all-reduce")
+        norm = torch.nn.utils.clip_grad_norm_(state.train_model.parameters(), self.cfg.optim.grad_clip).item()
+        self.waiting = (state.step, "the loss all-reduce")
         stats = distributed.all_reduce_mean(torch.stack([loss.detach().float(), torch.as_tensor(
             tokens, dtype=torch.float32, device=loss.device)]), ctx.dist)
         loss_value, step_tokens = stats[0].item(), round(stats[1].item() * ctx.dist.world_size)
         # under float16 an overflowed gradient is the GradScaler's to handle: it skips the step, lowers the scale
-        stop_if_not_finite(run.step, loss_value, 0.0 if ctx.scaler.is_enabled() else norm, lr, parts.model,
+        stop_if_not_finite(state.step, loss_value, 0.0 if ctx.scaler.is_enabled() else norm, lr, parts.model,
                            self.cfg.run.out_dir, self.lr_flag)
         ctx.scaler.step(parts.optimizer)
         ctx.scaler.update()
@@ -425,48 +469,55 @@ class Trainer:
             torch.cuda.synchronize()
         return loss_value, lr, norm, time.time() - t0, step_tokens
 
-    def log_step(self, run, loss, lr, norm, seconds, step_tokens):
+    def log_step(self, state, loss, lr, norm, seconds, step_tokens):
         """The step's log.txt line and record, and (every log_interval steps) its stdout line; advances the step."""
-        run.tokens += step_tokens
+        state.tokens += step_tokens
         extra = self.step_fields(step_tokens / seconds)
-        run.log.scalar(run.step, "train", loss)
-        run.log.record(run.step, kind="train", loss=loss, lr=lr, grad_norm=norm, dt_ms=1000 * seconds,
-                       tok_per_s=step_tokens / seconds, tokens=run.tokens, **extra)
-        run.step += 1
+        state.log.scalar(state.step, "train", loss)
+        state.log.record(state.step, kind="train", loss=loss, lr=lr, grad_norm=norm, dt_ms=1000 * seconds,
+                       tok_per_s=step_tokens / seconds, tokens=state.tokens, **extra)
+        state.step += 1
         # ETA from the mean wall time per step (evaluations included) after the first, compiling, step
-        run.first_step_done = run.first_step_done or (time.time(), run.step)
-        if run.ctx.dist.master and every(run.step - 1, self.cfg.run.log_interval):
-            since, done = time.time() - run.first_step_done[0], run.step - run.first_step_done[1]
-            eta = since / done * (run.parts.max_steps - run.step) if done else None
-            print(runlog.step_line(run.step - 1, run.parts.max_steps, loss, lr, norm, seconds, self.token_unit,
+        state.first_step_done = state.first_step_done or (time.time(), state.step)
+        if state.ctx.dist.master and every(state.step - 1, self.cfg.run.log_interval):
+            since, done = time.time() - state.first_step_done[0], state.step - state.first_step_done[1]
+            eta = since / done * (state.parts.max_steps - state.step) if done else None
+            print(runlog.step_line(state.step - 1, state.parts.max_steps, loss, lr, norm, seconds, self.token_unit,
                                    step_tokens / seconds, extra, eta), flush=True)
 
-    def checkpoint(self, run):
-        parts, cfg = run.parts, self.cfg
-        state = {"kind": self.kind, "model": parts.model.state_dict(),
-                 "model_config": model_identity(parts.model_config),
-                 "config": to_dict(cfg), "optimizer": parts.optimizer.state_dict(), "tokens": run.tokens,
-                 "val_loss": run.evals[-1].get("val_loss") if run.evals else None, "best_val": run.best_val,
-                 "config_changes": run.config_changes,
-                 "scaler": run.ctx.scaler.state_dict(), "kernels": run.kernels,
-                 **self.checkpoint_state(run.evals[-1] if run.evals else None)}
-        self.waiting = (run.step, f"checkpoint model_{run.step:05d}.pt (gathering states, then rank 0 saving it)")
-        save_training_checkpoint(state, parts.loader, run.ctx.dist, cfg.run.out_dir, run.step, cfg.run.keep_checkpoints)
-        run.saved_step = run.step
+    def checkpoint(self, state):
+        parts, cfg = state.parts, self.cfg
+        contents = {"kind": self.kind, "model": parts.model.state_dict(),
+                    "model_config": model_identity(parts.model_config),
+                    "config": to_dict(cfg), "optimizer": parts.optimizer.state_dict(), "tokens": state.tokens,
+                    "val_loss": state.evals[-1].get("val_loss") if state.evals else None, "best_val": state.best_val,
+                    "config_changes": state.config_changes,
+                    "scaler": state.ctx.scaler.state_dict(), "kernels": state.kernels,
+                    **self.checkpoint_state(state.evals[-1] if state.evals else None)}
+        self.waiting = (state.step, f"checkpoint model_{state.step:05d}.pt (gathering states, then rank 0 saving it)")
+        save_training_checkpoint(contents, parts.loader, state.ctx.dist, cfg.run.out_dir, state.step,
+                                 cfg.run.keep_checkpoints)
+        state.saved_step = state.step
 
-    def close(self, run, start_step):
+    def close(self, state, start_step):
         """The finished run's numbers for wandb's summary, and the closing stdout line: the best val loss is the
         whole run's (a resumed run's earlier evaluations are in its checkpoint's best_val)."""
-        final = run.evals[-1].get("val_loss") if run.evals else None  # None: the final evaluation failed
-        best, best_step = run.best_val or (None, None)
+        final = state.evals[-1].get("val_loss") if state.evals else None  # None: the final evaluation failed
+        best, best_step = state.best_val or (None, None)
         ckpt = latest_checkpoint(self.cfg.run.out_dir)
-        seconds = time.time() - run.started
-        run.log.summary(start_step=start_step, final_step=run.step, tokens=run.tokens, wall_time_s=seconds,
+        seconds = time.time() - state.started
+        state.log.summary(start_step=start_step, final_step=state.step, tokens=state.tokens, wall_time_s=seconds,
                         final_val_loss=final, best_val_loss=best, best_val_step=best_step,
                         checkpoint=str(ckpt) if ckpt else None)
-        if run.ctx.dist.master:
-            print(runlog.summary_line(start_step, run.step, seconds, final, run.best_val, Path(self.cfg.run.out_dir),
-                                      ckpt), flush=True)
+        if state.ctx.dist.master:
+            print(runlog.summary_line(start_step, state.step, seconds, final, state.best_val,
+                                      Path(self.cfg.run.out_dir), ckpt), flush=True)
+
+
+def in_loop_result(evaluation, step, last, model):
+    """An in-loop evaluation's run as an Evaluation: its fields, its text, its plotted metrics for log.txt."""
+    fields, text = evaluation.run(step, last, model)
+    return Evaluation(fields, text, evaluation.scalars(fields))
 
 
 def stop_if_not_finite(step, loss, grad_norm, lr, model, out_dir, lr_flag):

@@ -184,21 +184,23 @@ class RunLog:
         if wandb_project:
             self.wandb = start_wandb(self.dir, wandb_project, wandb_run_name, resuming=resume_step is not None)
 
-    def write_run_info(self, config, env, lr=None):
+    def write_run_info(self, config, env, lr=None, metrics=None):
         """run.json: the config, the run's learning rate `lr` (the one a sweep sets, whatever the trainer calls
-        it: training.config.learning_rate), this start's environment, and `segments`: the environment of every
-        start whose steps the logs keep (a resume at step N drops those from N on, as the logs do), so that a
-        restart on other hardware or code, which may decide other kernels, shows. Records this start's source
-        first."""
+        it: training.config.learning_rate), the in-loop metrics (training/in_loop.py's Metric records: what the
+        readers show; a run.json without them is read as the project's earlier trainers wrote it), this start's
+        environment, and `segments`: the environment of every start whose steps the logs keep (a resume at step N
+        drops those from N on, as the logs do), so that a restart on other hardware or code, which may decide other
+        kernels, shows. Records this start's source first."""
         if self.master:
             start = self.resume_step or 0
             env = {**env, "source": record_source(self.dir, start)}
             segments = [s for s in previous_segments(self.dir / "run.json") if self.resume_step is not None and
                         (s["start_step"] is None or s["start_step"] < start)]
             segments.append({"start_step": start, "environment": env})
+            declared = {} if metrics is None else {"metrics": metrics}
             with atomic_file(self.dir / "run.json", "w") as f:
-                f.write(json.dumps({"config": config, "lr": lr, "environment": env, "segments": segments}, indent=2,
-                                   default=str))
+                f.write(json.dumps({"config": config, "lr": lr, **declared, "environment": env, "segments": segments},
+                                   indent=2, default=str))
             if self.wandb is not None:  # a resumed run changes options such as `resume` itself
                 self.wandb.config.update({**config, "environment": env}, allow_val_change=True)
 
