@@ -121,8 +121,12 @@ def test_anact_batch_nonfinite_as_torch_path(name):
                                    (0, NAN, False), (5, NAN, True), (5, -INF, True)]:
             xb, gb = x.clone(), grad.clone()
             (gb if in_grad else xb).view(-1)[at] = value
-            assert_same(both_paths(name, xb, gb, buffers=buffers), f"first step {first_step}, x or grad[{at}] = "
-                        f"{value}, in grad {in_grad}", any_nonfinite=value == INF and not in_grad)
+            results = both_paths(name, xb, gb, buffers=buffers)
+            case = f"first step {first_step}, x or grad[{at}] = {value}, in grad {in_grad}"
+            assert_same(results, case, any_nonfinite=value == INF and not in_grad)
+            out, _, _, after = results[0]
+            if not all(after[f"running_{k}"].isfinite() for k in ("mu", "rho", "rho_prime")):
+                assert not out.isfinite().all(), case  # the loss the trainer checks is not finite either
     positive = grad.abs() + 0.1  # the scale's gradient sum(grad (y - mu)) is -inf at mu = inf, not NaN
     for buffers in [{"running_mu": INF}, {"running_mu": NAN}, {"running_mu": -INF}, {"running_rho": NAN},
                     {"running_rho": 0.0}, {"running_rho_prime": INF}]:
