@@ -15,15 +15,21 @@ in and out, lam clamped at lam_min, ln eta = -softplus(ln lam - kappa z) / lam. 
 lam's gradient takes softplus(v) - sigmoid(v) from a series where the two cancel, so it stays accurate
 near the clamp (aglu.py's fp32 path is about 0.5% off there). Only the input is saved for backward.
 
+NaN and inf come out where the PyTorch path gives them (tests/test_kernel_edges.py): clamps and ReLU take the
+NaN-propagating max, lanes past the end add exactly 0 to a sum whatever the parameters, and the statistics sum
+about a block's or row's first element, so a constant one has variance exactly 0 as torch.var gives.
+
 The kernels are bound by instructions issued, not by memory, above ~28 per element forward and ~42 backward on an
 H200 (bench/kernel_instructions.py counts them, without a GPU): so each exp is one MUFU.EX2 in base 2 and
 each reciprocal one MUFU.RCP (documented errors 2 and 1 ulp), a division is one reciprocal shared where it can
 be, log1p is an atanh series on one reciprocal, and per-program constants (1/lam, kappa/lam) multiply block sums
 rather than elements. libdevice's precise exp, log, log1p and division cost 10-30 instructions each. In fp32,
-against float64, the approximations keep AGLU within 0.23 of the fp32 tolerance (rtol 1e-4, atol 1e-6; the
-probe's, in activations/selfcheck.py): bench/kernel_fast_math.py replays the arithmetic with every MUFU result off
-by up to its documented error. The interpreter computes them exactly (numpy), so tests/test_kernels.py checks the
-algebra and the series, the GPU's self-check (selfcheck.py) its approximations.
+against float64, the approximations keep AGLU within 0.49 of the fp32 tolerance (rtol 1e-4, atol 1e-6; the
+probe's, in activations/selfcheck.py) even with every error at its bound one way: bench/kernel_fast_math.py replays
+the arithmetic with each approximate result off by up to its documented error (BENCHMARKS.md has NSwish's, where
+outputs near 0 next to a large act(x) take a few ulps of act(x) against atol). The interpreter computes them
+exactly (numpy), so tests/test_kernels.py checks the algebra and the series, the GPU's self-check (selfcheck.py)
+its approximations.
 
 Each op is a torch.library custom op with a fake (shape) kernel, so torch.compile keeps it in its graph;
 its autograd formula is the matching backward op. Double backward is not supported (a clear error; the
@@ -51,6 +57,9 @@ BLOCK = 2048
 STATS_BLOCK = 4096  # fewer, larger blocks: fewer partials for the float64 merge
 STATS_WARPS = 8  # 16 per thread: its five block sums cost ~30% less per element than at 16 warps, 60 registers
 TINY = tl.constexpr(1.1754943508222875e-38)  # torch.finfo(torch.float32).tiny, anact.py's floor for Var[x]
+# max.f32 (tl.maximum's default) returns the non-NaN operand: a NaN lam, rho or ReLU input would come out finite
+# where torch.clamp_min and F.relu give NaN. max.NaN.f32 is one instruction too (sm_80 on).
+NAN = tl.constexpr(tl.PropagateNan.ALL)
 # True when TRITON_INTERPRET=1 was set before triton's first import (tl.sum & co. are then interpreted
 # too); a compile-time constant for the kernels.
 INTERPRETED = tl.constexpr(isinstance(tl.sum, InterpretedFunction))
@@ -78,6 +87,17 @@ def _rcp(x):
 
 
 @triton.jit
+def _mul_rn(a, b):
+    """a b rounded to fp32 (mul.rn), never fused into a following add: ptxas leaves an explicitly rounded multiply
+    alone, and LLVM cannot see into inline PTX."""
+    if INTERPRETED:
+        return a * b
+    else:
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
 def _block(n, BLOCK: tl.constexpr):
     """(first element of this program, in int64; in-range mask of its BLOCK, compared in int32)."""
     start = tl.program_id(0).to(tl.int64) * BLOCK
@@ -99,9 +119,11 @@ def _apa_kernel(z_ptr, grad_ptr, out_ptr, partial_ptr, kappa_ptr, lam_ptr, n, la
     pid = tl.program_id(0)
     start, mask = _block(n, BLOCK)
     offs = tl.arange(0, BLOCK)
-    z = tl.load(z_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
     kappa = tl.load(kappa_ptr).to(tl.float32)
-    lam = tl.maximum(tl.load(lam_ptr).to(tl.float32), lam_min)
+    # Off the end z = sign(kappa), so v = ln lam - |kappa| is finite, or -inf at kappa = +-inf (z = 0 would make it
+    # NaN there), and those lanes add exactly 0 to the block sums, as in the PyTorch path, which has no such lanes
+    z = tl.load(z_ptr + start + offs, mask=mask, other=tl.where(kappa < 0, -1.0, 1.0)).to(tl.float32)
+    lam = tl.maximum(tl.load(lam_ptr).to(tl.float32), lam_min, propagate_nan=NAN)
     inv_lam = _rcp(lam)
     # precise log2 (~30 instructions per thread, 2 per element): MUFU.LG2's 2 ulp of log2(1e-4) = -13.3 shift v by
     # 2e-6, which q = sigmoid(v) / lam amplifies to ~1e-4 of grad_z at lam's clamp, the fp32 tolerance
@@ -134,34 +156,43 @@ def _apa_kernel(z_ptr, grad_ptr, out_ptr, partial_ptr, kappa_ptr, lam_ptr, n, la
 
 
 @triton.jit
-def _act(x, SWISH: tl.constexpr):
+def _act(x, SWISH: tl.constexpr, SHIFTED: tl.constexpr = False):
     """act(x) and act'(x) (anact.py): SiLU and sigma(x)(1 + x(1 - sigma(x))), or ReLU and 1[x > 0].
-    act(0) = 0 for both, so masked-off elements (x = 0) add nothing to a sum of act(x); SiLU's act'(0) = 1/2."""
+    SHIFTED: for y - act(x0), SiLU's x sigma(x) rounded as the scalar act(x0) is, so that it is 0 where x = x0
+    (fused into the subtraction, an FMA, it would leave x0 sigma(x0)'s rounding error, and a constant block or row
+    a variance of ~1e-30 against Var[x] = 0); otherwise y - mu may fuse, one instruction and one rounding fewer."""
     if SWISH:
         s = _rcp(1.0 + tl.exp2(x * -LOG2E))  # exp2 -> inf for x << 0: rcp(inf) = 0, y = -0
-        y = x * s
+        y = _mul_rn(x, s) if SHIFTED else x * s
         return y, s + y * (1.0 - s)
     else:
-        return tl.maximum(x, 0.0), tl.where(x > 0, 1.0, 0.0)
+        return tl.maximum(x, 0.0, propagate_nan=NAN), tl.where(x > 0, 1.0, 0.0)
 
 
 @triton.jit
 def _anact_stats_kernel(x_ptr, partial_ptr, n, SWISH: tl.constexpr, BLOCK: tl.constexpr):
     """partial[pid] = (mean y, mean x, M2 y, M2 x, sum act'^2) over this block, y = act(x);
-    M2 about the block's own mean, taken from registers (a two-pass variance at one memory pass)."""
+    M2 about the block's own mean, taken from registers (a two-pass variance at one memory pass).
+    Sums of x - x0 and y - act(x0), x0 the block's first element: a constant block has mean exactly x0 and M2
+    exactly 0, as torch.var gives (a sum of x times 1/count rounds off x0, and rho would be a ratio of two
+    roundings), and a block far from 0 keeps the precision of its spread. An x0 of +-inf makes the mean NaN, as
+    torch.var_mean's Welford pass makes that of [inf, 1]."""
     pid = tl.program_id(0)
     start, mask = _block(n, BLOCK)
-    x = tl.load(x_ptr + start + tl.arange(0, BLOCK), mask=mask, other=0.0).to(tl.float32)
-    y, d = _act(x, SWISH)
+    x0 = tl.load(x_ptr + start).to(tl.float32)
+    x = tl.load(x_ptr + start + tl.arange(0, BLOCK), mask=mask, other=x0).to(tl.float32)
+    y, d = _act(x, SWISH, SHIFTED=True)
+    y0, _ = _act(x0, SWISH, SHIFTED=True)
+    xs, ys = x - x0, y - y0  # 0 off the end
     inv_count = 1.0 / tl.minimum(n - start, BLOCK).to(tl.float32)
-    mean_y = tl.sum(y, axis=0) * inv_count  # masked-off x = 0 has y = 0
-    mean_x = tl.sum(x, axis=0) * inv_count
-    dy = tl.where(mask, y - mean_y, 0.0)
-    dx = tl.where(mask, x - mean_x, 0.0)
+    mean_ys = tl.sum(ys, axis=0) * inv_count
+    mean_xs = tl.sum(xs, axis=0) * inv_count
+    dy = tl.where(mask, ys - mean_ys, 0.0)
+    dx = tl.where(mask, xs - mean_xs, 0.0)
     d = tl.where(mask, d, 0.0)
     p = partial_ptr + 5 * pid
-    tl.store(p, mean_y)
-    tl.store(p + 1, mean_x)
+    tl.store(p, y0 + mean_ys)
+    tl.store(p + 1, x0 + mean_xs)
     tl.store(p + 2, tl.sum(dy * dy, axis=0))
     tl.store(p + 3, tl.sum(dx * dx, axis=0))
     tl.store(p + 4, tl.sum(d * d, axis=0))
@@ -170,8 +201,10 @@ def _anact_stats_kernel(x_ptr, partial_ptr, n, SWISH: tl.constexpr, BLOCK: tl.co
 @triton.jit
 def _anact_kernel(x_ptr, grad_ptr, out_ptr, partial_ptr, scale_ptr, mu_ptr, n,
                   SWISH: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
-    """Forward: out = scale (act(x) - mu). Backward: out = grad scale act'(x),
-    partial[pid] = sum grad (act(x) - mu) (the scale gradient, anact.py)."""
+    """Forward: out = scale (act(x) - mu), not scale act(x) - scale mu, which cancels when mu is large (one FMA
+    either way: act(x) - mu contracts with SiLU's x sigma(x)). Backward: out = grad scale act'(x),
+    partial[pid] = sum grad (act(x) - mu) (the scale gradient, anact.py), lanes off the end left out: grad 0
+    times act(0) - mu is NaN at mu = +-inf."""
     pid = tl.program_id(0)
     start, mask = _block(n, BLOCK)
     offs = tl.arange(0, BLOCK)
@@ -180,11 +213,11 @@ def _anact_kernel(x_ptr, grad_ptr, out_ptr, partial_ptr, scale_ptr, mu_ptr, n,
     mu = tl.load(mu_ptr).to(tl.float32)
     y, d = _act(x, SWISH)
     if not BACKWARD:
-        tl.store(out_ptr + start + offs, (scale * y - scale * mu).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + start + offs, (scale * (y - mu)).to(out_ptr.dtype.element_ty), mask=mask)
     else:
         g = tl.load(grad_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + start + offs, ((g * scale) * d).to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(partial_ptr + pid, tl.sum(g * (y - mu), axis=0))
+        tl.store(partial_ptr + pid, tl.sum(tl.where(mask, g * (y - mu), 0.0), axis=0))
 
 
 @triton.jit
@@ -192,22 +225,25 @@ def _anact_rows_kernel(x_ptr, grad_ptr, out_ptr, partial_ptr, adj_ptr, n_cols, e
                        SWISH: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
     """per_instance: mu, rho, rho' over this row (anact.py's _stats, _rho), scale = lam_n + adj with
     adj = beta tanh(alpha). Forward: out = scale (y - mu). Backward: out = grad scale act'(x),
-    partial[row] = sum grad (y - mu) (the adj gradient)."""
+    partial[row] = sum grad (y - mu) (the adj gradient). Sums of x - x0 and y - act(x0), x0 the row's first
+    element, as in _anact_stats_kernel: a constant row has Var = 0 exactly, so rho = eps as in the PyTorch path."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     offs = row.to(tl.int64) * n_cols + cols
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    y, d = _act(x, SWISH)
+    x0 = tl.load(x_ptr + row.to(tl.int64) * n_cols).to(tl.float32)
+    x = tl.load(x_ptr + offs, mask=mask, other=x0).to(tl.float32)
+    y, d = _act(x, SWISH, SHIFTED=True)
+    y0, _ = _act(x0, SWISH, SHIFTED=True)
+    xs, ys = x - x0, y - y0  # 0 off the end
     inv_cols = 1.0 / n_cols  # a division per program; n_cols may be specialized to a constexpr 1
-    mu = tl.sum(y, axis=0) * inv_cols  # masked-off x = 0 has y = 0
-    dy = tl.where(mask, y - mu, 0.0)
-    dx = tl.where(mask, x - tl.sum(x, axis=0) * inv_cols, 0.0)
+    dy = tl.where(mask, ys - tl.sum(ys, axis=0) * inv_cols, 0.0)
+    dx = tl.where(mask, xs - tl.sum(xs, axis=0) * inv_cols, 0.0)
     d = tl.where(mask, d, 0.0)
     var_y = tl.sum(dy * dy, axis=0) * inv_cols
-    var_x = tl.maximum(tl.sum(dx * dx, axis=0) * inv_cols, TINY)
-    rho = tl.maximum(var_y / var_x, eps)
-    rho_prime = tl.maximum(tl.sum(d * d, axis=0) * inv_cols, eps)
+    var_x = tl.maximum(tl.sum(dx * dx, axis=0) * inv_cols, TINY, propagate_nan=NAN)
+    rho = tl.maximum(var_y / var_x, eps, propagate_nan=NAN)
+    rho_prime = tl.maximum(tl.sum(d * d, axis=0) * inv_cols, eps, propagate_nan=NAN)
     scale = tl.sqrt((rho + rho_prime) / (2.0 * rho * rho_prime)) + tl.load(adj_ptr).to(tl.float32)
     if not BACKWARD:
         tl.store(out_ptr + offs, (scale * dy).to(out_ptr.dtype.element_ty), mask=mask)

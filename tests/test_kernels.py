@@ -171,7 +171,7 @@ def test_anact_training_steps_match_float64_torch_path(name, dtype):
 @pytest.mark.parametrize("name", ["nswish", "nrelu"])
 def test_anact_per_instance_matches_float64_torch_path(name, dtype):
     """Rows of different scale and shift, one all negative (NReLU: rho = rho' = 0, floored at eps) and one
-    constant: Var[x] = 0, and its rho = 0/0 is whatever the rounding of each path makes it (finite)."""
+    constant: Var[x] = Var[y] = 0 exactly, so rho = eps on both paths."""
     kern, ref = anact_pair(name, dtype, per_instance=True)
     z, grad = inputs((4, 3, 301), dtype, spread=3.0)
     rows = torch.linspace(0.1, 4, 12, dtype=D).reshape(4, 3, 1)
@@ -179,12 +179,10 @@ def test_anact_per_instance_matches_float64_torch_path(name, dtype):
     x[1, 2] = -x[1, 2].abs() - 0.5
     x[0, 0] = 0.7
     x = x.to(dtype)
-    grad[0, 0] = 0  # the constant row: left out of alpha's gradient and of the comparisons
     out, gx = step(kern, x, grad)
     out64, gx64 = step(ref, x.double(), grad.double())
-    assert torch.isfinite(out).all() and torch.isfinite(gx).all()
-    torch.testing.assert_close(out.double()[1:], out64[1:], **TOL[dtype])
-    torch.testing.assert_close(gx.double()[1:], gx64[1:], **TOL[dtype])
+    torch.testing.assert_close(out.double(), out64, **TOL[dtype])
+    torch.testing.assert_close(gx.double(), gx64, **TOL[dtype])
     torch.testing.assert_close(kern.alpha.grad.double(), ref.alpha.grad, rtol=1e-5, atol=1e-5)
 
 
@@ -296,9 +294,9 @@ REQUIRED_ARCHS, NEWER_ARCHS = (80, 90), (100, 120)  # A100, H100; B200, RTX 50xx
 # SASS instructions per element (bench/kernel_instructions.py) of each kernel, (forward, backward), any variant,
 # on sm_80 and sm_90 in bf16 and fp32. a84bf53's issued 52-55 and 101-106 for AGLU/APA (precise log1p and log,
 # exp with denormal guards, four divisions per element), up to 19 and 30 for NSwish, 47 for its statistics pass,
-# 40 and 46 per row; now 23 and 42, 10 and 20, 30, 33 and 39 (BENCHMARKS.md, "The learned"), with ~15%
-# of room for another Triton's code generation. Above ~28 forward and ~42 backward an H200 waits on issue, not
-# on memory.
+# 40 and 46 per row; now 23 and 43, 10 and 20, 33, 35 and 42 (BENCHMARKS.md, "The learned"; the statistics
+# and rows, summing about their first element, +3 since), with 5-15% of room for another Triton's code
+# generation. Above ~28 forward and ~42 backward an H200 waits on issue, not on memory.
 MAX_PER_ELEMENT = {"_apa_kernel": (27, 49), "_anact_kernel": (12, 23), "_anact_stats_kernel": (35, 35),
                    "_anact_rows_kernel": (37, 44)}
 
