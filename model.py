@@ -55,7 +55,7 @@ class GPTConfig:
     glu_hidden: int = 0  # gated MLP's hidden width; 0: the plain MLP's parameters (activations/gated.py)
     norm: str = "layernorm"  # every ln_1, ln_2, ln_f: layernorm (GPT-2's), rmsnorm, dyt or none (NORMS)
     dyt_alpha: float = 0.5  # --norm dyt: every DyT's alpha at init (the paper's alpha_0; it tunes it for LLMs)
-    param: str = "sp"  # the parametrization (PARAMETRIZATIONS below): sp (GPT-2's), mup or completep
+    param: str = "sp"  # the parametrization (model.py PARAMETRIZATIONS): sp (GPT-2's), mup or completep
     base_width: int = 0  # mup, completep: the n_embd the hyperparameters were tuned at (m_width = n_embd / base_width)
     base_depth: int = 0  # completep: the n_layer they were tuned at (m_depth = n_layer / base_depth)
 

@@ -73,7 +73,8 @@ def coordinates(param, width, depth, steps=10, lr=LR, seed=0):
 
 
 def check(param, widths=WIDTHS, depths=DEPTHS, steps=10, lr=LR):
-    """{"width": {w: coordinates at BASE_DEPTH}, "depth": {L: coordinates at BASE_WIDTH}, "spread": {"act", "update"}}."""
+    """{"width": {w: coordinates at BASE_DEPTH}, "depth": {L: coordinates at BASE_WIDTH},
+    "spread": {"act", "update"}}."""
     by_width = {w: coordinates(param, w, BASE_DEPTH, steps, lr) for w in widths}
     by_depth = {d: by_width[BASE_WIDTH] if d == BASE_DEPTH and BASE_WIDTH in by_width else
                 coordinates(param, BASE_WIDTH, d, steps, lr) for d in depths}
