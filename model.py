@@ -62,10 +62,10 @@ class GPTConfig:
 
 # How init, forward and AdamW scale with the model's size under GPTConfig.param, against the base model (base_width,
 # base_depth) whose lr, init and weight decay were tuned: m_width = n_embd / base_width, m_depth = n_layer / base_depth.
-# sp is GPT-2 as build-nanogpt trains it; mup is Tensor Programs V (Yang et al. 2022, Table 3's muP for Adam, with the
-# output multiplier and the 1/d attention of its Sec. 4 / Appendix J) as EleutherAI/nanoGPT-mup implements it;
-# completep is Dey et al. 2025 (arXiv 2505.01618) Table 1 at alpha = 1: residual branches h + m_depth^-alpha F(h)
-# (its Eq. 1), every lr factor m_depth^(alpha-1) then equal to 1.
+# sp is GPT-2 as build-nanogpt trains it; mup is Tensor Programs V (Yang et al. 2022: Table 3's muP for Adam in its
+# form with an output multiplier, and the 1/d attention of its Sec. 4) as EleutherAI/nanoGPT-mup implements it;
+# completep is Dey et al. 2025 (arXiv 2505.01618) Table 1 at alpha = 1 as nanoGPT-mup's completep branch implements
+# it: residual branches h + m_depth^-alpha F(h), every lr factor m_depth^(alpha-1) then equal to 1.
 #                                    sp                      mup                   completep
 #   hidden matrices' init std        0.02; c_proj's          0.02 / sqrt(m_width)  0.02 / sqrt(m_width)
 #     (c_attn, c_proj, c_fc, c_up)     0.02 / sqrt(2 n_layer)  (c_proj's too)        (c_proj's too)
