@@ -8,7 +8,8 @@ Two speed options are constructor arguments, not config fields: they change how 
 runs, so checkpoints do not record them and a resumed run may change them (tests/test_speed.py).
 """
 import contextlib
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn as nn
@@ -54,6 +55,51 @@ class GPTConfig:
     glu_hidden: int = 0  # gated MLP's hidden width; 0: the plain MLP's parameters (activations/gated.py)
     norm: str = "layernorm"  # every ln_1, ln_2, ln_f: layernorm (GPT-2's), rmsnorm, dyt or none (NORMS)
     dyt_alpha: float = 0.5  # --norm dyt: every DyT's alpha at init (the paper's alpha_0; it tunes it for LLMs)
+    param: str = "sp"  # the parametrization (model.py PARAMETRIZATIONS): sp (GPT-2's), mup or completep
+    base_width: int = 0  # mup, completep: the n_embd the hyperparameters were tuned at (m_width = n_embd / base_width)
+    base_depth: int = 0  # completep: the n_layer they were tuned at (m_depth = n_layer / base_depth)
+
+
+# How init, forward and AdamW scale with the model's size under GPTConfig.param, against the base model (base_width,
+# base_depth) whose lr, init and weight decay were tuned: m_width = n_embd / base_width, m_depth = n_layer / base_depth.
+# sp is GPT-2 as build-nanogpt trains it; mup is Tensor Programs V (Yang et al. 2022: Table 3's muP for Adam in its
+# form with an output multiplier, and the 1/d attention of its Sec. 4) as EleutherAI/nanoGPT-mup implements it;
+# completep is Dey et al. 2025 (arXiv 2505.01618) Table 1 at alpha = 1 as nanoGPT-mup's completep branch implements
+# it: residual branches h + m_depth^-alpha F(h), every lr factor m_depth^(alpha-1) then equal to 1.
+#                                    sp                      mup                   completep
+#   hidden matrices' init std        0.02; c_proj's          0.02 / sqrt(m_width)  0.02 / sqrt(m_width)
+#     (c_attn, c_proj, c_fc, c_up)     0.02 / sqrt(2 n_layer)  (c_proj's too)        (c_proj's too)
+#   hidden matrices' lr              lr                      lr / m_width          lr / m_width
+#   hidden matrices' weight decay    wd                      wd * m_width          wd * m_width
+#     (AdamW decays lr * wd per step: the base's decay at every width, independent of the width's lr scaling)
+#   embeddings (wte = lm_head, wpe)  0.02, lr, wd            unchanged             unchanged
+#   norms, biases, activation        lr, no decay            unchanged             unchanged
+#     scalars (AGLU/APA, NSwish ...)
+#   attention logits                 q.k / sqrt(d_head)      q.k / d_head          q.k / d_head
+#   residual branches                x + F(x)                x + F(x)              x + F(x) / m_depth
+#   logits                           lm_head(h)              lm_head(h) / m_width  lm_head(h) / m_width
+#   Adam eps                         eps                     eps / m_width         eps / (m_width m_depth)
+# Every MLP follows the hidden rule: plain or gated (whose width is the plain one's parameters, so it grows with
+# n_embd), whatever its activation; an activation's own parameters are vector-like. The optimizer's part is
+# GPT.optimizer_groups; docs/training.md says when to use which.
+PARAMETRIZATIONS = ("sp", "mup", "completep")
+
+
+def size_multipliers(config):
+    """(m_width, m_depth) of config's parametrization: (1, 1) under sp, m_depth 1 under mup."""
+    if config.param not in PARAMETRIZATIONS:
+        raise ConfigError(f"unknown param {config.param!r}; choose one of {', '.join(PARAMETRIZATIONS)}")
+    if config.param == "sp":
+        return 1.0, 1.0
+    if config.base_width <= 0:
+        raise ConfigError(f"param {config.param} needs base_width > 0: the n_embd its lr was tuned at "
+                          "(--base-width; the tuned model's own n_embd for that model itself)")
+    if config.param == "mup":
+        return config.n_embd / config.base_width, 1.0
+    if config.base_depth <= 0:
+        raise ConfigError("param completep needs base_depth > 0: the n_layer its lr was tuned at (--base-depth; the "
+                          "tuned model's own n_layer for that model itself)")
+    return config.n_embd / config.base_width, config.n_layer / config.base_depth
 
 
 # SDPA kernels by name for `attention_backend`; "auto" leaves the choice to PyTorch.
@@ -115,6 +161,9 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.dropout = config.dropout
         self.backends = backends
+        # muP's q.k / d_head keeps the logits' scale as d_head grows, q and k being correlated once trained;
+        # None: SDPA's own 1 / sqrt(d_head)
+        self.scale = None if config.param == "sp" else config.n_head / config.n_embd
 
     def forward(self, x, cache=None):
         B, T, C = x.shape
@@ -131,7 +180,7 @@ class CausalSelfAttention(nn.Module):
         pick = sdpa_kernel(self.backends, set_priority=True) if use else contextlib.nullcontext()
         dropout = self.dropout if self.training else 0.0
         with pick:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, dropout_p=dropout)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, dropout_p=dropout, scale=self.scale)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -174,10 +223,12 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, backends)
         self.ln_2 = norm_layer(config)
         self.mlp = MLP(config, layer)
+        self.branch_scale = 1 / size_multipliers(config)[1]  # CompleteP's 1 / m_depth; 1 otherwise
 
     def forward(self, x, cache=None):
-        x = x + self.attn(self.ln_1(x), cache)
-        return x + self.mlp(self.ln_2(x))
+        # torch.add's alpha: one kernel, and x + branch itself (bit for bit) at 1
+        x = torch.add(x, self.attn(self.ln_1(x), cache), alpha=self.branch_scale)
+        return torch.add(x, self.mlp(self.ln_2(x)), alpha=self.branch_scale)
 
 
 class GPT(nn.Module):
@@ -192,6 +243,7 @@ class GPT(nn.Module):
         if loss_chunks < 0:
             raise ConfigError(f"loss_chunks={loss_chunks} must be >= 0 (0: off)")
         self.loss_chunks = loss_chunks
+        self.m_width, self.m_depth = size_multipliers(config)
         backends = sdpa_backends(attention_backend)
         # the modules' own draws are overwritten below; forked, they leave the global RNG (dropout's) as the
         # seed set it, whatever modules this MLP adds
@@ -211,12 +263,38 @@ class GPT(nn.Module):
 
     def _init_weight(self, name, module, parameter, generator):
         """GPT-2's init: N(0, 0.02), residual projections N(0, 0.02 (2 n_layer)^-0.5), zero biases; the
-        norms keep their constructors' values (ones, zeros, DyT's alpha 0.5)."""
+        norms keep their constructors' values (ones, zeros, DyT's alpha 0.5). mup and completep: every hidden
+        matrix N(0, 0.02 / sqrt(m_width)), the residual projections' depth factor replaced (PARAMETRIZATIONS)."""
         if isinstance(module, nn.Linear) and name.endswith(".bias"):
             nn.init.zeros_(parameter)
+        elif isinstance(module, nn.Linear) and self.config.param != "sp":  # the tied lm_head is wte, an Embedding
+            nn.init.normal_(parameter, mean=0.0, std=0.02 / math.sqrt(self.m_width), generator=generator)
         elif isinstance(module, (nn.Linear, nn.Embedding)):
             std = 0.02 * (2 * self.config.n_layer) ** -0.5 if getattr(module, "residual_scale", False) else 0.02
             nn.init.normal_(parameter, mean=0.0, std=std, generator=generator)
+
+    def optimizer_groups(self, weight_decay, eps):
+        """AdamW's parameter groups under mup and completep (PARAMETRIZATIONS), each with its weight decay, eps and
+        lr_scale, the multiple of the schedule's lr it steps at (training/optimizer.py's set_lr); None under sp,
+        whose groups are training/optimizer.py's decay split."""
+        if self.config.param == "sp":
+            return None
+        hidden, embeddings, vectors = [], [], []
+        for name, parameter in self.named_parameters():
+            module = self.get_submodule(name.rpartition(".")[0])
+            if not parameter.requires_grad:
+                continue
+            if name.startswith("transformer.h.") and isinstance(module, nn.Linear) and name.endswith(".weight"):
+                hidden.append(parameter)
+            elif isinstance(module, nn.Embedding):
+                embeddings.append(parameter)
+            else:
+                vectors.append(parameter)
+        eps = eps / (self.m_width * self.m_depth)
+        return [{"params": hidden, "weight_decay": weight_decay * self.m_width, "lr_scale": 1 / self.m_width,
+                 "eps": eps},
+                {"params": embeddings, "weight_decay": weight_decay, "lr_scale": 1.0, "eps": eps},
+                {"params": vectors, "weight_decay": 0.0, "lr_scale": 1.0, "eps": eps}]
 
     def num_params(self, non_embedding=True):
         n = sum(p.numel() for p in self.parameters())
@@ -233,8 +311,9 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None, head=True):
         """cache: None, or one list per layer (empty at first) in which attention keeps the keys and values
         of the tokens seen so far, so that generation feeds each new token alone (see generate).
-        head=False: (final hidden states after ln_f, None), the LM head left to the caller, which applies
-        it to the few positions it needs (eval/scoring.py scores only the continuations' tokens)."""
+        head=False: (final hidden states after ln_f and the output multiplier, None), the LM head left to the
+        caller, which applies it to the few positions it needs (eval/scoring.py scores only the continuations'
+        tokens)."""
         if targets is not None and not head:
             raise ValueError("a loss needs the LM head: targets with head=False")
         past = cache[0][0].size(2) if cache and cache[0] else 0
@@ -246,6 +325,8 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             x = block(x, cache[i] if cache is not None else None)
         x = self.transformer.ln_f(x)
+        if self.m_width != 1:  # muP's logits / m_width, on the head's input: the tied head and the chunked loss alike
+            x = x / self.m_width
         if not head:
             return x, None
         if targets is not None and self.loss_chunks:
@@ -402,6 +483,35 @@ def linear_cross_entropy(hidden, weight, targets, n_chunks):
     """F.cross_entropy(hidden @ weight.T, targets, ignore_index=-1) without the full (N, V) logits."""
     with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     return _LinearCrossEntropy.apply(hidden, weight, targets, n_chunks, with_grad)
+
+
+@torch.no_grad()
+def sp_equivalent(model):
+    """A GPT in sp computing `model`'s function (a mup or completep one): its multipliers folded into weights, so
+    that SP-only readers (transformers' GPT2LMHeadModel) run it. The attention's 1 / d_head is SP's 1 / sqrt(d_head)
+    on queries scaled by 1 / sqrt(d_head); the branch scale scales each branch's last layer, c_proj; the logits'
+    1 / m_width scales ln_f's output (the head is the token embedding, which the input keeps unscaled)."""
+    c = model.config
+    if c.param == "sp":
+        return model
+    if not hasattr(model.transformer.ln_f, "weight"):
+        raise ConfigError(f"norm {c.norm!r} has no ln_f weight to fold the output multiplier 1/m_width into")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    d_head = c.n_embd // c.n_head
+    for i in range(c.n_layer):
+        for key in (f"transformer.h.{i}.attn.c_attn.weight", f"transformer.h.{i}.attn.c_attn.bias"):
+            if key in state:
+                state[key][:c.n_embd] /= math.sqrt(d_head)
+        for branch in ("attn", "mlp"):
+            for key in (f"transformer.h.{i}.{branch}.c_proj.weight", f"transformer.h.{i}.{branch}.c_proj.bias"):
+                if key in state:
+                    state[key] *= model.transformer.h[i].branch_scale
+    for key in ("transformer.ln_f.weight", "transformer.ln_f.bias"):
+        if key in state:
+            state[key] /= model.m_width
+    sp = GPT(replace(c, param="sp", base_width=0, base_depth=0), seed=0)  # every weight is model's
+    sp.load_state_dict(state)
+    return sp.to(next(model.parameters()).device).train(model.training)
 
 
 # transformers' GPT-2 uses Conv1D layers whose weights are stored transposed relative to nn.Linear.

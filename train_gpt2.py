@@ -100,9 +100,11 @@ class TrainConfig:
     resume_may_change: ClassVar[tuple] = ("model", "init_from")
 
 
-# what --init-from takes from the source model (glu_hidden and norm: absent from older sources, which are plain
-# LayerNorm GPT-2s: 0, "layernorm"); the rest of the model section is the run's own
-ARCHITECTURE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias", "glu_hidden", "norm")
+# what --init-from takes from the source model (glu_hidden, norm and the parametrization: absent from older sources,
+# which are plain LayerNorm GPT-2s in sp: 0, "layernorm", "sp"); the parametrization's multipliers are part of the
+# function its weights compute. The rest of the model section is the run's own
+ARCHITECTURE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias", "glu_hidden", "norm", "param",
+                "base_width", "base_depth")
 
 
 def architecture(model_config):
@@ -160,11 +162,12 @@ class GPTTrainer(Trainer):
         self.device_name = torch.cuda.get_device_name() if d.device_type == "cuda" else None
         return Parts(model=self.model, loader=self.loader, max_steps=o.max_steps, model_config=to_dict(cfg.model),
                      flops_per_token=self.model.flops_per_token(o.seq_len),
-                     optimizer=adamw(self.model, o.max_lr, o.weight_decay, o.betas, o.eps, d.device_type),
+                     optimizer=adamw(self.model, o.max_lr, o.weight_decay, o.betas, o.eps, d.device_type,
+                                     self.model.optimizer_groups(o.weight_decay, o.eps)),
                      mlp_shape=(o.batch_size * o.seq_len, mlp_width(cfg.model)), origin=origin,
                      params=self.model.param_counts(), accum=self.accum,
                      description=f"{param_line(self.model.param_counts())}{width_note(*mlp_width_args(cfg.model))} | "
-                                 f"act {cfg.model.act} | "
+                                 f"act {cfg.model.act} | {parametrization_note(self.model)}"
                                  f"grad accum {self.accum}{micro_batch_note(self.model, self.accum * d.world_size)}")
 
     def learning_rate(self, step):
@@ -257,6 +260,15 @@ class GPTTrainer(Trainer):
         self.model.train()
         for row in out.tolist():
             print(f"step {step} rank {d.rank} sample: {tokenizer.decode(row)!r}", flush=True)
+
+
+def parametrization_note(model):
+    """The start line's word on the parametrization: '' under sp, else its multipliers."""
+    c = model.config
+    if c.param == "sp":
+        return ""
+    depth = f", m_depth {model.m_depth:g} (base n_layer {c.base_depth})" if c.param == "completep" else ""
+    return f"param {c.param}: m_width {model.m_width:g} (base n_embd {c.base_width}){depth} | "
 
 
 def check_vocab(tokenizer, vocab_size, data_dir, master):

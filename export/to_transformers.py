@@ -9,7 +9,8 @@
     lm_eval --model hf --model_args pretrained=out/aglu_hf,trust_remote_code=True --tasks hellaswag
 
 Activations GPT-2 has (gelu -> "gelu_new", gelu_exact -> "gelu", relu, relu2, silu) export as a plain
-GPT2LMHeadModel: any GPT-2 tooling reads it. AGLU/APA/NSwish/NReLU (learned parameters, running
+GPT2LMHeadModel: any GPT-2 tooling reads it, a --param mup or completep model with its multipliers folded into
+its weights (model.py's sp_equivalent). AGLU/APA/NSwish/NReLU (learned parameters, running
 statistics), any other registered activation, every gated MLP (swiglu, aglu_glu ...) and every normalization but
 GPT-2's LayerNorm (--norm rmsnorm, dyt, none) export with remote code copied from the real model.py and
 activations/ at export time (export/remote_code.py), with the small wrapper export/transformers_wrapper.py.
@@ -28,7 +29,7 @@ from activations.basic import GELU, GELUExact, ReLU, ReLU2, SiLU
 from data.tokenizer import EOT, VOCAB_SIZE
 from errors import CheckpointError, NanoactError
 from export.remote_code import AUTO_MAP, write_remote_code
-from model import GPT, nanoact_to_hf
+from model import GPT, nanoact_to_hf, sp_equivalent
 from training.checkpoint import load_checkpoint
 
 # The activations GPT-2 has, by class, and their names in GPT2Config.activation_function.
@@ -82,8 +83,8 @@ def export(checkpoint, out_dir, tokenizer_dir=None):
     # one activation GPT-2 has, everywhere, and GPT-2's LayerNorm (GPT2LMHeadModel has no other normalization)
     plain = len(gpt2_names) == 1 and None not in gpt2_names and not gated and model.config.norm == "layernorm"
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    if plain:
-        export_gpt2(model, out_dir, gpt2_names.pop())
+    if plain:  # a mup or completep model's multipliers folded into its weights: GPT2LMHeadModel has none
+        export_gpt2(sp_equivalent(model), out_dir, gpt2_names.pop())
     else:
         export_remote(model, out_dir)
     save_gpt2_tokenizer(out_dir, vocab, merges, model.config.block_size)

@@ -163,6 +163,25 @@ def test_every_activation_exports_with_our_logits(make_checkpoint, tmp_path, act
         assert_copied_from_the_real_sources(out)
 
 
+@pytest.mark.parametrize("act, kind", [("gelu", "gpt2"), ("aglu", "remote")])
+def test_completep_exports_with_our_logits(make_checkpoint, tmp_path, act, kind):
+    """m_width 2, m_depth 2, every bias and norm moved off its init: GPT2LMHeadModel gets the multipliers folded
+    into q, c_proj and ln_f (model.py's sp_equivalent), remote code runs model.py's own completep forward."""
+    from training.checkpoint import save_checkpoint
+
+    path = make_checkpoint(act=act, param="completep", base_width=16, base_depth=1)
+    ckpt = load_checkpoint(path)
+    gen = torch.Generator().manual_seed(0)
+    ckpt["model"] = {k: v + 0.2 * torch.randn(v.shape, generator=gen) if v.dim() == 1 else v
+                     for k, v in ckpt["model"].items()}
+    ckpt = save_checkpoint(ckpt, path.parent, ckpt["step"] + 1)
+    assert to_transformers.export(ckpt, tmp_path / "hf") == kind
+    diff, ours, hf = exported_logits_match(ckpt, tmp_path / "hf", trust_remote_code=True)
+    assert ours.config.param == "completep" and diff < 1e-4
+    if kind == "remote":
+        assert hf.config.param == "completep"
+
+
 def test_remote_code_generates_like_our_greedy_loop(make_checkpoint, tmp_path):
     ckpt = trained_stats_checkpoint(make_checkpoint, "nswish", plain_top_k=1)
     to_transformers.export(ckpt, tmp_path / "hf")

@@ -1,10 +1,14 @@
-"""model.py: shapes, GPT-2 init, weight decay groups, MFU, and logits equal to transformers' GPT-2."""
+"""model.py: shapes, GPT-2 init, weight decay groups, MFU, logits equal to transformers' GPT-2, and the
+parametrizations (sp, mup, completep)."""
+import hashlib
 import math
+import re
 
 import pytest
 import torch
 
-from model import GPT, GPTConfig, nanoact_to_hf
+from errors import ConfigError
+from model import GPT, GPTConfig, nanoact_to_hf, sp_equivalent
 from training.checkpoint import load_checkpoint
 from training.optimizer import adamw
 
@@ -43,6 +47,73 @@ def test_weight_decay_only_on_matrices():
     act_params = {id(p) for n, p in model.named_parameters() if ".act." in n}
     assert act_params and act_params <= {id(p) for p in plain["params"]}
     assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("act, digest", [
+    ("gelu", "436647d456397140763fa610dd1f111f9211a353a992f486482933483e3fecd4"),
+    ("swiglu", "05de9a549be3f9b724cbc65bb8b25b05ec8503e2415ad6e067f74ebc23a1f31f")])
+def test_sp_is_the_default_and_its_init_is_the_one_before_parametrizations(act, digest):
+    """The digests of every weight, written by the code before `param` existed: sp's init is GPT-2's, bit for bit."""
+    model = GPT(GPTConfig(**TINY, act=act), seed=0)
+    assert model.config.param == "sp" and model.optimizer_groups(0.1, 1e-8) is None
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        h.update(k.encode())
+        h.update(v.numpy().tobytes())
+    assert h.hexdigest() == digest
+
+
+# 64 wide and 4 deep on a base of 16 x 2: m_width 4, m_depth 2
+SCALED = dict(TINY, n_embd=64, n_layer=4, base_width=16, base_depth=2)
+
+
+@pytest.mark.parametrize("param", ["mup", "completep"])
+def test_hidden_matrices_of_every_mlp_follow_the_width_rule_and_the_rest_is_unscaled(param):
+    """Gated MLP (c_up too) with AGLU's learned scalars: every block matrix in the hidden group at init std
+    0.02 / sqrt(m_width), lr / m_width and decay * m_width; embeddings at GPT-2's; the rest vector-like."""
+    model = GPT(GPTConfig(**SCALED, act="aglu_glu", param=param), seed=0)
+    hidden, embeddings, vectors = model.optimizer_groups(0.1, 1e-8)
+    names = {id(p): n for n, p in model.named_parameters()}
+    matrices = {n for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2}
+    assert {names[id(p)] for p in hidden["params"]} == matrices and any(".c_up." in n for n in matrices)
+    assert {names[id(p)] for p in embeddings["params"]} == {"transformer.wte.weight", "transformer.wpe.weight"}
+    assert {n for n in names.values() if ".act." in n} <= {names[id(p)] for p in vectors["params"]}
+    assert sum(len(g["params"]) for g in (hidden, embeddings, vectors)) == len(names)
+    assert (hidden["lr_scale"], hidden["weight_decay"]) == (0.25, pytest.approx(0.4))
+    assert (embeddings["lr_scale"], embeddings["weight_decay"], vectors["lr_scale"], vectors["weight_decay"]) == (
+        1.0, 0.1, 1.0, 0.0)
+    assert hidden["eps"] == pytest.approx(1e-8 / (4 * (2 if param == "completep" else 1)))
+    for n in matrices:  # 4096+ samples each: the sample std within ~3%
+        std = model.get_parameter(n).std().item()
+        assert std == pytest.approx(0.01, rel=0.06), n
+    assert model.transformer.wte.weight.std().item() == pytest.approx(0.02, rel=0.06)
+    assert model.transformer.h[0].branch_scale == (0.5 if param == "completep" else 1.0)
+
+
+@pytest.mark.parametrize("act, param, norm", [("aglu_glu", "completep", "layernorm"), ("gelu", "mup", "rmsnorm")])
+def test_sp_equivalent_folds_the_multipliers_into_weights(act, param, norm):
+    """Attention 1/d_head, branch 1/m_depth and logits 1/m_width folded into q, c_proj and ln_f (biases included)
+    give the model's logits in sp; the same weights read as sp give others (the multipliers are in the forward)."""
+    model = GPT(GPTConfig(**SCALED, act=act, param=param, norm=norm), seed=0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.3)
+    idx = torch.randint(0, 96, (2, 20), generator=torch.Generator().manual_seed(0))
+    sp = sp_equivalent(model)
+    assert sp.config.param == "sp"
+    torch.testing.assert_close(sp(idx)[0], model(idx)[0], rtol=1e-5, atol=1e-5)
+    unfolded = GPT(GPTConfig(**{**SCALED, "act": act, "norm": norm}), seed=0)
+    unfolded.load_state_dict(model.state_dict())
+    assert (unfolded(idx)[0] - model(idx)[0]).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(param="umup"), "unknown param 'umup'; choose one of sp, mup, completep"),
+    (dict(param="mup"), "param mup needs base_width > 0"),
+    (dict(param="completep", base_width=16), "param completep needs base_depth > 0")])
+def test_parametrization_errors_are_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        GPT(GPTConfig(**TINY, **overrides), seed=0)
 
 
 def test_plain_top_k_uses_the_unnormalized_activation():

@@ -3,6 +3,7 @@ and the clear errors users hit first."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,6 +170,33 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path, capsys):
         assert torch.equal(a[key], b[key]), key
     lines = (tmp_path / "killed" / "log.txt").read_text()
     assert lines == (tmp_path / "straight" / "log.txt").read_text()
+
+
+def test_sp_trains_as_before_parametrizations(tmp_path):
+    """The losses the code before `param` existed wrote for this run, bit for bit: sp's forward, optimizer groups and
+    lr unchanged."""
+    train_in_process(args(write_corpus(tmp_path / "data"), tmp_path / "run", max_steps=3, eval_interval=3,
+                          checkpoint_interval=3))
+    assert train_losses(tmp_path / "run") == ([4.139982223510742, 4.041175842285156, 3.917701244354248],
+                                              [4.159609794616699, 3.8375139236450195])
+
+
+def test_completep_resume_is_bit_exact(tmp_path, capsys):
+    """A completep run (gated MLP, AGLU's scalars, weight decay) resumed from its step-4 checkpoint ends where the
+    uninterrupted one does, bit for bit: its own optimizer groups (lr_scale, decay, eps) and their moments."""
+    data = write_corpus(tmp_path / "data")
+    extra = dict(param="completep", base_width=16, base_depth=1, act="aglu_glu", weight_decay=0.1)
+    train_in_process(args(data, tmp_path / "straight", **extra))
+    (tmp_path / "resumed").mkdir()
+    shutil.copyfile(tmp_path / "straight" / "model_00004.pt", tmp_path / "resumed" / "model_00004.pt")
+    capsys.readouterr()
+    train_in_process(args(data, tmp_path / "resumed", resume="true", **extra))
+    assert "resuming" in capsys.readouterr().out
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    straight, resumed = (train_losses(tmp_path / name)[0] for name in ("straight", "resumed"))
+    assert resumed == straight[4:]
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -51,6 +51,7 @@ from training import distributed, hardware, preflight, runlog
 from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resumed_changes,
                                  resume_training, save_training_checkpoint)
 from training.config import ConfigError, learning_rate, to_dict
+from training.optimizer import set_lr
 from training.precision import PRECISIONS, autocast_context, grad_scaler
 from training.runlog import RunLog, environment
 from training.stop import GracefulStop
@@ -446,8 +447,7 @@ class Trainer:
         """One optimizer step: (loss, lr, grad norm, seconds, tokens of all ranks)."""
         ctx, parts, t0 = state.ctx, state.parts, time.time()
         lr = self.learning_rate(state.step)
-        for group in parts.optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(parts.optimizer, lr)
         self.waiting = (state.step, "the gradient all-reduce (DDP backward)")
         seeds = micro_batch_seeds(self.cfg.run.init_seed, state.step, ctx.dist)
         loss, tokens = self.forward_backward(state.train_model, seeds)
