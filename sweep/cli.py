@@ -155,10 +155,10 @@ def run(plan, out):
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     if queued:
-        print(f"{len(queued)} runs queued as SLURM jobs (job.json in each run's directory). Follow them with "
-              f"`python -m sweep --status {out}`; once they end, run this command again: it skips "
-              "finished runs, leaves queued ones alone, submits what comes next (a ladder's sizes after its lr "
-              "grid) and writes the report")
+        print(f"{len(queued)} runs queued as SLURM jobs (job.json in each run's directory), a ladder's sizes after its "
+              f"lr grid in a job that waits for it. Follow them with `python -m sweep --status {out}`; once they "
+              "end, run this command again: it skips finished runs, leaves queued ones alone, resubmits failed ones "
+              "and writes the report")
     return not (queued or plan.dry_run)
 
 

@@ -82,6 +82,8 @@ class PlanFile(NamedTuple):
 class Plan:
     """Everything a sweep runs, decided before the first run starts."""
     trainer: str  # a key of TRAINERS
+    script: Path  # the trainer's script, TRAINERS[trainer] when the plan was read (a job that schedules the runs after
+    # a ladder's lr grid starts the same one)
     config: str
     seeds: list
     variants: list  # [Variant], the A/A control right after its baseline
@@ -262,8 +264,8 @@ def from_args(args, overrides):
                                args.launcher)
     baseline = args.baseline or variants[0].label
     variants, control = with_control(variants, baseline, control)
-    return Plan(trainer, config, seeds, variants, corpora, baseline, control, ladder, sizes, ratios, resources,
-                args.nproc_per_node, overrides, args.dry_run, args.throughput)
+    return Plan(trainer, TRAINERS[trainer], config, seeds, variants, corpora, baseline, control, ladder, sizes, ratios,
+                resources, args.nproc_per_node, overrides, args.dry_run, args.throughput)
 
 
 def check_options(variants, corpora, overrides):

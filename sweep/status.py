@@ -64,13 +64,30 @@ def status_rows(directory):
     directory = Path(directory)
     names = run_names(directory)
     jobs = {name: launchers.read_job(directory / name) for name in names}
-    states = launchers.job_states(jobs, directory / "submitit")
+    after_grid = launchers.read_job(directory, launchers.AFTER_GRID)
+    states = launchers.job_states({**jobs, launchers.AFTER_GRID: after_grid}, directory / "submitit")
     rows = []
     for name in names:
         path, job = directory / name, jobs[name]
-        state, note = run_state(path, job, states.get(name))
+        if "*" in name:  # after a ladder's lr grid: its lr, hence its directory, is not known yet
+            job = {"job_id": after_grid.get("job_id")}
+            state, note = "pending", after_grid_note(after_grid, states.get(launchers.AFTER_GRID))
+        else:
+            state, note = run_state(path, job, states.get(name))
         rows.append((name, state, job.get("job_id") or "", job.get("requeues") or 0, last_step(path), note))
     return rows
+
+
+def after_grid_note(record, scheduler):
+    """What a run after a ladder's lr grid waits on: the job that picks the lr (OUT/after_grid.json), or the grid."""
+    if not record:
+        return "waits on the lr grid: runs at each arm's best lr once the grid has finished"
+    if record.get("state") == "failed":
+        return f"job {record['job_id']} after the lr grid stopped: {record.get('error')}"
+    if launchers.still_queued(record, scheduler):
+        return (f"waits on the lr grid: job {record['job_id']} picks each arm's lr once jobs "
+                f"{', '.join(record['after'])} end")
+    return f"job {record['job_id']} after the lr grid ended ({scheduler}) without submitting it: rerun the sweep"
 
 
 def run_state(path, job, scheduler):

@@ -13,6 +13,7 @@ import torch
 
 import fake_slurm
 from analysis import ladder_report
+from analysis.runs import finished
 from sweep import cli, launchers, plan
 from sweep.status import status_rows
 from model import GPT, GPTConfig
@@ -286,14 +287,94 @@ def test_bad_launcher_tables_are_one_line_errors(tmp_path, table, message, capsy
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_slurm_without_its_commands_or_refused_by_sbatch_is_one_line(tmp_path, monkeypatch, capsys):
+def test_slurm_without_its_commands_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "plan.toml").write_text(PLAN)
     argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--launcher", "slurm"]
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(SystemExit, match="needs SLURM's commands; sbatch, srun, sacct, scontrol not on PATH"):
         cli.main(argv)
-    bin_dir = fake_slurm.install(tmp_path / "bin")
-    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    with pytest.raises(SystemExit, match="sbatch refused the job array: .*invalid partition specified: gpu"):
+
+
+@pytest.mark.parametrize("table, env, said, fix", [
+    ('partition = "gpu"', {"FAKE_SLURM_PARTITIONS": "cpu"}, "invalid partition specified: gpu",
+     "set partition in [launcher] to one that `sinfo -s` lists"),
+    ('partition = "cpu"\ngpus_per_node = 1', {"FAKE_SLURM_NO_GPUS": "1"},
+     "Batch job submission failed: Invalid generic resource (gres) specification", "gpus_per_node = 0")])
+def test_sbatch_refusing_the_plan_is_one_line_and_a_corrected_rerun_submits_in_the_same_directory(
+        tmp_path, monkeypatch, capsys, table, env, said, fix):
+    """Slurm 22.05's refusal (the stand-in sbatch prints its words) is one line naming what to change, sbatch's
+    stderr not printed again; no pickle is left in OUT_DIR/submitit, and the plan corrected submits there."""
+    text = PLAN.replace("seeds = [1, 2]", "seeds = [1]") + f'[launcher]\nkind = "slurm"\n{table}\n'
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, text, **env)
+    with pytest.raises(SystemExit) as stop:
         cli.main(argv)
+    assert str(stop.value).startswith(f"error: sbatch refused the job: {said}; ") and fix in str(stop.value)
+    assert "\n" not in str(stop.value) and "sbatch: error" not in capsys.readouterr().err
+    assert not list((tmp_path / "s" / "submitit").glob("*"))
+    (tmp_path / "plan.toml").write_text(text.replace('partition = "gpu"', 'partition = "cpu"')
+                                        .replace("gpus_per_node = 1", "gpus_per_node = 0"))
+    cli.main(argv)
+    assert submissions(state)[0]["options"]["array"] == "0-3%4"
+    assert sorted(launchers.read_job(p)["state"] for p in (tmp_path / "s").glob("*_seed1")) == ["submitted"] * 4
+
+
+LADDER_PLAN = PLAN.replace("seeds = [1, 2]", 'seeds = [1]\nlrs = [1e-3, 2e-3]\nlr_size = "a"') + """[launcher]
+kind = "slurm"
+partition = "cpu"
+"""
+
+
+def submit_to_fake_slurm(tmp_path, monkeypatch, plan_text, run="", **env):
+    """The stand-in SLURM on PATH (tasks listed in `run` run), the stand-in trainer; returns (argv, its state dir)."""
+    state = tmp_path / "slurm"
+    state.mkdir()
+    monkeypatch.setitem(plan.TRAINERS, "gpt2", HERE / "stand_in_trainer.py")
+    monkeypatch.setenv("PATH", f"{fake_slurm.install(tmp_path / 'bin')}:{os.environ['PATH']}")
+    for key, value in dict(FAKE_SLURM=str(state), FAKE_SLURM_RUN=run, **env).items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "plan.toml").write_text(plan_text)
+    return ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")], state
+
+
+def submissions(state):
+    return [json.loads(line) for line in (state / "submissions.jsonl").read_text().splitlines()]
+
+
+def test_a_ladder_is_one_submission_the_sizes_after_its_grid_wait_in_a_job_after_it(tmp_path, monkeypatch, capsys):
+    """The lr grid's array, then a job of one CPU after it (afterany) that will pick the lrs: --status names the
+    job each later run waits on, and the same command again leaves both alone."""
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, LADDER_PLAN)
+    cli.main(argv)
+    grid, after = submissions(state)
+    assert grid["options"]["array"] == "0-3%4" and "dependency" not in grid["options"]
+    assert after["options"]["dependency"] == "afterany:1000" and after["options"]["cpus-per-task"] == "1"
+    assert "gpus-per-node" not in after["options"] and after["options"]["partition"] == "cpu"
+    assert "job 1001: once the lr grid's jobs (1000) end, picks each arm's lr and submits sizes b" in \
+        capsys.readouterr().out
+    rows = {row[0]: row[1:] for row in status_rows(tmp_path / "s")}
+    assert rows["gelu_b_lr*_seed1"][:2] == ("pending", "1001")
+    assert rows["gelu_b_lr*_seed1"][4] == "waits on the lr grid: job 1001 picks each arm's lr once jobs 1000 end"
+    assert rows["gelu_a_lr0.001_seed1"][:2] == ("pending", "1000_0")
+    cli.main(argv)
+    assert len(submissions(state)) == 2
+    assert "job 1001 already waits for the lr grid to run sizes b" in capsys.readouterr().out
+
+
+@pytest.mark.long
+def test_a_ladder_submitted_once_reaches_its_report(tmp_path, monkeypatch):
+    """Every job runs (the stand-in SLURM, one task after another): the grid, then the job after it, which picks
+    each arm's lr from the finished grid and submits size b at it; the command again writes the ladder's report."""
+    monkeypatch.setattr(ladder_report, "plot_scaling", lambda *a, **k: None)
+    monkeypatch.setattr(ladder_report, "plot_lr_grid", lambda *a, **k: None)
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, LADDER_PLAN, run="all")
+    cli.main(argv)
+    out = tmp_path / "s"
+    deadline = time.time() + 120
+    while not all(finished(out / f"{act}_b_lr0.001_seed1") for act in ("gelu", "relu")):
+        assert launchers.read_job(out, launchers.AFTER_GRID).get("state") != "failed"
+        assert time.time() < deadline, (state / "runner.err").read_text()
+        time.sleep(0.1)
+    assert launchers.read_job(out, launchers.AFTER_GRID)["best"] == {"gelu": 1e-3, "relu": 1e-3}
+    assert submissions(state)[2]["options"]["array"] == "0-1%2"  # size b: both arms at their lr, from the job
+    cli.main(argv)
+    assert (out / "sweep.md").is_file() and len(submissions(state)) == 3
