@@ -12,7 +12,7 @@
     python -m sweep --plan configs/ladder_cpu.toml --out-dir runs/ladder_cpu   # sizes x lrs: a ladder
     python -m sweep --report-only runs/ladder_cpu --throughput FILE       # + wall-clock multiplier
     python -m sweep --plan configs/ladder_gpu.toml --out-dir runs/ladder_gpu --nproc-per-node 8 \
-        --launcher slurm [--dry-run]                      # SLURM jobs (docs/cluster.md); --dry-run: cost, runs, stop
+        --launcher slurm [--dry-run]      # SLURM jobs (docs/cluster.md); --dry-run: cost, #SBATCH lines, runs, stop
     python -m sweep --status runs/ladder_gpu     # every run: state, job, requeues, last logged step
     python -m sweep --report-only runs/ladder_cpu --target 1e13 --level 0.9 --resamples 2000
 

@@ -316,10 +316,7 @@ class Slurm:
         import submitit
 
         executor = submitit.SlurmExecutor(self.folder, max_num_timeout=0)
-        kept = {k: v for k, v in self.parameters.items() if k in ("partition", "account", "qos", "setup")}
-        executor.update_parameters(job_name="nanoact-after-grid", time=AFTER_JOB_MINUTES, nodes=1,
-                                   ntasks_per_node=1, cpus_per_task=1, stderr_to_stdout=True,
-                                   dependency="afterany:" + ":".join(job_ids), **kept)
+        executor.update_parameters(**after_parameters(self.parameters, job_ids))
         return self.submit(lambda: executor.submit(function)).job_id
 
     def submit(self, submission):
@@ -366,6 +363,23 @@ def sbatch_parameters(resources, nproc_per_node):
     return dict(job_name="nanoact", time=r.timeout_min, nodes=r.nodes, ntasks_per_node=1,
                 array_parallelism=r.array_parallelism, signal_delay_s=r.signal_delay_s, stderr_to_stdout=True,
                 setup=r.setup, additional_parameters=r.sbatch, **{k: v for k, v in named.items() if v is not None})
+
+
+def after_parameters(parameters, job_ids):
+    """The parameters of the job after a ladder's lr grid: one CPU, no GPU, the plan's partition, account, qos and
+    setup lines, started once the jobs job_ids have ended."""
+    kept = {k: v for k, v in parameters.items() if k in ("partition", "account", "qos", "setup")}
+    return dict(job_name="nanoact-after-grid", time=AFTER_JOB_MINUTES, nodes=1, ntasks_per_node=1, cpus_per_task=1,
+                stderr_to_stdout=True, dependency="afterany:" + ":".join(job_ids), **kept)
+
+
+def script_lines(parameters, folder, count):
+    """The #SBATCH and setup lines of the script submitit's SlurmExecutor writes for `count` jobs of these
+    parameters (an array when more than one): its own script generation, so they are the lines sbatch reads."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    script = _make_sbatch_string(command="", folder=folder, map_count=count if count > 1 else None, **parameters)
+    return [line for line in script.splitlines() if line.startswith("#SBATCH")] + list(parameters.get("setup") or [])
 
 
 def array_ids(runs):

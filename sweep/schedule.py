@@ -47,6 +47,8 @@ def run_sweep(plan, out, corpus_options=()):
                   key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
     print(cost_text(plan.trainer, plan.config, runs, *throughput(plan, out)))
     if plan.dry_run:
+        if plan.resources.kind == "slurm":
+            print(sbatch_text(plan, out, phases))
         for label, opts, seed, size, lr in phases[0]:
             path = run_dir(out, label, seed, size, lr)
             print(f"{path}: {' '.join(train_argv(plan, opts, seed, path, overrides))}")
@@ -117,6 +119,21 @@ def read_after_grid(out):
 
 def write_after_grid(out, **changes):
     return launchers.write_job(out, launchers.AFTER_GRID, **changes)
+
+
+def sbatch_text(plan, out, phases):
+    """What --launcher slurm would submit: each job's #SBATCH and setup lines, as submitit writes them."""
+    parameters = launchers.sbatch_parameters(plan.resources, plan.nproc_per_node)
+    folder = out / "submitit"
+    todo = [label for label, _, seed, size, lr in phases[0] if not finished(run_dir(out, label, seed, size, lr))]
+    title = f"job array of {len(todo)} runs" + (" (the lr grid)" if len(phases) > 1 else "")
+    blocks = [(title, launchers.script_lines(parameters, folder, len(todo)) if todo else ["(all finished)"])]
+    if len(phases) > 1 and phases[1]:
+        blocks += [("job after the lr grid (picks each arm's lr, submits the array below)",
+                    launchers.script_lines(launchers.after_parameters(parameters, ["GRID_JOB_ID"]), folder, 1)),
+                   (f"job array of {len(phases[1])} runs (the other sizes, at each arm's lr)",
+                    launchers.script_lines(parameters, folder, len(phases[1])))]
+    return "\n".join(f"{title}:\n" + "\n".join(f"  {line}" for line in lines) for title, lines in blocks)
 
 
 def throughput(plan, out):

@@ -212,6 +212,31 @@ def test_dry_run_prints_the_cost_and_the_runs_and_launches_nothing(tmp_path, mon
     assert not (tmp_path / "s").exists()
 
 
+def test_a_slurm_dry_run_prints_the_sbatch_lines_of_each_job_and_submits_nothing(tmp_path, monkeypatch, capsys):
+    """The #SBATCH and setup lines submitit's script generation writes: the lr grid's array, the job after it (one
+    CPU, no GPU, afterany), the other sizes' array; sbatch not even on PATH."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    (tmp_path / "plan.toml").write_text(LADDER_PLAN + """gpus_per_node = 2
+cpus_per_task = 8
+mem_gb = 32
+timeout_min = 90
+signal_delay_s = 60
+array_parallelism = 1
+setup = ["module load cuda"]
+""")
+    cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--dry-run"])
+    blocks = capsys.readouterr().out.split("job ")[1:]
+    runs = ["#SBATCH --cpus-per-task=8", "#SBATCH --gpus-per-node=2", "#SBATCH --mem=32GB",
+            "#SBATCH --partition=cpu", "#SBATCH --signal=USR2@60", "#SBATCH --time=90", "module load cuda"]
+    assert blocks[0].startswith("array of 4 runs (the lr grid):\n  #SBATCH --array=0-3%1\n")
+    assert blocks[2].startswith("array of 2 runs (the other sizes, at each arm's lr):\n  #SBATCH --array=0-1%1\n")
+    assert all(f"  {line}\n" in blocks[0] and f"  {line}\n" in blocks[2] for line in runs)
+    after = blocks[1].splitlines()
+    assert "  #SBATCH --dependency=afterany:GRID_JOB_ID" in after and "  #SBATCH --cpus-per-task=1" in after
+    assert not [line for line in after if "gpus" in line or "--array" in line]
+    assert not (tmp_path / "s").exists()
+
+
 def test_status_names_every_run_with_its_state_job_and_last_step(tmp_path, monkeypatch, capsys):
     """done, running, requeued (with its count), failed (with its log's last line), pending (planned, never
     started): from job.json and the scheduler (the stand-in sacct); --report-only says what is missing."""
