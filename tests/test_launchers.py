@@ -372,6 +372,7 @@ def test_a_ladder_is_one_submission_the_sizes_after_its_grid_wait_in_a_job_after
     cli.main(argv)
     grid, after = submissions(state)
     assert grid["options"]["array"] == "0-3%4" and "dependency" not in grid["options"]
+    assert "gpus-per-node" not in grid["options"]  # the config's device is the CPU: no GPU asked for
     assert after["options"]["dependency"] == "afterany:1000" and after["options"]["cpus-per-task"] == "1"
     assert "gpus-per-node" not in after["options"] and after["options"]["partition"] == "cpu"
     assert "job 1001: once the lr grid's jobs (1000) end, picks each arm's lr and submits sizes b" in \
@@ -403,3 +404,27 @@ def test_a_ladder_submitted_once_reaches_its_report(tmp_path, monkeypatch):
     assert submissions(state)[2]["options"]["array"] == "0-1%2"  # size b: both arms at their lr, from the job
     cli.main(argv)
     assert (out / "sweep.md").is_file() and len(submissions(state)) == 3
+
+
+@pytest.mark.parametrize("change, extra, message", [
+    (("n_head = 2\nmax_steps = 4\n[sizes.b]", "n_head = 3\nmax_steps = 4\n[sizes.b]"), [],
+     "error: variant gelu size a: n_head 3 does not divide n_embd 32: change n_head (or the width) in the plan"),
+    (('act = "relu"', 'act = "relu"\ndata_dir = "d"'), ["--data-dir", "e"],
+     "error: --data-dir on the command line would override variant relu's own; set it in one place"),
+    (('act = "relu"', 'act = "relu"\nwarmup = 3'), [], "error: variant relu size a: unknown config key 'warmup'")])
+def test_a_plan_that_cannot_run_is_one_line_before_anything_is_submitted(tmp_path, monkeypatch, capsys, change,
+                                                                         extra, message):
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, LADDER_PLAN.replace(*change))
+    with pytest.raises(SystemExit):
+        cli.main(argv + extra)
+    assert capsys.readouterr().err.strip().splitlines()[-1].split(": ", 1)[1].startswith(message)
+    assert not (state / "submissions.jsonl").exists() and not (tmp_path / "s").exists()
+
+
+def test_a_cpu_config_asks_for_no_gpu_and_a_gpu_config_for_one_per_process():
+    _, cpu = cli.parse_args(["--plan", "configs/ladder_cpu.toml", "--out-dir", "x", "--launcher", "slurm"])
+    _, gpu = cli.parse_args(["--plan", "configs/ladder_gpu.toml", "--out-dir", "x", "--nproc-per-node", "8"])
+    assert "--gpus-per-node" not in " ".join(launchers.script_lines(
+        launchers.sbatch_parameters(cpu.resources, cpu.nproc_per_node), "x", 2))
+    assert "#SBATCH --gpus-per-node=8" in launchers.script_lines(
+        launchers.sbatch_parameters(gpu.resources, gpu.nproc_per_node), "x", 2)
