@@ -49,10 +49,10 @@ JOB_FILE = "job.json"
 AFTER_GRID = "after_grid.json"  # OUT's record of the job that runs a ladder's sizes after its lr grid
 TAIL_LINES = 5
 # the scheduler states of a job that has not ended (sacct's names; the local executor's RUNNING), and of one the
-# scheduler ended without the job's say
+# scheduler ended without the job's say (CANCELLED is not one: the trainer saved on its SIGTERM, a rerun continues it)
 QUEUED = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
           "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "PREEMPTED"}
-ENDED_BADLY = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+ENDED_BADLY = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
 @dataclass
@@ -169,6 +169,9 @@ class TrainerJob(Checkpointable):
 
         env = submitit.JobEnvironment()
         leader = env.global_rank == 0
+        # SLURM counts every requeue of the job (submitit's, `scontrol requeue`, preemption); its own count is only
+        # submitit's, carried in the pickle a requeue from outside does not rewrite
+        self.requeues = max(self.requeues, int(os.environ.get("SLURM_RESTART_COUNT", 0)))
         if leader:
             write_job(self.run.path, job_id=env.job_id, state="running", requeues=self.requeues, host=env.hostname,
                       error=None)
@@ -380,6 +383,18 @@ def script_lines(parameters, folder, count):
 
     script = _make_sbatch_string(command="", folder=folder, map_count=count if count > 1 else None, **parameters)
     return [line for line in script.splitlines() if line.startswith("#SBATCH")] + list(parameters.get("setup") or [])
+
+
+def timeouts(job):
+    """(how many times submitit found a run's SLURM job at its time limit, whether it then stopped requeuing it:
+    max_num_timeout), from the job's own log (submitit's words)."""
+    from submitit.core.utils import JobPaths
+
+    try:
+        log = JobPaths(job["folder"], job_id=job["job_id"], task_id=0).stdout.read_text(errors="replace")
+    except (KeyError, OSError):
+        return 0, False
+    return log.count("this job is timed-out"), "timed-out too many times" in log
 
 
 def array_ids(runs):

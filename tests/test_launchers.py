@@ -428,3 +428,44 @@ def test_a_cpu_config_asks_for_no_gpu_and_a_gpu_config_for_one_per_process():
         launchers.sbatch_parameters(cpu.resources, cpu.nproc_per_node), "x", 2))
     assert "#SBATCH --gpus-per-node=8" in launchers.script_lines(
         launchers.sbatch_parameters(gpu.resources, gpu.nproc_per_node), "x", 2)
+
+
+def test_a_job_counts_the_requeues_slurm_made(tmp_path, monkeypatch):
+    """SLURM_RESTART_COUNT (every requeue: submitit's, `scontrol requeue`, preemption) beside the job's own count,
+    which a requeue from outside never saw."""
+    for key, value in dict(SUBMITIT_EXECUTOR="slurm", SLURM_JOB_ID="77", SLURM_JOB_NODELIST="n1", SLURM_NODEID="0",
+                           SLURM_PROCID="0", SLURM_JOB_NUM_NODES="1", SLURM_NTASKS="1",
+                           SLURM_RESTART_COUNT="3").items():
+        monkeypatch.setenv(key, value)
+    job = launchers.TrainerJob(launchers.RunCommand(tmp_path, ["-c", "pass"], "x"), nproc_per_node=1)
+    job.requeues = 1  # submitit's own requeue once, then two by SLURM alone
+    job()
+    assert (launchers.read_job(tmp_path)["state"], launchers.read_job(tmp_path)["requeues"]) == ("ended", 3)
+
+
+def test_status_counts_slurms_requeues_names_the_timeout_cap_and_shows_cancelled_as_stopped(tmp_path, monkeypatch):
+    """sacct (the stand-in prints Slurm's states) with each run's job.json and its submitit log: a preempted run
+    queued again and one requeued by `scontrol requeue` count that requeue; one whose time limit came once more than
+    max_num_timeout allows is stopped with the cap named; a cancelled one is stopped; a long note keeps its start."""
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, PLAN)
+    out, folder = tmp_path / "s", tmp_path / "s" / "submitit"
+    folder.mkdir(parents=True)
+    error = ["error: " + "x" * 300]
+    for name, task, sacct, record in (
+            ("gelu_seed1", "1000_0", "PENDING", {"state": "stopped", "requeues": 0}),
+            ("relu_seed1", "1000_1", "REQUEUED", {"state": "running", "requeues": 1}),
+            ("gelu_seed2", "1000_2", "FAILED", {"state": "requeued", "requeues": 2}),
+            ("relu_seed2", "1000_3", "CANCELLED by 1000", {"state": "stopped", "requeues": 0}),
+            ("gelu_seed3", "1000_4", "FAILED", {"state": "failed", "requeues": 0, "error": error})):
+        fake_run(out / name, name.split("_")[0], int(name[-1]), 3.0, stop_at=2)
+        launchers.write_job(out / name, launcher="slurm", job_id=task, folder=str(folder), **record)
+        (state / f"task_{task}.json").write_text(json.dumps({"state": sacct}))
+    (folder / "1000_2_0_log.out").write_text(
+        "submitit WARNING (...) - Caught signal SIGUSR2 on n1: this job is timed-out.\n" * 3
+        + "submitit INFO (...) - Job not requeued because: timed-out too many times.\n")
+    rows = {row[0]: (row[1], row[3], row[5]) for row in status_rows(out)}
+    assert rows["gelu_seed1"] == ("requeued", 1, "") and rows["relu_seed1"] == ("requeued", 2, "")
+    assert rows["gelu_seed2"][:2] == ("stopped", 2)
+    assert rows["gelu_seed2"][2].startswith("time limit reached 3 times (max_num_timeout 2): raise timeout_min")
+    assert rows["relu_seed2"][:2] == ("stopped", 0) and rows["relu_seed2"][2].startswith("cancelled")
+    assert rows["gelu_seed3"][0] == "failed" and rows["gelu_seed3"][2] == error[0][:197] + "..."
