@@ -323,18 +323,32 @@ class Slurm:
         return self.submit(lambda: executor.submit(function)).job_id
 
     def submit(self, submission):
-        """submission() (submitit's submit) outside this job's SLURM environment (a job that submits must not pass
-        on its own), with sbatch's refusal as one line and no pickles left behind for a corrected rerun to find."""
-        from submitit.helpers import clean_env
-
+        """submission() (submitit's submit), with sbatch's refusal as one line and no pickles left behind for a
+        corrected rerun to find."""
         before = set(self.folder.glob("*")) if self.folder.is_dir() else set()
         try:
-            with clean_env(), contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's error too
+            with outside_this_job(), contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's error too
                 return submission()
         except (FailedJobError, FailedSubmissionError) as e:
             for path in set(self.folder.glob("*")) - before:
                 path.unlink()
             raise ConfigError(sbatch_refusal(str(e), self.folder)) from None
+
+
+@contextlib.contextmanager
+def outside_this_job():
+    """Inside a SLURM job (the one after a ladder's lr grid), without the job's own SLURM_* settings, which the jobs
+    it submits would otherwise inherit (submitit's clean_env); the user's SBATCH_* defaults and SLURM_CONF (where the
+    cluster's configuration is) stay. On a login node, as it is."""
+    if "SLURM_JOB_ID" not in os.environ:
+        yield
+        return
+    from submitit.helpers import clean_env
+
+    kept = {k: v for k, v in os.environ.items() if k.startswith("SBATCH_") or k == "SLURM_CONF"}
+    with clean_env():
+        os.environ.update(kept)
+        yield
 
 
 AFTER_JOB_MINUTES = 30  # the job after a ladder's lr grid: it reads the grid's runs, picks the lrs and submits

@@ -2,7 +2,7 @@
 command NAME (install() writes a script per name into a directory that goes first on PATH); they keep their state
 in $FAKE_SLURM (a directory).
 
-sbatch FILE records FILE's #SBATCH options (submissions.jsonl) and answers "Submitted batch job ID"; it refuses, in
+sbatch FILE records FILE's #SBATCH options and the SLURM_* variables it was given (submissions.jsonl) and answers "Submitted batch job ID"; it refuses, in
 Slurm 22.05's words, a partition not listed in $FAKE_SLURM_PARTITIONS (when set) and any GPU request when
 $FAKE_SLURM_NO_GPUS is set. An array's tasks are ID_0, ID_1 ...; a job without --array is ID. The tasks listed in
 $FAKE_SLURM_RUN (task numbers, or "all") run in the background, one after another, as SLURM would run the script (its
@@ -56,7 +56,8 @@ def sbatch(script):
     job_id = int(ids.read_text()) if ids.exists() else 1000
     ids.write_text(str(job_id + 1))
     with open(STATE / "submissions.jsonl", "a") as f:
-        f.write(json.dumps({"job_id": job_id, "script": Path(script).read_text(), "options": options}) + "\n")
+        f.write(json.dumps({"job_id": job_id, "script": Path(script).read_text(), "options": options,
+                            "slurm_env": sorted(k for k in os.environ if k.startswith("SLURM_"))}) + "\n")
     if "array" in options:
         count = int(re.fullmatch(r"0-(\d+)(%\d+)?", options["array"])[1]) + 1
         tasks = [f"{job_id}_{task}" for task in range(count)]

@@ -402,6 +402,7 @@ def test_a_ladder_submitted_once_reaches_its_report(tmp_path, monkeypatch):
         time.sleep(0.1)
     assert launchers.read_job(out, launchers.AFTER_GRID)["best"] == {"gelu": 1e-3, "relu": 1e-3}
     assert submissions(state)[2]["options"]["array"] == "0-1%2"  # size b: both arms at their lr, from the job
+    assert submissions(state)[2]["slurm_env"] == []  # submitted without the job's own SLURM_* settings
     cli.main(argv)
     assert (out / "sweep.md").is_file() and len(submissions(state)) == 3
 
