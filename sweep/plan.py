@@ -290,7 +290,8 @@ def check_overridden(variants, corpora, overrides):
     """An option set twice for a run would be taken from the later place without a word: the command line's over a
     corpus's or a variant's own, a corpus's over a variant's. Refused, naming both."""
     corpus_sources = [(f"corpus {name}", opts) for name, opts in corpora]
-    pairs = [(f"variant {label}", opts, [*corpus_sources, ("the command line", overrides)]) for label, opts, _ in variants]
+    pairs = [(f"variant {label}", opts, [*corpus_sources, ("the command line", overrides)])
+             for label, opts, _ in variants]
     pairs += [(owner, opts, [("the command line", overrides)]) for owner, opts in corpus_sources]
     for owner, opts, later in pairs:
         for source, over in later:
@@ -308,7 +309,8 @@ def check_runs(trainer, config, variants, corpora, sizes, overrides):
     for corpus, corpus_options in corpora or [(None, [])]:
         for label, options, _ in variants:
             for size, shape in sizes.items():
-                where = " ".join(filter(None, [f"variant {label}", size and f"size {size}", corpus and f"corpus {corpus}"]))
+                where = " ".join(filter(None, [f"variant {label}", size and f"size {size}",
+                                               corpus and f"corpus {corpus}"]))
                 try:
                     model = trainer_config(trainer, ["--config", config, *options, *shape, *corpus_options,
                                                      *overrides])

@@ -2,15 +2,16 @@
 command NAME (install() writes a script per name into a directory that goes first on PATH); they keep their state
 in $FAKE_SLURM (a directory).
 
-sbatch FILE records FILE's #SBATCH options and the SLURM_* variables it was given (submissions.jsonl) and answers "Submitted batch job ID"; it refuses, in
-Slurm 22.05's words, a partition not listed in $FAKE_SLURM_PARTITIONS (when set) and any GPU request when
-$FAKE_SLURM_NO_GPUS is set. An array's tasks are ID_0, ID_1 ...; a job without --array is ID. The tasks listed in
-$FAKE_SLURM_RUN (task numbers, or "all") run in the background, one after another, as SLURM would run the script (its
-environment variables, srun starting the command), once every job their --dependency=afterany:ID:... names has
-ended; the others stay PENDING. When the file $FAKE_SLURM_SIGNAL_WHEN appears during a task's first run, the task's
-processes (srun's command and everything below it; not the batch shell, not srun) get SIGUSR2, as SLURM signals a
-job ahead of its time limit (--signal). scontrol requeue ID marks the task: when its script ends, it runs again
-(SLURM_RESTART_COUNT 1, 2, ...). sacct -j ID prints the tasks' states in the --parsable2 form submitit reads.
+sbatch FILE records FILE's #SBATCH options and the names of the SLURM_* variables it was given (submissions.jsonl)
+and answers "Submitted batch job ID"; it refuses, in Slurm 22.05's words, a partition not listed in
+$FAKE_SLURM_PARTITIONS (when set) and any GPU request when $FAKE_SLURM_NO_GPUS is set. An array's tasks are ID_0,
+ID_1 ...; a job without --array is ID. The tasks listed in $FAKE_SLURM_RUN (task numbers, or "all") run in the
+background, one after another, as SLURM would run the script (its environment variables, srun starting the command),
+once every job their --dependency=afterany:ID:... names has ended; the others stay PENDING. When the file
+$FAKE_SLURM_SIGNAL_WHEN appears during a task's first run, the task's processes (srun's command and everything below
+it; not the batch shell, not srun) get SIGUSR2, as SLURM signals a job ahead of its time limit (--signal). scontrol
+requeue ID marks the task: when its script ends, it runs again (SLURM_RESTART_COUNT 1, 2, ...). sacct -j ID prints
+the tasks' states in the --parsable2 form submitit reads.
 """
 import json
 import os
