@@ -440,7 +440,7 @@ def slurm_states(job_ids, folder):
 def job_states(jobs, folder):
     """{key: scheduler state} of the job records {key: job.json} that name a job: SLURM's from sacct, a local
     job's RUNNING while its submitit controller (whose pid is the job id) lives, else ENDED."""
-    slurm = {key: job["job_id"] for key, job in jobs.items() if job.get("launcher") == "slurm"}
+    slurm = {key: job["job_id"] for key, job in jobs.items() if job.get("launcher") == "slurm" and job.get("job_id")}
     states = slurm_states(slurm, folder)
     for key, job in jobs.items():
         if job.get("launcher") == "local":

@@ -68,9 +68,14 @@ def run_sweep(plan, out, corpus_options=()):
             record, launchers.job_states({"after_grid": record}, out / "submitit").get("after_grid")):
         tqdm.write(f"job {record['job_id']} already waits for the lr grid to run sizes {', '.join(rest)}")
         return queued
-    token = uuid.uuid4().hex
-    job_id = launcher(plan, out).launch_after(after, AfterGrid(plan, out, overrides, rest, token))
-    write_after_grid(out, launcher="slurm", job_id=job_id, after=after, token=token, state="submitted", error=None)
+    token = uuid.uuid4().hex  # recorded first: the job may start before sbatch has answered
+    write_after_grid(out, launcher="slurm", job_id=None, after=after, token=token, state="submitted", error=None)
+    try:
+        job_id = launcher(plan, out).launch_after(after, AfterGrid(plan, out, overrides, rest, token))
+    except ConfigError as e:
+        write_after_grid(out, state="failed", error=str(e))
+        raise
+    write_after_grid(out, job_id=job_id)
     tqdm.write(f"job {job_id}: once the lr grid's jobs ({', '.join(after)}) end, picks each arm's lr and submits "
                f"sizes {', '.join(rest)}")
     return queued
