@@ -5,7 +5,8 @@ directory); a launcher runs them, and is the only code here that knows about sch
     local       side by side on this machine through submitit's LocalExecutor, `parallel` at a time, each run on
                 its own gpus_per_node GPUs (none on a CPU machine, where two run at a time)
     slurm       one SLURM job array through submitit's SlurmExecutor, at most array_parallelism jobs at a time,
-                each run on `nodes` nodes of gpus_per_node GPUs; this process submits and returns
+                each run on `nodes` nodes of gpus_per_node GPUs; this process submits and returns (a ladder: its
+                lr grid's array and a job after it, which picks the lrs and submits the other sizes' array)
 
 A run of several processes is the trainer under torchrun: --standalone on one node; across nodes, c10d rendezvous
 on the job's first host (SLURM_JOB_NODELIST), one torchrun per node (submitit starts one task per node).

@@ -2,7 +2,8 @@
 
 Runs go seed by seed (every variant's seed 1, then seed 2 ...), so that a sweep stopped early still pairs every
 variant with its baseline; a ladder's, size by size within a seed. A ladder whose lr grid is at one size (lr_size)
-runs that grid first, then every other size at each arm's best lr of the grid. A run whose final evaluation is
+runs that grid first, then every other size at each arm's best lr of the grid (AfterGrid: on SLURM a job that
+waits for the grid's jobs, so one submission runs the whole ladder). A run whose final evaluation is
 logged is skipped; an unfinished one continues from its newest checkpoint (--auto-resume). A variant's later seeds
 run the activation kernels' path its first seed decided (the trainer's --kernels-from). OUT/sweep_plan.json records
 what the directory's sweep runs, so that the same directory never mixes two sweeps' runs.
@@ -134,10 +135,11 @@ def sbatch_text(plan, out, phases):
     title = f"job array of {len(todo)} runs" + (" (the lr grid)" if len(phases) > 1 else "")
     blocks = [(title, launchers.script_lines(parameters, folder, len(todo)) if todo else ["(all finished)"])]
     if len(phases) > 1 and phases[1]:
-        blocks += [("job after the lr grid (picks each arm's lr, submits the array below)",
-                    launchers.script_lines(launchers.after_parameters(parameters, ["GRID_JOB_ID"]), folder, 1)),
-                   (f"job array of {len(phases[1])} runs (the other sizes, at each arm's lr)",
-                    launchers.script_lines(parameters, folder, len(phases[1])))]
+        if todo:  # else this command picks the lrs itself
+            blocks.append(("job after the lr grid (picks each arm's lr, submits the array below)",
+                           launchers.script_lines(launchers.after_parameters(parameters, ["GRID_JOB_ID"]), folder, 1)))
+        blocks.append((f"job array of {len(phases[1])} runs (the other sizes, at each arm's lr)",
+                       launchers.script_lines(parameters, folder, len(phases[1]))))
     return "\n".join(f"{title}:\n" + "\n".join(f"  {line}" for line in lines) for title, lines in blocks)
 
 
