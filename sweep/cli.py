@@ -12,7 +12,7 @@
     python -m sweep --plan configs/ladder_cpu.toml --out-dir runs/ladder_cpu   # sizes x lrs: a ladder
     python -m sweep --report-only runs/ladder_cpu --throughput FILE       # + wall-clock multiplier
     python -m sweep --plan configs/ladder_gpu.toml --out-dir runs/ladder_gpu --nproc-per-node 8 \
-        --launcher slurm [--dry-run]                      # SLURM jobs (docs/cluster.md); --dry-run: cost, runs, stop
+        --launcher slurm [--dry-run]      # SLURM jobs (docs/cluster.md); --dry-run: cost, #SBATCH lines, runs, stop
     python -m sweep --status runs/ladder_gpu     # every run: state, job, requeues, last logged step
     python -m sweep --report-only runs/ladder_cpu --target 1e13 --level 0.9 --resamples 2000
 
@@ -155,10 +155,10 @@ def run(plan, out):
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     if queued:
-        print(f"{len(queued)} runs queued as SLURM jobs (job.json in each run's directory). Follow them with "
-              f"`python -m sweep --status {out}`; once they end, run this command again: it skips "
-              "finished runs, leaves queued ones alone, submits what comes next (a ladder's sizes after its lr "
-              "grid) and writes the report")
+        print(f"{len(queued)} runs queued as SLURM jobs (job.json in each run's directory), a ladder's sizes after its "
+              f"lr grid in a job that waits for it. Follow them with `python -m sweep --status {out}`; once they "
+              "end, run this command again: it skips finished runs, leaves queued ones alone, resubmits failed ones "
+              "and writes the report")
     return not (queued or plan.dry_run)
 
 

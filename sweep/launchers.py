@@ -5,7 +5,8 @@ directory); a launcher runs them, and is the only code here that knows about sch
     local       side by side on this machine through submitit's LocalExecutor, `parallel` at a time, each run on
                 its own gpus_per_node GPUs (none on a CPU machine, where two run at a time)
     slurm       one SLURM job array through submitit's SlurmExecutor, at most array_parallelism jobs at a time,
-                each run on `nodes` nodes of gpus_per_node GPUs; this process submits and returns
+                each run on `nodes` nodes of gpus_per_node GPUs; this process submits and returns (a ladder: its
+                lr grid's array and a job after it, which picks the lrs and submits the other sizes' array)
 
 A run of several processes is the trainer under torchrun: --standalone on one node; across nodes, c10d rendezvous
 on the job's first host (SLURM_JOB_NODELIST), one torchrun per node (submitit starts one task per node).
@@ -22,6 +23,8 @@ reads.
 
 This module is what a job process unpickles: it imports no torch and nothing of the sweep at import time.
 """
+import contextlib
+import io
 import json
 import os
 import queue
@@ -44,12 +47,13 @@ from data.files import atomic_file
 from errors import ConfigError
 
 JOB_FILE = "job.json"
+AFTER_GRID = "after_grid.json"  # OUT's record of the job that runs a ladder's sizes after its lr grid
 TAIL_LINES = 5
 # the scheduler states of a job that has not ended (sacct's names; the local executor's RUNNING), and of one the
-# scheduler ended without the job's say
+# scheduler ended without the job's say (CANCELLED is not one: the trainer saved on its SIGTERM, a rerun continues it)
 QUEUED = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
           "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "PREEMPTED"}
-ENDED_BADLY = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+ENDED_BADLY = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
 @dataclass
@@ -111,17 +115,17 @@ def read_resources(table, where, kind=None):
     return resources
 
 
-def read_job(path):
+def read_job(path, name=JOB_FILE):
     """RUN_DIR/job.json ({} when the run has no job): launcher, job_id, state, requeues, error."""
     try:
-        return json.loads((Path(path) / JOB_FILE).read_text())
+        return json.loads((Path(path) / name).read_text())
     except (OSError, json.JSONDecodeError):
         return {}
 
 
-def write_job(path, **changes):
-    record = {**read_job(path), **changes}
-    with atomic_file(Path(path) / JOB_FILE, "w") as f:
+def write_job(path, name=JOB_FILE, **changes):
+    record = {**read_job(path, name), **changes}
+    with atomic_file(Path(path) / name, "w") as f:
         json.dump(record, f, indent=2)
     return record
 
@@ -166,6 +170,9 @@ class TrainerJob(Checkpointable):
 
         env = submitit.JobEnvironment()
         leader = env.global_rank == 0
+        # SLURM counts every requeue of the job (submitit's, `scontrol requeue`, preemption); its own count is only
+        # submitit's, carried in the pickle a requeue from outside does not rewrite
+        self.requeues = max(self.requeues, int(os.environ.get("SLURM_RESTART_COUNT", 0)))
         if leader:
             write_job(self.run.path, job_id=env.job_id, state="running", requeues=self.requeues, host=env.hostname,
                       error=None)
@@ -288,16 +295,9 @@ class Slurm:
         if missing := [c for c in ("sbatch", "srun", "sacct", "scontrol") if shutil.which(c) is None]:
             raise ConfigError(f"--launcher slurm needs SLURM's commands; {', '.join(missing)} not on PATH: run the "
                               "sweep on the cluster's login node (or --launcher local on one machine)")
-        r = resources
-        gpus = nproc_per_node if r.gpus_per_node is None else r.gpus_per_node
-        self.executor = submitit.SlurmExecutor(folder, max_num_timeout=r.max_num_timeout)
-        named = dict(partition=r.partition, account=r.account, qos=r.qos, constraint=r.constraint,
-                     cpus_per_task=r.cpus_per_task, mem=None if r.mem_gb is None else f"{r.mem_gb:g}GB",
-                     gpus_per_node=gpus or None)
-        self.executor.update_parameters(
-            job_name="nanoact", time=r.timeout_min, nodes=r.nodes, ntasks_per_node=1,
-            array_parallelism=r.array_parallelism, signal_delay_s=r.signal_delay_s, stderr_to_stdout=True,
-            setup=r.setup, additional_parameters=r.sbatch, **{k: v for k, v in named.items() if v is not None})
+        self.parameters = sbatch_parameters(resources, nproc_per_node)
+        self.executor = submitit.SlurmExecutor(folder, max_num_timeout=resources.max_num_timeout)
+        self.executor.update_parameters(**self.parameters)
 
     def launch(self, runs):
         jobs = {run.path: read_job(run.path) for run in runs}
@@ -305,16 +305,116 @@ class Slurm:
         waiting = [run for run in runs if still_queued(jobs[run.path], states.get(run.path))]
         todo = [run for run in runs if run not in waiting]
         if todo:
-            try:
-                jobs = self.executor.submit_array([TrainerJob(run.now(), self.nproc_per_node, self.resources.nodes,
-                                                              self.resources.signal_delay_s) for run in todo])
-            except (FailedJobError, FailedSubmissionError) as e:  # sbatch refused: its own words
-                raise ConfigError(f"sbatch refused the job array: {str(e).strip()[-300:]}; fix [launcher] in the "
-                                  f"plan (the script: {self.folder})") from None
+            jobs = self.submit(lambda: self.executor.submit_array([
+                TrainerJob(run.now(), self.nproc_per_node, self.resources.nodes, self.resources.signal_delay_s)
+                for run in todo]))
             for run, job in zip(todo, jobs):
                 write_job(run.path, launcher="slurm", job_id=job.job_id, folder=str(self.folder), state="submitted",
                           requeues=0, error=None)
         return waiting + todo
+
+    def launch_after(self, job_ids, function):
+        """Submits function() as a job of one CPU and no GPU that starts once the jobs job_ids have ended, whatever
+        their end (afterany: a failed grid run leaves it to the function to say so, not pending for ever); returns
+        its job id."""
+        import submitit
+
+        executor = submitit.SlurmExecutor(self.folder, max_num_timeout=0)
+        executor.update_parameters(**after_parameters(self.parameters, job_ids))
+        return self.submit(lambda: executor.submit(function)).job_id
+
+    def submit(self, submission):
+        """submission() (submitit's submit), with sbatch's refusal as one line and no pickles left behind for a
+        corrected rerun to find."""
+        before = set(self.folder.glob("*")) if self.folder.is_dir() else set()
+        try:
+            with outside_this_job(), contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's error too
+                return submission()
+        except (FailedJobError, FailedSubmissionError) as e:
+            for path in set(self.folder.glob("*")) - before:
+                path.unlink()
+            raise ConfigError(sbatch_refusal(str(e), self.folder)) from None
+
+
+@contextlib.contextmanager
+def outside_this_job():
+    """Inside a SLURM job (the one after a ladder's lr grid), without the job's own SLURM_* settings, which the jobs
+    it submits would otherwise inherit (submitit's clean_env); the user's SBATCH_* defaults and SLURM_CONF (where the
+    cluster's configuration is) stay. On a login node, as it is."""
+    if "SLURM_JOB_ID" not in os.environ:
+        yield
+        return
+    from submitit.helpers import clean_env
+
+    kept = {k: v for k, v in os.environ.items() if k.startswith("SBATCH_") or k == "SLURM_CONF"}
+    with clean_env():
+        os.environ.update(kept)
+        yield
+
+
+AFTER_JOB_MINUTES = 30  # the job after a ladder's lr grid: it reads the grid's runs, picks the lrs and submits
+# SLURM's refusals a plan's [launcher] table fixes, and how (sbatch's own words, Slurm 22.05)
+SBATCH_FIXES = {"invalid partition": "set partition in [launcher] to one that `sinfo -s` lists",
+                "generic resource": "a partition without GPUs needs gpus_per_node = 0 in [launcher] (a CPU config "
+                                    "asks for none)",
+                "invalid account": "set account in [launcher] to one of `sacctmgr show assoc user=$USER`",
+                "invalid qos": "set qos in [launcher] to one of `sacctmgr show assoc user=$USER format=qos`",
+                "time limit": "lower timeout_min in [launcher] to the partition's limit (`sinfo -o '%P %l'`)"}
+
+
+def sbatch_refusal(stderr, folder):
+    """One line from sbatch's error output: its first error and what in the plan to change."""
+    errors = [line.split("error:", 1)[1].strip() for line in stderr.splitlines() if "error:" in line]
+    said = errors[0] if errors else " ".join(stderr.split())[:200]
+    fix = next((fix for key, fix in SBATCH_FIXES.items() if any(key in e.lower() for e in errors)),
+               f"fix [launcher] in the plan (the script submitit wrote: {folder})")
+    return f"sbatch refused the job: {said}; {fix}"
+
+
+def sbatch_parameters(resources, nproc_per_node):
+    """submitit's SlurmExecutor parameters of a plan's runs: what each job's #SBATCH lines ask for."""
+    r = resources
+    gpus = nproc_per_node if r.gpus_per_node is None else r.gpus_per_node
+    named = dict(partition=r.partition, account=r.account, qos=r.qos, constraint=r.constraint,
+                 cpus_per_task=r.cpus_per_task, mem=None if r.mem_gb is None else f"{r.mem_gb:g}GB",
+                 gpus_per_node=gpus or None)
+    return dict(job_name="nanoact", time=r.timeout_min, nodes=r.nodes, ntasks_per_node=1,
+                array_parallelism=r.array_parallelism, signal_delay_s=r.signal_delay_s, stderr_to_stdout=True,
+                setup=r.setup, additional_parameters=r.sbatch, **{k: v for k, v in named.items() if v is not None})
+
+
+def after_parameters(parameters, job_ids):
+    """The parameters of the job after a ladder's lr grid: one CPU, no GPU, the plan's partition, account, qos and
+    setup lines, started once the jobs job_ids have ended."""
+    kept = {k: v for k, v in parameters.items() if k in ("partition", "account", "qos", "setup")}
+    return dict(job_name="nanoact-after-grid", time=AFTER_JOB_MINUTES, nodes=1, ntasks_per_node=1, cpus_per_task=1,
+                stderr_to_stdout=True, dependency="afterany:" + ":".join(job_ids), **kept)
+
+
+def script_lines(parameters, folder, count):
+    """The #SBATCH and setup lines of the script submitit's SlurmExecutor writes for `count` jobs of these
+    parameters (an array when more than one): its own script generation, so they are the lines sbatch reads."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    script = _make_sbatch_string(command="", folder=folder, map_count=count if count > 1 else None, **parameters)
+    return [line for line in script.splitlines() if line.startswith("#SBATCH")] + list(parameters.get("setup") or [])
+
+
+def timeouts(job):
+    """(how many times submitit found a run's SLURM job at its time limit, whether it then stopped requeuing it:
+    max_num_timeout), from the job's own log (submitit's words)."""
+    from submitit.core.utils import JobPaths
+
+    try:
+        log = JobPaths(job["folder"], job_id=job["job_id"], task_id=0).stdout.read_text(errors="replace")
+    except (KeyError, OSError):
+        return 0, False
+    return log.count("this job is timed-out"), "timed-out too many times" in log
+
+
+def array_ids(runs):
+    """The SLURM job ids of the arrays that hold these runs' jobs (their job.json)."""
+    return sorted({read_job(run.path)["job_id"].split("_")[0] for run in runs})
 
 
 def still_queued(job, state):
@@ -341,7 +441,7 @@ def slurm_states(job_ids, folder):
 def job_states(jobs, folder):
     """{key: scheduler state} of the job records {key: job.json} that name a job: SLURM's from sacct, a local
     job's RUNNING while its submitit controller (whose pid is the job id) lives, else ENDED."""
-    slurm = {key: job["job_id"] for key, job in jobs.items() if job.get("launcher") == "slurm"}
+    slurm = {key: job["job_id"] for key, job in jobs.items() if job.get("launcher") == "slurm" and job.get("job_id")}
     states = slurm_states(slurm, folder)
     for key, job in jobs.items():
         if job.get("launcher") == "local":

@@ -29,7 +29,7 @@ import json
 import math
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -82,6 +82,8 @@ class PlanFile(NamedTuple):
 class Plan:
     """Everything a sweep runs, decided before the first run starts."""
     trainer: str  # a key of TRAINERS
+    script: Path  # the trainer's script, TRAINERS[trainer] when the plan was read (a job that schedules the runs after
+    # a ladder's lr grid starts the same one)
     config: str
     seeds: list
     variants: list  # [Variant], the A/A control right after its baseline
@@ -258,12 +260,16 @@ def from_args(args, overrides):
             raise ConfigError(f"{', '.join(clash)} is set by the ladder (sizes, lrs) for each run; remove it from the "
                               "options")
     check_names(variants, corpora, args.baseline, args.nproc_per_node)
+    check_overridden(variants, corpora, overrides)
+    devices = check_runs(trainer, config, variants, corpora, sizes or {None: []}, overrides)
     resources = read_resources(file.launcher if file else None, f"--plan {args.plan}" if args.plan else "--launcher",
                                args.launcher)
+    if resources.gpus_per_node is None and devices == {"cpu"}:  # a CPU config asks the scheduler for no GPU
+        resources = replace(resources, gpus_per_node=0)
     baseline = args.baseline or variants[0].label
     variants, control = with_control(variants, baseline, control)
-    return Plan(trainer, config, seeds, variants, corpora, baseline, control, ladder, sizes, ratios, resources,
-                args.nproc_per_node, overrides, args.dry_run, args.throughput)
+    return Plan(trainer, TRAINERS[trainer], config, seeds, variants, corpora, baseline, control, ladder, sizes, ratios,
+                resources, args.nproc_per_node, overrides, args.dry_run, args.throughput)
 
 
 def check_options(variants, corpora, overrides):
@@ -273,6 +279,49 @@ def check_options(variants, corpora, overrides):
     clash += [o for _, opts, _ in variants for o in opts[::2] if o in RESERVED - {"--act"}]
     if clash:
         raise ConfigError(f"{', '.join(clash)} is set by the sweep for each run; remove it from the trainer options")
+
+
+def option_names(options):
+    """The flags of trainer options (["--data_dir", "x", "--lr=1"] -> ["--data-dir", "--lr"])."""
+    return [o.split("=")[0].replace("_", "-") for o in options if o.startswith("--")]
+
+
+def check_overridden(variants, corpora, overrides):
+    """An option set twice for a run would be taken from the later place without a word: the command line's over a
+    corpus's or a variant's own, a corpus's over a variant's. Refused, naming both."""
+    corpus_sources = [(f"corpus {name}", opts) for name, opts in corpora]
+    pairs = [(f"variant {label}", opts, [*corpus_sources, ("the command line", overrides)])
+             for label, opts, _ in variants]
+    pairs += [(owner, opts, [("the command line", overrides)]) for owner, opts in corpus_sources]
+    for owner, opts, later in pairs:
+        for source, over in later:
+            if both := sorted(set(option_names(opts)) & set(option_names(over))):
+                raise ConfigError(f"{', '.join(both)} on {source} would override {owner}'s own; set it in one place")
+
+
+WIDTH = {"gpt2": "n_embd", "translation": "d_model"}  # the model width its n_head must divide
+
+
+def check_runs(trainer, config, variants, corpora, sizes, overrides):
+    """Every run's trainer config, read as its trainer will read it, before anything is submitted or run: options
+    it knows, a width its heads divide. Returns the devices the runs ask for."""
+    devices = set()
+    for corpus, corpus_options in corpora or [(None, [])]:
+        for label, options, _ in variants:
+            for size, shape in sizes.items():
+                where = " ".join(filter(None, [f"variant {label}", size and f"size {size}",
+                                               corpus and f"corpus {corpus}"]))
+                try:
+                    model = trainer_config(trainer, ["--config", config, *options, *shape, *corpus_options,
+                                                     *overrides])
+                except ConfigError as e:
+                    raise ConfigError(f"{where}: {e}") from None
+                width = getattr(model.model, WIDTH[trainer])
+                if width % model.model.n_head:
+                    raise ConfigError(f"{where}: n_head {model.model.n_head} does not divide {WIDTH[trainer]} {width}: "
+                                      "change n_head (or the width) in the plan")
+                devices.add(model.run.device)
+    return devices
 
 
 def check_names(variants, corpora, baseline, nproc_per_node):

@@ -2,12 +2,16 @@
 
 Runs go seed by seed (every variant's seed 1, then seed 2 ...), so that a sweep stopped early still pairs every
 variant with its baseline; a ladder's, size by size within a seed. A ladder whose lr grid is at one size (lr_size)
-runs that grid first, then every other size at each arm's best lr of the grid. A run whose final evaluation is
+runs that grid first, then every other size at each arm's best lr of the grid (AfterGrid: on SLURM a job that
+waits for the grid's jobs, so one submission runs the whole ladder). A run whose final evaluation is
 logged is skipped; an unfinished one continues from its newest checkpoint (--auto-resume). A variant's later seeds
 run the activation kernels' path its first seed decided (the trainer's --kernels-from). OUT/sweep_plan.json records
 what the directory's sweep runs, so that the same directory never mixes two sweeps' runs.
 """
 import json
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -15,12 +19,12 @@ from analysis.runs import finished
 from errors import ConfigError
 from sweep import launchers, status
 from sweep.cost import bench_rates, cost_text, run_rates
-from sweep.plan import TRAINERS, best_lr, run_dir
+from sweep.plan import Plan, best_lr, run_dir
 
 
 def train_argv(plan, variant_options, seed, path, overrides):
     """The trainer script and its options for one run (a launcher puts python or torchrun before it)."""
-    return [str(TRAINERS[plan.trainer]), "--config", plan.config, *variant_options, "--seed", str(seed),
+    return [str(plan.script), "--config", plan.config, *variant_options, "--seed", str(seed),
             "--out-dir", str(path), "--auto-resume", *overrides]
 
 
@@ -44,6 +48,8 @@ def run_sweep(plan, out, corpus_options=()):
                   key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
     print(cost_text(plan.trainer, plan.config, runs, *throughput(plan, out)))
     if plan.dry_run:
+        if plan.resources.kind == "slurm":
+            print(sbatch_text(plan, out, phases))
         for label, opts, seed, size, lr in phases[0]:
             path = run_dir(out, label, seed, size, lr)
             print(f"{path}: {' '.join(train_argv(plan, opts, seed, path, overrides))}")
@@ -52,16 +58,89 @@ def run_sweep(plan, out, corpus_options=()):
         return []
     write_plan(plan, overrides, out)
     queued = launch(plan, overrides, out, phases[0])
-    if ladder is None or not phases[1] or queued:
+    if ladder is None or not phases[1]:
         return queued
+    if not queued:
+        return AfterGrid(plan, out, overrides, rest)()
+    # the grid's jobs are on a scheduler: a job of its own picks the lrs once they end, then submits the sizes
+    after = launchers.array_ids(queued)
+    record = read_after_grid(out)
+    if set(after) <= set(record.get("after", [])) and launchers.still_queued(
+            record, launchers.job_states({"after_grid": record}, out / "submitit").get("after_grid")):
+        tqdm.write(f"job {record['job_id']} already waits for the lr grid to run sizes {', '.join(rest)}")
+        return queued
+    token = uuid.uuid4().hex  # recorded first: the job may start before sbatch has answered
+    write_after_grid(out, launcher="slurm", job_id=None, after=after, token=token, state="submitted", error=None)
     try:
-        best = {label: best_lr(label, {lr: {seed: run_dir(out, label, seed, ladder.lr_size, lr)
-                                            for seed in grid_seeds(plan)} for lr in ladder.lrs})
-                for label in plan.labels}
+        job_id = launcher(plan, out).launch_after(after, AfterGrid(plan, out, overrides, rest, token))
     except ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
-    tqdm.write(f"best lr at size {ladder.lr_size}: " + ", ".join(f"{a} {lr:g}" for a, lr in best.items()))
-    return launch(plan, overrides, out, ladder_jobs(plan, rest, {label: [lr] for label, lr in best.items()}))
+        write_after_grid(out, state="failed", error=str(e))
+        raise
+    write_after_grid(out, job_id=job_id)
+    tqdm.write(f"job {job_id}: once the lr grid's jobs ({', '.join(after)}) end, picks each arm's lr and submits "
+               f"sizes {', '.join(rest)}")
+    return queued
+
+
+@dataclass(frozen=True)
+class AfterGrid:
+    """A ladder's runs after its lr grid: each arm's best lr of the finished grid (stats/lr_grid.py's rule), then
+    every size of `sizes` at it. On a scheduler this is a job of its own, started when the grid's jobs end, so that
+    the pick reads the finished grid; OUT/after_grid.json records it (the sweep's status reads it), and only the job
+    whose token it names goes on (a rerun of the submit command may have submitted a newer one)."""
+    plan: Plan
+    out: Path
+    overrides: list
+    sizes: list
+    token: str | None = None  # the scheduled job's; None: run here, now
+
+    def __call__(self):
+        plan, ladder, out = self.plan, self.plan.ladder, self.out
+        if self.token and read_after_grid(out).get("token") != self.token:
+            return []
+        if self.token:
+            write_after_grid(out, state="running")
+        grid = {label: {lr: {seed: run_dir(out, label, seed, ladder.lr_size, lr) for seed in grid_seeds(plan)}
+                        for lr in ladder.lrs} for label in plan.labels}
+        unfinished = [path.name for lrs in grid.values() for seeds in lrs.values() for path in seeds.values()
+                      if not finished(path)]
+        try:
+            if unfinished:
+                raise ConfigError(f"the lr grid has {len(unfinished)} unfinished run(s) ({', '.join(unfinished[:4])}"
+                                  f"{' ...' if len(unfinished) > 4 else ''}); rerun the sweep to finish it")
+            best = {label: best_lr(label, dirs) for label, dirs in grid.items()}
+        except ConfigError as e:
+            if self.token:
+                write_after_grid(out, state="failed", error=str(e))
+            raise
+        tqdm.write(f"best lr at size {ladder.lr_size}: " + ", ".join(f"{a} {lr:g}" for a, lr in best.items()))
+        if self.token:
+            write_after_grid(out, state="ended", best=best)
+        return launch(plan, self.overrides, out, ladder_jobs(plan, self.sizes, {a: [lr] for a, lr in best.items()}))
+
+
+def read_after_grid(out):
+    return launchers.read_job(out, launchers.AFTER_GRID)
+
+
+def write_after_grid(out, **changes):
+    return launchers.write_job(out, launchers.AFTER_GRID, **changes)
+
+
+def sbatch_text(plan, out, phases):
+    """What --launcher slurm would submit: each job's #SBATCH and setup lines, as submitit writes them."""
+    parameters = launchers.sbatch_parameters(plan.resources, plan.nproc_per_node)
+    folder = out / "submitit"
+    todo = [label for label, _, seed, size, lr in phases[0] if not finished(run_dir(out, label, seed, size, lr))]
+    title = f"job array of {len(todo)} runs" + (" (the lr grid)" if len(phases) > 1 else "")
+    blocks = [(title, launchers.script_lines(parameters, folder, len(todo)) if todo else ["(all finished)"])]
+    if len(phases) > 1 and phases[1]:
+        if todo:  # else this command picks the lrs itself
+            blocks.append(("job after the lr grid (picks each arm's lr, submits the array below)",
+                           launchers.script_lines(launchers.after_parameters(parameters, ["GRID_JOB_ID"]), folder, 1)))
+        blocks.append((f"job array of {len(phases[1])} runs (the other sizes, at each arm's lr)",
+                       launchers.script_lines(parameters, folder, len(phases[1]))))
+    return "\n".join(f"{title}:\n" + "\n".join(f"  {line}" for line in lines) for title, lines in blocks)
 
 
 def throughput(plan, out):
@@ -123,5 +202,8 @@ def launch(plan, overrides, out, jobs):
                                          f"{label}{where} seed {seed}", first))
     if not runs:
         return []
-    launcher = launchers.LAUNCHERS[plan.resources.kind](plan.resources, plan.nproc_per_node, out / "submitit")
-    return launcher.launch(runs)
+    return launcher(plan, out).launch(runs)
+
+
+def launcher(plan, out):
+    return launchers.LAUNCHERS[plan.resources.kind](plan.resources, plan.nproc_per_node, out / "submitit")

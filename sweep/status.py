@@ -2,12 +2,15 @@
 
     python -m sweep --status runs/ladder_gpu
 
-States: done (its final evaluation is logged), running, pending (not started, or queued), requeued (stopped at a
-time limit or preemption with its checkpoint, queued again), failed (the trainer exited with an error, or the
-scheduler ended the job: its log's last lines follow), stopped (its job ended, or was cancelled, before the run
-finished: submit again), unfinished (a sequential run that has not finished: no scheduler to ask whether it still
-runs). The requeues column counts a run's requeues so far. Job states come from
-the run's RUN_DIR/job.json (written at submission and by the job itself) and the scheduler (sacct for SLURM).
+States: done (its final evaluation is logged), running, pending (not started, or queued; a ladder's run after its
+lr grid names the job it waits on), requeued (stopped at a time limit, by preemption or `scontrol requeue`, with its
+checkpoint, and queued again), failed (the trainer exited with an error, or the scheduler ended the job: its log's
+last lines follow), stopped (its job was cancelled, reached its time limit once more than max_num_timeout allows, or
+ended before the run finished: submit again), unfinished (a sequential run that has not finished: no scheduler to
+ask whether it still runs). The requeues column counts SLURM's requeues of the run's job (SLURM_RESTART_COUNT when it
+last started, plus one when it is queued again since). Job states come from the run's RUN_DIR/job.json (written at
+submission and by the job itself), the scheduler (sacct for SLURM) and, for the time-limit cap, the job's submitit
+log. Notes are cut from the right.
 """
 import fnmatch
 import json
@@ -16,6 +19,8 @@ from pathlib import Path
 from analysis.runs import RunError, finished, load_run, markdown_table
 from sweep import launchers
 from sweep.plan import run_dir
+
+NOTE_WIDTH = 200
 
 
 def planned_runs(plan, out):
@@ -64,31 +69,65 @@ def status_rows(directory):
     directory = Path(directory)
     names = run_names(directory)
     jobs = {name: launchers.read_job(directory / name) for name in names}
-    states = launchers.job_states(jobs, directory / "submitit")
+    after_grid = launchers.read_job(directory, launchers.AFTER_GRID)
+    states = launchers.job_states({**jobs, launchers.AFTER_GRID: after_grid}, directory / "submitit")
     rows = []
     for name in names:
         path, job = directory / name, jobs[name]
-        state, note = run_state(path, job, states.get(name))
-        rows.append((name, state, job.get("job_id") or "", job.get("requeues") or 0, last_step(path), note))
+        if "*" in name:  # after a ladder's lr grid: its lr, hence its directory, is not known yet
+            job = {"job_id": after_grid.get("job_id")}
+            state, note = "pending", after_grid_note(after_grid, states.get(launchers.AFTER_GRID))
+        else:
+            state, note = run_state(path, job, states.get(name))
+        rows.append((name, state, job.get("job_id") or "", requeues(job, state), last_step(path), note))
     return rows
+
+
+def after_grid_note(record, scheduler):
+    """What a run after a ladder's lr grid waits on: the job that picks the lr (OUT/after_grid.json), or the grid."""
+    if not record:
+        return "waits on the lr grid: runs at each arm's best lr once the grid has finished"
+    if record.get("state") == "failed":
+        return f"job {record['job_id']} after the lr grid stopped: {record.get('error')}"
+    if launchers.still_queued(record, scheduler):
+        return (f"waits on the lr grid: job {record['job_id']} picks each arm's lr once jobs "
+                f"{', '.join(record['after'])} end")
+    return f"job {record['job_id']} after the lr grid ended ({scheduler}) without submitting it: rerun the sweep"
 
 
 def run_state(path, job, scheduler):
     """(state, note) of one run from its directory, its job.json and its scheduler state (None: not asked)."""
     if finished(path):
         return "done", ""
-    tail = job.get("error") or launchers.log_tail(path, 1)
+    if scheduler == "CANCELLED":  # scancel: the trainer saved on its SIGTERM, as on a preemption
+        return "stopped", "cancelled: rerun the sweep to continue it from its last checkpoint"
+    timeouts, capped = launchers.timeouts(job) if scheduler in launchers.ENDED_BADLY else (0, False)
+    if capped:
+        return "stopped", (f"time limit reached {timeouts} times (max_num_timeout {timeouts - 1}): raise timeout_min "
+                           "or max_num_timeout in [launcher], then rerun the sweep (it resumes)")
     if job.get("state") == "failed" or scheduler in launchers.ENDED_BADLY:
-        return "failed", " | ".join(tail)[-200:]
+        return "failed", shorten(" | ".join(job.get("error") or launchers.log_tail(path, 1)))
     if scheduler == "RUNNING" and job.get("state") != "requeued":
         return "running", ""
     if launchers.still_queued(job, scheduler):
-        return ("requeued" if job.get("state") == "requeued" else "pending"), ""
+        # started once (running, stopped or requeued by its own signal handler) and queued again: requeued
+        return ("requeued" if job.get("state") in ("requeued", "running", "stopped") else "pending"), ""
     if not path.is_dir() or is_empty(path):
         return "pending", ""
     if not job:
         return "unfinished", "no job: a sequential run, still running or stopped; rerun the sweep to continue"
     return "stopped", f"the job ended without finishing the run ({scheduler or job.get('state')}): rerun the sweep"
+
+
+def requeues(job, state):
+    """The requeues of a run: the count its job wrote when it last started or requeued itself, plus the one SLURM
+    made since (preemption, `scontrol requeue`) when the job is queued again with no word from it."""
+    return (job.get("requeues") or 0) + (state == "requeued" and job.get("state") != "requeued")
+
+
+def shorten(note, width=NOTE_WIDTH):
+    """A note cut from the right: its start says what happened."""
+    return note if len(note) <= width else note[:width - 3] + "..."
 
 
 def status_text(directory):

@@ -2,13 +2,16 @@
 command NAME (install() writes a script per name into a directory that goes first on PATH); they keep their state
 in $FAKE_SLURM (a directory).
 
-sbatch FILE records FILE's #SBATCH options (submissions.jsonl) and answers "Submitted batch job ID"; the array
-tasks listed in $FAKE_SLURM_RUN run in the background, one after another, as SLURM would run the script (its
-environment variables, srun starting the command); the others stay PENDING. When the file $FAKE_SLURM_SIGNAL_WHEN
-appears during a task's first run, the task's processes (srun's command and everything below it; not the batch
-shell, not srun) get SIGUSR2, as SLURM signals a job ahead of its time limit (--signal). scontrol requeue ID marks
-the task: when its script ends, it runs again (SLURM_RESTART_COUNT 1, 2, ...). sacct -j ID prints the tasks' states
-in the --parsable2 form submitit reads.
+sbatch FILE records FILE's #SBATCH options and the names of the SLURM_* variables it was given (submissions.jsonl)
+and answers "Submitted batch job ID"; it refuses, in Slurm 22.05's words, a partition not listed in
+$FAKE_SLURM_PARTITIONS (when set) and any GPU request when $FAKE_SLURM_NO_GPUS is set. An array's tasks are ID_0,
+ID_1 ...; a job without --array is ID. The tasks listed in $FAKE_SLURM_RUN (task numbers, or "all") run in the
+background, one after another, as SLURM would run the script (its environment variables, srun starting the command),
+once every job their --dependency=afterany:ID:... names has ended; the others stay PENDING. When the file
+$FAKE_SLURM_SIGNAL_WHEN appears during a task's first run, the task's processes (srun's command and everything below
+it; not the batch shell, not srun) get SIGUSR2, as SLURM signals a job ahead of its time limit (--signal). scontrol
+requeue ID marks the task: when its script ends, it runs again (SLURM_RESTART_COUNT 1, 2, ...). sacct -j ID prints
+the tasks' states in the --parsable2 form submitit reads.
 """
 import json
 import os
@@ -37,21 +40,37 @@ def write_task(job, **changes):
     tmp.replace(task_file(job))
 
 
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
 def sbatch(script):
+    """Refuses what Slurm 22.05 refuses here (a partition not in $FAKE_SLURM_PARTITIONS, GPUs on a cluster without
+    them: $FAKE_SLURM_NO_GPUS) in its words, else queues the job (an array's tasks ID_0, ID_1 ...)."""
     options = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", Path(script).read_text(), re.M))
+    partitions = os.environ.get("FAKE_SLURM_PARTITIONS")
+    if partitions and options.get("partition") not in partitions.split(","):
+        sys.exit(f"sbatch: error: invalid partition specified: {options.get('partition')}\n"
+                 "sbatch: error: Batch job submission failed: Invalid partition name specified")
+    if os.environ.get("FAKE_SLURM_NO_GPUS") and ({"gpus-per-node", "gres", "gpus"} & set(options)):
+        sys.exit("sbatch: error: Batch job submission failed: Invalid generic resource (gres) specification")
     ids = STATE / "next_id"
     job_id = int(ids.read_text()) if ids.exists() else 1000
     ids.write_text(str(job_id + 1))
     with open(STATE / "submissions.jsonl", "a") as f:
-        f.write(json.dumps({"job_id": job_id, "script": Path(script).read_text(), "options": options}) + "\n")
-    array = re.fullmatch(r"0-(\d+)(%\d+)?", options.get("array", "0-0"))
-    tasks = range(int(array[1]) + 1)
+        f.write(json.dumps({"job_id": job_id, "script": Path(script).read_text(), "options": options,
+                            "slurm_env": sorted(k for k in os.environ if k.startswith("SLURM_"))}) + "\n")
+    if "array" in options:
+        count = int(re.fullmatch(r"0-(\d+)(%\d+)?", options["array"])[1]) + 1
+        tasks = [f"{job_id}_{task}" for task in range(count)]
+    else:
+        tasks = [str(job_id)]
     for task in tasks:
-        write_task(f"{job_id}_{task}", state="PENDING", restarts=0, requeue=False)
+        write_task(task, state="PENDING", restarts=0, requeue=False)
     wanted = os.environ.get("FAKE_SLURM_RUN", "")
-    run = [t for t in tasks if str(t) in wanted.split(",")]
+    run = [t for t in tasks if wanted == "all" or t.split("_")[-1] in wanted.split(",")]
+    after = options.get("dependency", "afterany").split(":")[1:]
     if run:
-        subprocess.Popen([sys.executable, __file__, "_run", str(job_id), script, *map(str, run)],
+        subprocess.Popen([sys.executable, __file__, "_run", script, ",".join(after), *run],
                          stdout=subprocess.DEVNULL, stderr=open(STATE / "runner.err", "a"), start_new_session=True)
     print(f"Submitted batch job {job_id}")
 
@@ -80,17 +99,21 @@ def descendants(pid):
     return found
 
 
-def run_tasks(job_id, script, tasks):
+def run_tasks(script, after, tasks):
+    """Runs the tasks one after another once every task of the jobs `after` has ended (afterany)."""
+    while any(read_task(path.stem[len("task_"):])["state"] not in ENDED for job in after
+              for path in STATE.glob(f"task_{job}*.json") if path.stem.split("_")[1] == job):
+        time.sleep(0.02)
     trigger = os.environ.get("FAKE_SLURM_SIGNAL_WHEN")
-    for task in tasks:
-        job = f"{job_id}_{task}"
+    for job in tasks:
+        array_id, _, task = job.partition("_")
         while True:
             restarts = read_task(job)["restarts"]
             write_task(job, state="RUNNING", requeue=False)
-            env = {**os.environ, "SLURM_JOB_ID": str(job_id + 1 + int(task)), "SLURM_ARRAY_JOB_ID": str(job_id),
-                   "SLURM_ARRAY_TASK_ID": task, "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "1",
-                   "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-                   "SLURM_RESTART_COUNT": str(restarts)}
+            env = {**os.environ, "SLURM_JOB_ID": str(int(array_id) + 1 + int(task)) if task else array_id,
+                   "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "1",
+                   "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_RESTART_COUNT": str(restarts),
+                   **({"SLURM_ARRAY_JOB_ID": array_id, "SLURM_ARRAY_TASK_ID": task} if task else {})}
             proc = subprocess.Popen(["bash", script], env=env)
             signalled = False
             while proc.poll() is None:
@@ -116,7 +139,7 @@ def srun(argv):
         option = argv.pop(0)
         if option in ("--output", "--error"):
             files[option] = argv.pop(0)
-    fill = {"%A": os.environ["SLURM_ARRAY_JOB_ID"], "%a": os.environ["SLURM_ARRAY_TASK_ID"],
+    fill = {"%A": os.environ.get("SLURM_ARRAY_JOB_ID", ""), "%a": os.environ.get("SLURM_ARRAY_TASK_ID", ""),
             "%j": os.environ["SLURM_JOB_ID"], "%t": "0"}
     for key, name in files.items():
         for pattern, value in fill.items():
@@ -131,7 +154,7 @@ def sacct(argv):
     print("JobID|State|NodeList")
     for path in sorted(STATE.glob("task_*.json")):
         job = path.stem[len("task_"):]
-        if job.split("_")[0] in ids:
+        if job.split("_")[0] in ids or job in ids:
             print(f"{job}|{read_task(job)['state']}|localhost")
 
 
@@ -154,7 +177,7 @@ def install(directory):
 if __name__ == "__main__":
     command, argv = sys.argv[1], sys.argv[2:]
     if command == "_run":
-        run_tasks(int(argv[0]), argv[1], argv[2:])
+        run_tasks(argv[0], [job for job in argv[1].split(",") if job], argv[2:])
     elif command == "sbatch":
         sbatch(argv[0])
     elif command == "srun":

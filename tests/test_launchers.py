@@ -13,6 +13,7 @@ import torch
 
 import fake_slurm
 from analysis import ladder_report
+from analysis.runs import finished
 from sweep import cli, launchers, plan
 from sweep.status import status_rows
 from model import GPT, GPTConfig
@@ -211,6 +212,31 @@ def test_dry_run_prints_the_cost_and_the_runs_and_launches_nothing(tmp_path, mon
     assert not (tmp_path / "s").exists()
 
 
+def test_a_slurm_dry_run_prints_the_sbatch_lines_of_each_job_and_submits_nothing(tmp_path, monkeypatch, capsys):
+    """The #SBATCH and setup lines submitit's script generation writes: the lr grid's array, the job after it (one
+    CPU, no GPU, afterany), the other sizes' array; sbatch not even on PATH."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    (tmp_path / "plan.toml").write_text(LADDER_PLAN + """gpus_per_node = 2
+cpus_per_task = 8
+mem_gb = 32
+timeout_min = 90
+signal_delay_s = 60
+array_parallelism = 1
+setup = ["module load cuda"]
+""")
+    cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--dry-run"])
+    blocks = capsys.readouterr().out.split("job ")[1:]
+    runs = ["#SBATCH --cpus-per-task=8", "#SBATCH --gpus-per-node=2", "#SBATCH --mem=32GB",
+            "#SBATCH --partition=cpu", "#SBATCH --signal=USR2@60", "#SBATCH --time=90", "module load cuda"]
+    assert blocks[0].startswith("array of 4 runs (the lr grid):\n  #SBATCH --array=0-3%1\n")
+    assert blocks[2].startswith("array of 2 runs (the other sizes, at each arm's lr):\n  #SBATCH --array=0-1%1\n")
+    assert all(f"  {line}\n" in blocks[0] and f"  {line}\n" in blocks[2] for line in runs)
+    after = blocks[1].splitlines()
+    assert "  #SBATCH --dependency=afterany:GRID_JOB_ID" in after and "  #SBATCH --cpus-per-task=1" in after
+    assert not [line for line in after if "gpus" in line or "--array" in line]
+    assert not (tmp_path / "s").exists()
+
+
 def test_status_names_every_run_with_its_state_job_and_last_step(tmp_path, monkeypatch, capsys):
     """done, running, requeued (with its count), failed (with its log's last line), pending (planned, never
     started): from job.json and the scheduler (the stand-in sacct); --report-only says what is missing."""
@@ -286,14 +312,161 @@ def test_bad_launcher_tables_are_one_line_errors(tmp_path, table, message, capsy
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_slurm_without_its_commands_or_refused_by_sbatch_is_one_line(tmp_path, monkeypatch, capsys):
+def test_slurm_without_its_commands_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "plan.toml").write_text(PLAN)
     argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--launcher", "slurm"]
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(SystemExit, match="needs SLURM's commands; sbatch, srun, sacct, scontrol not on PATH"):
         cli.main(argv)
-    bin_dir = fake_slurm.install(tmp_path / "bin")
-    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    with pytest.raises(SystemExit, match="sbatch refused the job array: .*invalid partition specified: gpu"):
+
+
+@pytest.mark.parametrize("table, env, said, fix", [
+    ('partition = "gpu"', {"FAKE_SLURM_PARTITIONS": "cpu"}, "invalid partition specified: gpu",
+     "set partition in [launcher] to one that `sinfo -s` lists"),
+    ('partition = "cpu"\ngpus_per_node = 1', {"FAKE_SLURM_NO_GPUS": "1"},
+     "Batch job submission failed: Invalid generic resource (gres) specification", "gpus_per_node = 0")])
+def test_sbatch_refusing_the_plan_is_one_line_and_a_corrected_rerun_submits_in_the_same_directory(
+        tmp_path, monkeypatch, capsys, table, env, said, fix):
+    """Slurm 22.05's refusal (the stand-in sbatch prints its words) is one line naming what to change, sbatch's
+    stderr not printed again; no pickle is left in OUT_DIR/submitit, and the plan corrected submits there."""
+    text = PLAN.replace("seeds = [1, 2]", "seeds = [1]") + f'[launcher]\nkind = "slurm"\n{table}\n'
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, text, **env)
+    with pytest.raises(SystemExit) as stop:
         cli.main(argv)
+    assert str(stop.value).startswith(f"error: sbatch refused the job: {said}; ") and fix in str(stop.value)
+    assert "\n" not in str(stop.value) and "sbatch: error" not in capsys.readouterr().err
+    assert not list((tmp_path / "s" / "submitit").glob("*"))
+    (tmp_path / "plan.toml").write_text(text.replace('partition = "gpu"', 'partition = "cpu"')
+                                        .replace("gpus_per_node = 1", "gpus_per_node = 0"))
+    cli.main(argv)
+    assert submissions(state)[0]["options"]["array"] == "0-3%4"
+    assert sorted(launchers.read_job(p)["state"] for p in (tmp_path / "s").glob("*_seed1")) == ["submitted"] * 4
+
+
+LADDER_PLAN = PLAN.replace("seeds = [1, 2]", 'seeds = [1]\nlrs = [1e-3, 2e-3]\nlr_size = "a"') + """[launcher]
+kind = "slurm"
+partition = "cpu"
+"""
+
+
+def submit_to_fake_slurm(tmp_path, monkeypatch, plan_text, run="", **env):
+    """The stand-in SLURM on PATH (tasks listed in `run` run), the stand-in trainer; returns (argv, its state dir)."""
+    state = tmp_path / "slurm"
+    state.mkdir()
+    monkeypatch.setitem(plan.TRAINERS, "gpt2", HERE / "stand_in_trainer.py")
+    monkeypatch.setenv("PATH", f"{fake_slurm.install(tmp_path / 'bin')}:{os.environ['PATH']}")
+    for key, value in dict(FAKE_SLURM=str(state), FAKE_SLURM_RUN=run, **env).items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "plan.toml").write_text(plan_text)
+    return ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")], state
+
+
+def submissions(state):
+    return [json.loads(line) for line in (state / "submissions.jsonl").read_text().splitlines()]
+
+
+def test_a_ladder_is_one_submission_the_sizes_after_its_grid_wait_in_a_job_after_it(tmp_path, monkeypatch, capsys):
+    """The lr grid's array, then a job of one CPU after it (afterany) that will pick the lrs: --status names the
+    job each later run waits on, and the same command again leaves both alone."""
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, LADDER_PLAN)
+    cli.main(argv)
+    grid, after = submissions(state)
+    assert grid["options"]["array"] == "0-3%4" and "dependency" not in grid["options"]
+    assert "gpus-per-node" not in grid["options"]  # the config's device is the CPU: no GPU asked for
+    assert after["options"]["dependency"] == "afterany:1000" and after["options"]["cpus-per-task"] == "1"
+    assert "gpus-per-node" not in after["options"] and after["options"]["partition"] == "cpu"
+    assert "job 1001: once the lr grid's jobs (1000) end, picks each arm's lr and submits sizes b" in \
+        capsys.readouterr().out
+    rows = {row[0]: row[1:] for row in status_rows(tmp_path / "s")}
+    assert rows["gelu_b_lr*_seed1"][:2] == ("pending", "1001")
+    assert rows["gelu_b_lr*_seed1"][4] == "waits on the lr grid: job 1001 picks each arm's lr once jobs 1000 end"
+    assert rows["gelu_a_lr0.001_seed1"][:2] == ("pending", "1000_0")
+    cli.main(argv)
+    assert len(submissions(state)) == 2
+    assert "job 1001 already waits for the lr grid to run sizes b" in capsys.readouterr().out
+
+
+@pytest.mark.long
+def test_a_ladder_submitted_once_reaches_its_report(tmp_path, monkeypatch):
+    """Every job runs (the stand-in SLURM, one task after another): the grid, then the job after it, which picks
+    each arm's lr from the finished grid and submits size b at it; the command again writes the ladder's report."""
+    monkeypatch.setattr(ladder_report, "plot_scaling", lambda *a, **k: None)
+    monkeypatch.setattr(ladder_report, "plot_lr_grid", lambda *a, **k: None)
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, LADDER_PLAN, run="all")
+    cli.main(argv)
+    out = tmp_path / "s"
+    deadline = time.time() + 120
+    while not all(finished(out / f"{act}_b_lr0.001_seed1") for act in ("gelu", "relu")):
+        assert launchers.read_job(out, launchers.AFTER_GRID).get("state") != "failed"
+        assert time.time() < deadline, (state / "runner.err").read_text()
+        time.sleep(0.1)
+    assert launchers.read_job(out, launchers.AFTER_GRID)["best"] == {"gelu": 1e-3, "relu": 1e-3}
+    assert submissions(state)[2]["options"]["array"] == "0-1%2"  # size b: both arms at their lr, from the job
+    assert submissions(state)[2]["slurm_env"] == []  # submitted without the job's own SLURM_* settings
+    cli.main(argv)
+    assert (out / "sweep.md").is_file() and len(submissions(state)) == 3
+
+
+@pytest.mark.parametrize("change, extra, message", [
+    (("n_head = 2\nmax_steps = 4\n[sizes.b]", "n_head = 3\nmax_steps = 4\n[sizes.b]"), [],
+     "error: variant gelu size a: n_head 3 does not divide n_embd 32: change n_head (or the width) in the plan"),
+    (('act = "relu"', 'act = "relu"\ndata_dir = "d"'), ["--data-dir", "e"],
+     "error: --data-dir on the command line would override variant relu's own; set it in one place"),
+    (('act = "relu"', 'act = "relu"\nwarmup = 3'), [], "error: variant relu size a: unknown config key 'warmup'")])
+def test_a_plan_that_cannot_run_is_one_line_before_anything_is_submitted(tmp_path, monkeypatch, capsys, change,
+                                                                         extra, message):
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, LADDER_PLAN.replace(*change))
+    with pytest.raises(SystemExit):
+        cli.main(argv + extra)
+    assert capsys.readouterr().err.strip().splitlines()[-1].split(": ", 1)[1].startswith(message)
+    assert not (state / "submissions.jsonl").exists() and not (tmp_path / "s").exists()
+
+
+def test_a_cpu_config_asks_for_no_gpu_and_a_gpu_config_for_one_per_process():
+    _, cpu = cli.parse_args(["--plan", "configs/ladder_cpu.toml", "--out-dir", "x", "--launcher", "slurm"])
+    _, gpu = cli.parse_args(["--plan", "configs/ladder_gpu.toml", "--out-dir", "x", "--nproc-per-node", "8"])
+    assert "--gpus-per-node" not in " ".join(launchers.script_lines(
+        launchers.sbatch_parameters(cpu.resources, cpu.nproc_per_node), "x", 2))
+    assert "#SBATCH --gpus-per-node=8" in launchers.script_lines(
+        launchers.sbatch_parameters(gpu.resources, gpu.nproc_per_node), "x", 2)
+
+
+def test_a_job_counts_the_requeues_slurm_made(tmp_path, monkeypatch):
+    """SLURM_RESTART_COUNT (every requeue: submitit's, `scontrol requeue`, preemption) beside the job's own count,
+    which a requeue from outside never saw."""
+    for key, value in dict(SUBMITIT_EXECUTOR="slurm", SLURM_JOB_ID="77", SLURM_JOB_NODELIST="n1", SLURM_NODEID="0",
+                           SLURM_PROCID="0", SLURM_JOB_NUM_NODES="1", SLURM_NTASKS="1",
+                           SLURM_RESTART_COUNT="3").items():
+        monkeypatch.setenv(key, value)
+    job = launchers.TrainerJob(launchers.RunCommand(tmp_path, ["-c", "pass"], "x"), nproc_per_node=1)
+    job.requeues = 1  # submitit's own requeue once, then two by SLURM alone
+    job()
+    assert (launchers.read_job(tmp_path)["state"], launchers.read_job(tmp_path)["requeues"]) == ("ended", 3)
+
+
+def test_status_counts_slurms_requeues_names_the_timeout_cap_and_shows_cancelled_as_stopped(tmp_path, monkeypatch):
+    """sacct (the stand-in prints Slurm's states) with each run's job.json and its submitit log: a preempted run
+    queued again and one requeued by `scontrol requeue` count that requeue; one whose time limit came once more than
+    max_num_timeout allows is stopped with the cap named; a cancelled one is stopped; a long note keeps its start."""
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, PLAN)
+    out, folder = tmp_path / "s", tmp_path / "s" / "submitit"
+    folder.mkdir(parents=True)
+    error = ["error: " + "x" * 300]
+    for name, task, sacct, record in (
+            ("gelu_seed1", "1000_0", "PENDING", {"state": "stopped", "requeues": 0}),
+            ("relu_seed1", "1000_1", "REQUEUED", {"state": "running", "requeues": 1}),
+            ("gelu_seed2", "1000_2", "FAILED", {"state": "requeued", "requeues": 2}),
+            ("relu_seed2", "1000_3", "CANCELLED by 1000", {"state": "stopped", "requeues": 0}),
+            ("gelu_seed3", "1000_4", "FAILED", {"state": "failed", "requeues": 0, "error": error})):
+        fake_run(out / name, name.split("_")[0], int(name[-1]), 3.0, stop_at=2)
+        launchers.write_job(out / name, launcher="slurm", job_id=task, folder=str(folder), **record)
+        (state / f"task_{task}.json").write_text(json.dumps({"state": sacct}))
+    (folder / "1000_2_0_log.out").write_text(
+        "submitit WARNING (...) - Caught signal SIGUSR2 on n1: this job is timed-out.\n" * 3
+        + "submitit INFO (...) - Job not requeued because: timed-out too many times.\n")
+    rows = {row[0]: (row[1], row[3], row[5]) for row in status_rows(out)}
+    assert rows["gelu_seed1"] == ("requeued", 1, "") and rows["relu_seed1"] == ("requeued", 2, "")
+    assert rows["gelu_seed2"][:2] == ("stopped", 2)
+    assert rows["gelu_seed2"][2].startswith("time limit reached 3 times (max_num_timeout 2): raise timeout_min")
+    assert rows["relu_seed2"][:2] == ("stopped", 0) and rows["relu_seed2"][2].startswith("cancelled")
+    assert rows["gelu_seed3"][0] == "failed" and rows["gelu_seed3"][2] == error[0][:197] + "..."

@@ -174,15 +174,15 @@ def test_failed_run_is_a_clear_error(tmp_path, monkeypatch):
 
     launches(monkeypatch, failing)
     with pytest.raises(SystemExit, match=r"gelu seed 1 stopped \(exit code 1\): error: data dir not found.*train.out"):
-        cli.main(["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", str(tmp_path)])
+        cli.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", str(tmp_path)])
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--acts", "gelu", "--seeds", "1", "--out-dir", "x"], "missing --config"),
-    (["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "x", "--act", "relu"], "--act is set by the sweep"),
-    (["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "x", "--baseline", "relu"], "not one of --acts"),
-    (["--config", "c.toml", "--acts", "gelu,agl", "--seeds", "1", "--out-dir", "x"], "unknown activation(s) agl"),
-    (["--config", "c.toml", "--acts", "gelu", "--seeds", "1,two", "--out-dir", "x"], "comma-separated integers"),
+    (["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "x", "--act", "relu"], "--act is set by the sweep"),
+    (["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "x", "--baseline", "relu"], "not one of --acts"),
+    (["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,agl", "--seeds", "1", "--out-dir", "x"], "unknown activation(s) agl"),
+    (["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu", "--seeds", "1,two", "--out-dir", "x"], "comma-separated integers"),
 ])
 def test_bad_arguments(argv, message, capsys, monkeypatch):
     launches(monkeypatch, lambda *a, **k: pytest.fail("launched a run on bad arguments"))
@@ -313,15 +313,15 @@ def test_plan_corpora_are_separate_sweeps(tmp_path, monkeypatch):
         fake_run(path, cmd[cmd.index("--act") + 1], int(cmd[cmd.index("--seed") + 1]), 3.0 + len(path.parent.name) / 10)
         return subprocess.CompletedProcess(cmd, 0)
 
-    (tmp_path / "plan.toml").write_text('config = "c.toml"\nseeds = [1]\n[variants.gelu]\nact = "gelu"\n'
+    (tmp_path / "plan.toml").write_text('config = "configs/gpt2_cpu_tiny.toml"\nseeds = [1]\n[variants.gelu]\nact = "gelu"\n'
                                         '[variants.swish_bf16]\nact = "silu"\ndtype = "bfloat16"\n'
-                                        '[corpora.a]\ntrain_prefix = "x/a"\n[corpora.bb]\ntrain_prefix = "x/b"\n')
+                                        '[corpora.a]\ndata_dir = "x/a"\n[corpora.bb]\ndata_dir = "x/b"\n')
     launches(monkeypatch, fake_subprocess_run)
     cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--max-steps", "10"])
     assert [(c[1].rsplit("/", 1)[-1], Path(c[c.index("--out-dir") + 1]).relative_to(tmp_path / "s").as_posix())
             for c in calls] == [("train_gpt2.py", "a/gelu_seed1"), ("train_gpt2.py", "a/swish_bf16_seed1"),
                                 ("train_gpt2.py", "bb/gelu_seed1"), ("train_gpt2.py", "bb/swish_bf16_seed1")]
-    assert calls[0][-5:] == ["--auto-resume", "--train-prefix", "x/a", "--max-steps", "10"]
+    assert calls[0][-5:] == ["--auto-resume", "--data-dir", "x/a", "--max-steps", "10"]
     assert calls[1][calls[1].index("--dtype") + 1] == "bfloat16"
     assert json.loads((tmp_path / "s" / "bb" / "sweep.json").read_text())["per_act"]["gelu"]["final_val"]["mean"] == 3.2
     with pytest.raises(SystemExit):
@@ -345,11 +345,11 @@ def test_shipped_translation_plan():
 
 
 @pytest.mark.parametrize("plan, message", [
-    ('config = "c.toml"\nseeds = [1]\n', "[variants.LABEL] tables"),
-    ('config = "c.toml"\nseeds = [1]\n[variants.a]\nact = "relu"\nbaseline = "b"\n', "baseline 'b', which is not"),
-    ('config = "c.toml"\nseeds = [1]\n[variants."a b"]\nact = "relu"\n', "must be letters"),
-    ('config = "c.toml"\nseeds = [1]\n[variants.a]\nact = "relu"\nseed = 3\n', "--seed is set by the sweep"),
-    ('config = "c.toml"\nseeds = [1]\nsteps = 3\n[variants.a]\nact = "relu"\n', "unknown ['steps']"),
+    ('config = "configs/gpt2_cpu_tiny.toml"\nseeds = [1]\n', "[variants.LABEL] tables"),
+    ('config = "configs/gpt2_cpu_tiny.toml"\nseeds = [1]\n[variants.a]\nact = "relu"\nbaseline = "b"\n', "baseline 'b', which is not"),
+    ('config = "configs/gpt2_cpu_tiny.toml"\nseeds = [1]\n[variants."a b"]\nact = "relu"\n', "must be letters"),
+    ('config = "configs/gpt2_cpu_tiny.toml"\nseeds = [1]\n[variants.a]\nact = "relu"\nseed = 3\n', "--seed is set by the sweep"),
+    ('config = "configs/gpt2_cpu_tiny.toml"\nseeds = [1]\nsteps = 3\n[variants.a]\nact = "relu"\n', "unknown ['steps']"),
 ])
 def test_bad_plans(tmp_path, plan, message, capsys, monkeypatch):
     launches(monkeypatch, lambda *a, **k: pytest.fail("launched a run on a bad plan"))
@@ -457,7 +457,7 @@ def test_control_from_the_cli_and_a_plan(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(cmd, 0)
 
     launches(monkeypatch, fake_subprocess_run)
-    cli.main(["--config", "c.toml", "--acts", "gelu,relu", "--seeds", "1,2", "--control", "--out-dir",
+    cli.main(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,relu", "--seeds", "1,2", "--control", "--out-dir",
                 str(tmp_path / "cli")])
     launched = [Path(c[c.index("--out-dir") + 1]).name for c in calls]
     assert launched == ["gelu_seed1", "gelu_aa_seed1", "relu_seed1", "gelu_seed2", "gelu_aa_seed2", "relu_seed2"]
@@ -468,7 +468,7 @@ def test_control_from_the_cli_and_a_plan(tmp_path, monkeypatch):
     result = json.loads((tmp_path / "cli" / "sweep.json").read_text())
     assert result["control"] == "gelu_aa" and list(result["paired"]) == ["gelu_aa", "relu"]
 
-    (tmp_path / "plan.toml").write_text('config = "c.toml"\nseeds = [1]\ncontrol = "same"\n[variants.gelu]\n'
+    (tmp_path / "plan.toml").write_text('config = "configs/gpt2_cpu_tiny.toml"\nseeds = [1]\ncontrol = "same"\n[variants.gelu]\n'
                                         'act = "gelu"\n[variants.relu]\nact = "relu"\n')
     _, controlled = cli.parse_args(["--plan", str(tmp_path / "plan.toml"), "--out-dir", "x"])
     assert controlled.variants[1] == ("same", ["--act", "gelu", "--init-seed-offset", "1000000"], "gelu")
@@ -481,7 +481,7 @@ def test_control_from_the_cli_and_a_plan(tmp_path, monkeypatch):
 ])
 def test_bad_control(argv, message, capsys):
     with pytest.raises(SystemExit):
-        cli.parse_args(["--config", "c.toml", "--acts", "gelu,relu", "--seeds", "1", "--out-dir", "x", *argv])
+        cli.parse_args(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu,relu", "--seeds", "1", "--out-dir", "x", *argv])
     assert message in capsys.readouterr().err
 
 
@@ -514,7 +514,7 @@ def test_later_seeds_reuse_the_first_seeds_kernel_path_and_the_report_names_it(t
            "- nswish: MIXED: seed 1: nswish Triton kernel; seed 2: nswish PyTorch\n" in md
     assert json.loads((tmp_path / "s" / "sweep.json").read_text())["kernel_paths"]["aglu"] == "aglu Triton kernel"
     with pytest.raises(SystemExit):
-        cli.parse_args(["--config", "c.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "o",
+        cli.parse_args(["--config", "configs/gpt2_cpu_tiny.toml", "--acts", "gelu", "--seeds", "1", "--out-dir", "o",
                           "--kernels-from", "x"])
 
 
