@@ -228,7 +228,7 @@ def peak_memory_child(args, spec):
     return int(out.stdout.strip().splitlines()[-1])
 
 
-def main(argv=None):
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--acts", default="reference,gelu,aglu,nswish", help="contenders (see above)")
     p.add_argument("--preset", default="tiny", choices=PRESETS)
@@ -258,42 +258,34 @@ def main(argv=None):
     # bf16 autocast, as a run's --dtype auto, on GPUs that have it; float32 elsewhere (a timing without the GradScaler
     # that float16 training needs would not be a run's step)
     args.precision = "bfloat16" if args.device.startswith("cuda") and detect(args.device).bf16 else "float32"
-    if args.device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    return args
 
-    if args.child_memory:
-        runner = prepare(args, parse_contender(args.child_memory, args))
-        for i in range(args.warmup + 2):
-            runner.step(i)
-        print(peak_rss())
-        return
 
-    contenders = [parse_contender(spec, args) for spec in split_acts(args.acts)]
-    labels = [c["label"] for c in contenders]
-    if len(set(labels)) != len(labels):
-        raise SystemExit(f"error: --acts lists a contender twice: {args.acts}")
+def timed_rounds(args, contenders):
+    """(runner per label, step times per label): every contender warmed up, then timed in interleaved rounds."""
     runners = {}
     for c in contenders:
         runners[c["label"]] = prepare(args, c)
         for i in range(args.warmup):  # compilation and allocator warm-up stay out of the timings
             runners[c["label"]].step(i)
-    times = {label: [] for label in labels}
+    times = {label: [] for label in runners}
     for _ in range(args.rounds):
-        for label in labels:
-            step = runners[label].step
+        for label, runner in runners.items():
             for i in range(args.steps):
                 t0 = time.perf_counter()
-                step(i)
+                runner.step(i)
                 times[label].append(time.perf_counter() - t0)
-    del step
+    return runners, times
 
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
+
+def measured(args, contenders, runners, times, device_name):
+    """Each contender's row (measure()), in order. Each is measured, then freed (popped from runners): the next
+    one's eager forward finds its memory."""
     with torch.device("meta"):  # the reference's model FLOPs: nanoact's GPT with GPT-2's own MLP
         plain = GPT(GPTConfig(**args.shape), seed=0)
     memory = device_memory(args.device)
     results = {}
-    for c in contenders:  # each measured, then freed: the next one's eager forward finds its memory
+    for c in contenders:
         runner = runners.pop(c["label"])
         results[c["label"]] = measure(args, c, runner, statistics.median(times[c["label"]]), memory, plain,
                                       device_name)
@@ -302,14 +294,18 @@ def main(argv=None):
             memory.empty_cache()
             results[c["label"]]["kept_bytes"] = memory.memory_allocated() - storage_bytes(
                 [t for r in runners.values() for t in r.held_tensors()])
+    return results
 
-    base_label = labels[0]
+
+def print_table(args, results, device_name):
+    """The rows, with ratios to the first contender."""
+    base_label = next(iter(results))
     base = results[base_label]
     shape = f" {args.shape_text}" if args.shape_text != "{}" else ""
     print(f"preset {args.preset}{shape} | B={args.batch_size} T={args.seq_len} | device {device_name or args.device} | "
           f"compile {args.compile} | {args.precision} | median of {args.rounds}x{args.steps} steps"
           f" | torch {torch.__version__}")
-    width = max(len(label) for label in labels)
+    width = max(len(label) for label in results)
     mib = lambda b: "n/a" if b is None else f"{b / 2**20:.0f}"
     ratio = lambda a, b: "n/a" if a is None or b is None else f"{a / b:.3f}"
     print(f"{'contender':{width}s} {'params*':>9s} {'ms/step':>9s} {'tok/s':>10s} {'MFU':>6s} {'held MiB':>9s} {'peak MiB':>9s} "
@@ -320,6 +316,27 @@ def main(argv=None):
               f"{mib(r['held_bytes']):>9s} {mib(r['peak_bytes']):>9s} "
               f"{r['saved_bytes'] / 2**20:9.1f} {r['tok_per_s'] / base['tok_per_s']:11.3f} "
               f"{ratio(r['peak_bytes'], base['peak_bytes']):>10s}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if args.child_memory:
+        runner = prepare(args, parse_contender(args.child_memory, args))
+        for i in range(args.warmup + 2):
+            runner.step(i)
+        print(peak_rss())
+        return
+    contenders = [parse_contender(spec, args) for spec in split_acts(args.acts)]
+    labels = [c["label"] for c in contenders]
+    if len(set(labels)) != len(labels):
+        raise SystemExit(f"error: --acts lists a contender twice: {args.acts}")
+    runners, times = timed_rounds(args, contenders)
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
+    results = measured(args, contenders, runners, times, device_name)
+    print_table(args, results, device_name)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "shape": args.shape,
                                                "device": device_name or f"{cpu_model()}, {torch.get_num_threads()} threads",
