@@ -150,7 +150,8 @@ def main():
                    "the base of every ratio, always runs")
     p.add_argument("--json", metavar="OUT", help="write the results here")
     args = p.parse_args()
-    names = unique_names() if args.acts is None else ["gelu", *(a for a in args.acts.split(",") if a not in ("gelu", ""))]
+    asked = [a for a in (args.acts or "").split(",") if a and a != "gelu"]
+    names = ["gelu", *asked] if args.acts else unique_names()
 
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]

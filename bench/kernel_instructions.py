@@ -117,7 +117,8 @@ def usage(kernel, name):
 
 
 def arch_rows(arch, commit=None, dtypes=("bf16", "fp32"), kernels=None):
-    """One row per (variant, dtype) for sm_`arch`: usage() and instructions per element, or the error."""
+    """One row per (variant, dtype) for sm_`arch`: usage() and instructions per element, or the error. kernels: the
+    names of the kernels to count (default all)."""
     try:  # is this arch one the installed Triton (and its ptxas) targets at all?
         compile_one(_copy, {}, {}, {}, "fp32", arch)
     except Exception as e:  # noqa: BLE001 - reported as the row: an arch this Triton has no backend for
