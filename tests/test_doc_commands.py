@@ -57,18 +57,20 @@ def plan(target, args, tree):
             or not all((tree / p).exists() for p in reads)):
         return "help", ["--help"]
     if trains(our_file(target)) or any(p.startswith("configs/") for p in reads):
-        return ("dry-run", [*args, *{"--dry-run"} - set(args)]) if accepts(our_file(target))("--dry-run") else ("help", ["--help"])
+        if accepts(our_file(target))("--dry-run"):
+            return "dry-run", list(args) if "--dry-run" in args else [*args, "--dry-run"]
+        return "help", ["--help"]
     return ("run", list(args)) if reads else ("help", ["--help"])
 
 
 def gpt2_run(path, act, labels):
     """A tiny GPT-2 run as the recipe leaves it: logs with telemetry, its last checkpoint and that step's HellaSwag
     items (with these labels: those of the file eval/hellaswag.py then scores, in $NANOACT_CACHE)."""
-    shutil.copytree(tiny_checkpoint(path.parent / f"checkpoint_{act}", act=act, step=STEP).parent, path)
     from eval.hellaswag_items import run_items_file
 
+    shutil.copytree(tiny_checkpoint(path.parent / f"checkpoint_{act}", act=act, step=STEP).parent, path)
     add_telemetry(our_run(path, act=act))
-    for items in (run_items_file(path, STEP), path / f"hellaswag_{STEP}_items.jsonl.gz"):  # the run's, eval/hellaswag.py's
+    for items in (run_items_file(path, STEP), path / f"hellaswag_{STEP}_items.jsonl.gz"):  # the run's, hellaswag.py's
         write_items_file(items, labels, [(label + len(act)) % 4 for label in labels], ("completion", "lm_eval"), STEP)
 
 
