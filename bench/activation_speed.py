@@ -3,6 +3,7 @@ GPT-2 MLP shape (rows x 3072), eager and torch.compile'd, with ratios to GELU fr
 
     python bench/activation_speed.py                                  # CPU 2048x3072 fp32 (+ CUDA 65536x3072 bf16 if present)
     python bench/activation_speed.py --device cuda --rows 65536 --dtype bfloat16 --json out.json
+    python bench/activation_speed.py --device cpu --acts gelu,aglu --rows 64 --rounds 1   # two of them, toy size
 
 The parametric activations (AGLU, APA, NSwish, NReLU) run once per implementation: `torch` (the
 PyTorch path) and, on CUDA with Triton, `triton` (the fused kernels of activations/kernels.py); the
@@ -41,10 +42,10 @@ def unique_names():
     return names
 
 
-def variants(impls):
+def variants(impls, names):
     """(name, impl) pairs: the fixed activations once (impl None), the parametric ones per impl."""
     out = []
-    for name in unique_names():
+    for name in names:
         takes_impl = "impl" in inspect.signature(type(activations.build(name)).__init__).parameters
         out += [(name, impl) for impl in impls] if takes_impl else [(name, None)]
     return out
@@ -80,12 +81,12 @@ def step(fn, module, x, grad):
     return torch.autograd.grad(out, [x, *module.parameters()], grad)
 
 
-def bench_device(device, rows, dtype, rounds, warmup, impls):
+def bench_device(device, rows, dtype, rounds, warmup, impls, names):
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     x = torch.randn(rows, WIDTH, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn(rows, WIDTH, device=device, dtype=dtype)
     cases = {}
-    for name, impl in variants(impls):
+    for name, impl in variants(impls, names):
         module = build(name, impl).to(device)
         cases[(name, impl, "eager")] = (module, module)
         compiled = build(name, impl).to(device)
@@ -103,7 +104,7 @@ def bench_device(device, rows, dtype, rounds, warmup, impls):
             sync()
             times[key].append(time.perf_counter() - t0)
     results = []
-    for name, impl in variants(impls):
+    for name, impl in variants(impls, names):
         row = {"name": name, "impl": impl}
         for mode in ("eager", "compiled"):
             fn, module = cases[(name, impl, mode)]
@@ -145,8 +146,12 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--impl", help="comma-separated implementations of the parametric activations; default "
                    "torch on cpu, torch,triton on cuda with Triton (triton on cpu needs TRITON_INTERPRET=1)")
+    p.add_argument("--acts", help="comma-separated activations (default: one name per registered class); gelu, "
+                   "the base of every ratio, always runs")
     p.add_argument("--json", metavar="OUT", help="write the results here")
     args = p.parse_args()
+    asked = [a for a in (args.acts or "").split(",") if a and a != "gelu"]
+    names = ["gelu", *asked] if args.acts else unique_names()
 
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
@@ -165,7 +170,7 @@ def main():
         rows = args.rows or (65536 if device == "cuda" else 2048)
         dtype = getattr(torch, args.dtype or ("bfloat16" if device == "cuda" else "float32"))
         impls = args.impl.split(",") if args.impl else ["torch"] + (["triton"] if device == "cuda" and kernels else [])
-        results = bench_device(device, rows, dtype, args.rounds, args.warmup, impls)
+        results = bench_device(device, rows, dtype, args.rounds, args.warmup, impls, names)
         name = device if device == "cpu" else torch.cuda.get_device_name()
         print_table(name, rows, dtype, results)
         report["runs"].append({"device": device, "device_name": name, "rows": rows, "dtype": str(dtype),

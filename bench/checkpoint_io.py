@@ -4,6 +4,7 @@ this is the cost per checkpoint.
 
     python bench/checkpoint_io.py                      # GPT-2 124M, 3 rounds, files in a temporary directory
     python bench/checkpoint_io.py --dir /shared/ckpt   # on the filesystem your runs write to
+    python bench/checkpoint_io.py --smoke --rounds 1   # a 2-layer, 64-wide GPT (tests the script itself)
 
 Rows: `torch.save + fsync` is the save as it was (temporary file, fsync, rename); `save_checkpoint` adds the
 checksum computed while writing, the sidecar and the read-back that verifies the file before older ones may
@@ -26,8 +27,8 @@ from training.checkpoint import checkpoint_path, read_checkpoint_file, save_chec
 from training.optimizer import adamw
 
 
-def training_state():
-    model = GPT(GPTConfig(), seed=0)
+def training_state(config):
+    model = GPT(config, seed=0)
     optimizer = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, "cpu")
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -53,8 +54,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", help="where the checkpoints are written (default: a temporary directory)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help="a 2-layer, 64-wide GPT instead of GPT-2 124M")
     args = p.parse_args()
-    state = training_state()
+    state = training_state(GPTConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=512) if args.smoke else GPTConfig())
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         out = Path(tmp)
         times = {name: [] for name in ("torch.save + fsync", "save_checkpoint", "torch.load", "read_checkpoint_file")}

@@ -4,6 +4,7 @@ target with no GPU present (Triton's bundled ptxas and cuobjdump), with register
     python bench/kernel_instructions.py                   # sm_80 and sm_90, the working tree's kernels
     python bench/kernel_instructions.py --commit a84bf53  # the kernels.py of a commit (before/after)
     python bench/kernel_instructions.py --json 80 90 100  # one JSON row per variant (tests/test_kernels.py)
+    python bench/kernel_instructions.py 80 --kernels _apa_kernel --dtypes fp32   # one kernel's variants
 
 The kernels are straight-line code (no loops): each thread handles BLOCK / (32 num_warps) elements, unrolled, so
 the static SASS count divided by that is the instructions issued per element, the program's fixed work (loads
@@ -115,8 +116,9 @@ def usage(kernel, name):
     return {**found, "sass": sass, "mufu": mufu}
 
 
-def arch_rows(arch, commit=None, dtypes=("bf16", "fp32")):
-    """One row per (variant, dtype) for sm_`arch`: usage() and instructions per element, or the error."""
+def arch_rows(arch, commit=None, dtypes=("bf16", "fp32"), kernels=None):
+    """One row per (variant, dtype) for sm_`arch`: usage() and instructions per element, or the error. kernels: the
+    names of the kernels to count (default all)."""
     try:  # is this arch one the installed Triton (and its ptxas) targets at all?
         compile_one(_copy, {}, {}, {}, "fp32", arch)
     except Exception as e:  # noqa: BLE001 - reported as the row: an arch this Triton has no backend for
@@ -124,6 +126,8 @@ def arch_rows(arch, commit=None, dtypes=("bf16", "fp32")):
     K = load_kernels(commit)
     rows = []
     for fn, scalars, constexprs, options in variants(K):
+        if kernels and fn.__name__ not in kernels:
+            continue
         per_thread = constexprs["BLOCK"] // (32 * options.get("num_warps", 4))
         for dtype in dtypes:
             row = {"arch": arch, "kernel": fn.__name__, "dtype": dtype, **constexprs, **options}
@@ -155,6 +159,7 @@ def main(argv=None):
     p.add_argument("--commit", help="count the kernels.py of this commit instead of the working tree's")
     p.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp32, fp16")
     p.add_argument("--json", action="store_true", help="one JSON row per variant (bf16 and fp32)")
+    p.add_argument("--kernels", help="comma-separated kernel names, e.g. _apa_kernel (default: every kernel)")
     args = p.parse_args(argv)
     missing = toolchain()
     if missing and args.json:  # for tests/test_kernels.py to skip on, saying why
@@ -163,9 +168,9 @@ def main(argv=None):
     if missing:
         raise SystemExit(f"error: {missing}; reinstall triton (pip install triton) to count instructions")
     dtypes = ("bf16", "fp32") if args.json else tuple(args.dtypes.split(","))
-    with ProcessPoolExecutor(min(2, len(args.archs))) as pool:
-        results = list(pool.map(arch_rows, args.archs, [args.commit] * len(args.archs),
-                                [dtypes] * len(args.archs)))
+    kernels, n = args.kernels and args.kernels.split(","), len(args.archs)
+    with ProcessPoolExecutor(min(2, n)) as pool:
+        results = list(pool.map(arch_rows, args.archs, [args.commit] * n, [dtypes] * n, [kernels] * n))
     rows = [row for arch in results for row in arch]
     if args.json:
         for row in rows:
@@ -181,6 +186,8 @@ def main(argv=None):
         print(f"sm_{row['arch']} {row['dtype']:<4} {label(row):<45} {row['per_element']:6.1f} "
               f"{row['mufu_per_element']:5.2f}  "
               f"({row['REG']} registers{f', {spills} bytes spilled' if spills else ''})")
+    if failed := sum("error" in row for row in rows):
+        raise SystemExit(f"error: {failed} of {len(rows)} variants did not compile")
 
 
 if __name__ == "__main__":

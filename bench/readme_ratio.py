@@ -2,6 +2,7 @@
 shards, then the tiny run), alternated, so that the ratio is measured on one machine in one sitting.
 
     python bench/readme_ratio.py --pairs 2
+    python bench/readme_ratio.py --dry-run       # the commands it would time, run nothing
 
 Cold: every __pycache__ of the tree deleted, inductor's /tmp/torchinductor_$USER removed, and new empty
 TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and NANOACT_CACHE. The job prepares its shards from ../shared's offline
@@ -11,6 +12,7 @@ to take at most twice the job.
 import argparse
 import getpass
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -29,23 +31,30 @@ def timed(cmd, env, log):
     return time.perf_counter() - t0, code
 
 
-def cold_tests(env, log):
-    for cache in ROOT.rglob("__pycache__"):
-        shutil.rmtree(cache, ignore_errors=True)
-    shutil.rmtree(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}", ignore_errors=True)
-    fresh = {name: tempfile.mkdtemp() for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "NANOACT_CACHE")}
-    return timed([sys.executable, "-m", "pytest", "-n", "auto", "--dist", "loadgroup", "tests", "-q",
-                  "-p", "no:cacheprovider"], {**env, **fresh}, log)
+TESTS = [sys.executable, "-m", "pytest", "-n", "auto", "--dist", "loadgroup", "tests", "-q", "-p", "no:cacheprovider"]
 
 
-def readme_job(env, log):
-    work = Path(tempfile.mkdtemp())
+def job_commands(work):
+    """The README job's two commands, its files under work: the shards, then the tiny run."""
     source = (["--input", str(TEXT / "tinyshakespeare.txt"), *map(str, sorted((TEXT / "c4_sample").glob("*.json.gz"))),
                *map(str, sorted((TEXT / "wikitext2").glob("*.txt")))] if TEXT.is_dir() else
               ["--streaming", "--max-docs", "2000"])
     shards = [sys.executable, "data/fineweb.py", *source, "--shard-size", "1e6", "--out", str(work / "tiny_shards")]
     train = [sys.executable, "train_gpt2.py", "--config", "configs/gpt2_cpu_tiny.toml", "--act", "aglu",
              "--data-dir", str(work / "tiny_shards"), "--out-dir", str(work / "run")]
+    return shards, train
+
+
+def cold_tests(env, log):
+    for cache in ROOT.rglob("__pycache__"):
+        shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}", ignore_errors=True)
+    fresh = {name: tempfile.mkdtemp() for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "NANOACT_CACHE")}
+    return timed(TESTS, {**env, **fresh}, log)
+
+
+def readme_job(env, log):
+    shards, train = job_commands(Path(tempfile.mkdtemp()))
     seconds, code = timed(shards, env, log)
     if code == 0:
         more, code = timed(train, env, log)
@@ -58,7 +67,12 @@ def main():
     p.add_argument("--pairs", type=int, default=1, help="tests then job, this many times (default 1)")
     p.add_argument("--log", default=str(Path(tempfile.gettempdir()) / "readme_ratio.log"),
                    help="both commands' output (default: %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands each pair times, run nothing")
     args = p.parse_args()
+    if args.dry_run:
+        for name, cmd in (("tests (cold caches)", TESTS), *zip(("job: shards", "job: run"), job_commands(Path("WORK")))):
+            print(f"{name}: {shlex.join(cmd)}")
+        return
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     ratios = []
     with open(args.log, "w") as log:

@@ -261,9 +261,8 @@ def parse_args(argv):
     return args
 
 
-def timed_steps(args, contenders):
-    """({label: its prepared runner}, {label: [seconds of each timed step]}): every contender warmed up first, then
-    timed in interleaved rounds, so that a drift of the machine's speed falls on all of them alike."""
+def timed_rounds(args, contenders):
+    """(runner per label, step times per label): every contender warmed up, then timed in interleaved rounds."""
     runners = {}
     for c in contenders:
         runners[c["label"]] = prepare(args, c)
@@ -279,9 +278,9 @@ def timed_steps(args, contenders):
     return runners, times
 
 
-def measure_all(args, contenders, runners, times, device_name):
-    """{label: measure()'s numbers}, each contender measured and then freed: the next one's eager forward finds its
-    memory."""
+def measured(args, contenders, runners, times, device_name):
+    """Each contender's row (measure()), in order. Each is measured, then freed (popped from runners): the next
+    one's eager forward finds its memory."""
     with torch.device("meta"):  # the reference's model FLOPs: nanoact's GPT with GPT-2's own MLP
         plain = GPT(GPTConfig(**args.shape), seed=0)
     memory = device_memory(args.device)
@@ -299,6 +298,7 @@ def measure_all(args, contenders, runners, times, device_name):
 
 
 def print_table(args, results, device_name):
+    """The rows, with ratios to the first contender."""
     base_label = next(iter(results))
     base = results[base_label]
     shape = f" {args.shape_text}" if args.shape_text != "{}" else ""
@@ -323,27 +323,26 @@ def main(argv=None):
     if args.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-
     if args.child_memory:
         runner = prepare(args, parse_contender(args.child_memory, args))
         for i in range(args.warmup + 2):
             runner.step(i)
         print(peak_rss())
         return
-
     contenders = [parse_contender(spec, args) for spec in split_acts(args.acts)]
     labels = [c["label"] for c in contenders]
     if len(set(labels)) != len(labels):
         raise SystemExit(f"error: --acts lists a contender twice: {args.acts}")
-    runners, times = timed_steps(args, contenders)
+    runners, times = timed_rounds(args, contenders)
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else None
-    results = measure_all(args, contenders, runners, times, device_name)
+    results = measured(args, contenders, runners, times, device_name)
     print_table(args, results, device_name)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "shape": args.shape,
                                                "device": device_name or f"{cpu_model()}, {torch.get_num_threads()} threads",
                                                "torch": torch.__version__,
                                                "results": results}, indent=2))
+
 
 if __name__ == "__main__":
     main()

@@ -5,8 +5,10 @@
     python bench/translation_compile.py --device cuda           # a GPU: the same tables
     python bench/translation_compile.py --skip-steps            # only the graph counts
     python bench/translation_compile.py --skip-graphs --ways whole,layers_dynamic --steps 1   # only the steps
+    python bench/translation_compile.py --train-prefix PREFIX --vocab 64 --layers 1 --rows 2 --length 8 \
+        --ways layers_dynamic --steps 1 --backend eager  # every part at toy size (tests the script itself)
 
-1. Graphs over one epoch of real batches: the IWSLT 2016 sample (../shared/assets/iwslt), sentencepiece
+1. Graphs over one epoch of real batches: the IWSLT 2016 sample (../shared/assets/iwslt, or --train-prefix), sentencepiece
    --vocab, pairs of <= 50 pieces, batches of 4096 tokens padded to multiples of 8 (the trainer's compiled
    batches). Dynamo's counters under backend "eager" (dynamo's graphs are the same whatever backend compiles them
    afterwards) on a model of the default depth made narrow (d 64, token ids folded into 512) so a CPU walks the
@@ -15,6 +17,7 @@
    through the default model (vocab --vocab), forward and backward, each way in a fresh process with an empty
    inductor cache; then --steps eager and compiled steps interleaved (A B A B) in that process: target tokens/s
    and the compiled loss against the eager one on the same batch (dropout 0, so they are the same computation).
+   Both models start from init seed 0 (the weights every figure in BENCHMARKS.md was measured with).
 """
 import argparse
 import contextlib
@@ -44,7 +47,7 @@ WAYS = ("whole", "layers_static", "layers_dynamic")
 FOLD = 512  # the epoch's token ids modulo this vocabulary: graphs depend on shapes, not ids; the output layer is cheap
 
 
-def compile_way(way, model, backend="inductor"):
+def compile_way(way, model, backend):
     if way == "whole":
         return torch.compile(model, dynamic=False, backend=backend)
     return RegionallyCompiled(model, dynamic=way == "layers_dynamic", backend=backend)
@@ -59,8 +62,8 @@ def epoch_graphs(args, way, loader):
     """(graphs compiled in the warm-up, graphs compiled during the epoch, seconds of the epoch) for one way."""
     torch._dynamo.reset()
     counters.clear()
-    torch.manual_seed(0)
-    model = Transformer(dataclasses.replace(model_config(args, d_model=64, ffn_dim=128), vocab_size=FOLD)).train()
+    model = Transformer(dataclasses.replace(model_config(args, d_model=64, ffn_dim=128), vocab_size=FOLD),
+                        seed=0).train()
     compiled = compile_way(way, model, backend="eager")
     warmed, epoch_start = 0, time.perf_counter()
     if way == "whole":
@@ -77,13 +80,13 @@ def epoch_graphs(args, way, loader):
 
 
 def graphs_table(args):
-    src, tgt = load_split("train", "de", "en", prefix=str(SAMPLE))
+    src, tgt = load_split("train", "de", "en", prefix=args.train_prefix)
     sp = load_sentencepiece(sentencepiece_model(src, tgt, args.vocab, "bpe", args.spm_dir))
     ids = encode(sp, src, tgt, 50)
-    print(f"\n{SAMPLE.name}: {len(ids[0])} pairs, {args.vocab}-piece vocabulary; a {args.layers}L-{args.layers}L "
+    print(f"\n{Path(args.train_prefix).name}: {len(ids[0])} pairs, {args.vocab}-piece vocabulary; a {args.layers}L-{args.layers}L "
           f"d 64 {args.act} model, backend eager\n")
     print("| compiled | padded shapes | batches | graphs in the warm-up | graphs during the epoch |\n|---|---|---|---|---|")
-    for way in WAYS:
+    for way in args.ways.split(","):
         loader = TokenBatchLoader(*ids, args.max_tokens, seed=0, pad_multiple=8)
         warmed, during, _ = epoch_graphs(args, way, loader)
         print(f"| {way} | {loader.shapes()} | {len(loader)} | {warmed} | {during} |", flush=True)
@@ -91,10 +94,9 @@ def graphs_table(args):
 
 def one_way(args):
     """In a fresh process: the first compiled step, then eager and compiled steps interleaved. Prints JSON."""
-    torch.manual_seed(0)
     device = torch.device(args.device)
-    model = Transformer(model_config(args)).to(device).train()
-    compiled = compile_way(args.one, model)
+    model = Transformer(model_config(args), seed=0).to(device).train()
+    compiled = compile_way(args.one, model, args.backend)
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, args.vocab, (args.rows, args.length), generator=g).to(device)
     tgt = torch.randint(4, args.vocab, (args.rows, args.length), generator=g).to(device)
@@ -130,9 +132,9 @@ def cpu_seconds():
 
 
 def steps_table(args):
-    params = Transformer(model_config(args)).num_params()
+    params = Transformer(model_config(args), seed=0).num_params()
     print(f"\nfirst compiled step: {params / 1e6:.2f}M parameters, {args.layers}L-{args.layers}L d 512 {args.act}, "
-          f"one batch of {args.rows} x {args.length} tokens, {args.device}; then {args.steps} eager and compiled steps "
+          f"one batch of {args.rows} x {args.length} tokens, {args.device}, backend {args.backend}; then {args.steps} eager and compiled steps "
           "interleaved\n")
     print("| compiled | first step (s) | its CPU-s | graphs | eager tgt tok/s | compiled tgt tok/s | compiled / eager | "
           "loss rel. diff |\n|---|---|---|---|---|---|---|---|")
@@ -161,6 +163,8 @@ def main(argv=None):
     p.add_argument("--length", type=int, default=32)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--spm-dir", default="/tmp/nanoact_spm")
+    p.add_argument("--train-prefix", default=str(SAMPLE), help="the epoch's pairs: PREFIX.de and PREFIX.en")
+    p.add_argument("--backend", default="inductor", help="the steps' compiler (eager: dynamo alone, no code generated)")
     p.add_argument("--ways", default=",".join(WAYS))
     p.add_argument("--skip-steps", action="store_true")
     p.add_argument("--skip-graphs", action="store_true")

@@ -120,19 +120,21 @@ def hellaswag_file(tmp_path):
     return lambda n=12, seed=0, name="hellaswag_fake.jsonl": write_hellaswag(tmp_path / name, n, seed)
 
 
-@pytest.fixture
-def write_items():
-    """write(path, labels, pred_norm, scorings) -> an items file (eval/hellaswag_items.py) whose acc_norm
-    predictions are pred_norm, for every scoring named (acc: always ending 0)."""
+def write_items_file(path, labels, pred_norm, scorings=("completion",), step=5):
+    """An items file (eval/hellaswag_items.py) at path whose acc_norm predictions are pred_norm, for every scoring
+    named (acc: always ending 0)."""
     from eval import hellaswag_items
 
-    def write(path, labels, pred_norm, scorings=("completion",), step=5):
-        records = []
-        for i, (label, pred) in enumerate(zip(labels, pred_norm)):
-            div = [1.0, 1.0, 1.0, 1.0]
-            div[pred] = 100.0  # ll / div is highest for the predicted ending (-x/100 > -4)
-            records.append({"i": i, "label": label, **{s: hellaswag_items.scoring_record([-4.0, -5.0, -6.0, -7.0], div)
-                                                       for s in scorings}})
-        return hellaswag_items.write(path, {"n": len(labels), "scorings": list(scorings), "step": step}, records)
+    records = []
+    for i, (label, pred) in enumerate(zip(labels, pred_norm)):
+        div = [1.0, 1.0, 1.0, 1.0]
+        div[pred] = 100.0  # ll / div is highest for the predicted ending (-x/100 > -4)
+        records.append({"i": i, "label": label, **{s: hellaswag_items.scoring_record([-4.0, -5.0, -6.0, -7.0], div)
+                                                   for s in scorings}})
+    return hellaswag_items.write(path, {"n": len(labels), "scorings": list(scorings), "step": step}, records)
 
-    return write
+
+@pytest.fixture
+def write_items():
+    """write(path, labels, pred_norm, scorings, step) -> write_items_file."""
+    return write_items_file

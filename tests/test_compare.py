@@ -210,14 +210,19 @@ def test_tokens_axis_and_its_error(tmp_path):
         compare.main([str(tmp_path / "nanogpt"), "-o", str(tmp_path / "u.png"), "--x", "tokens"])
 
 
-def test_telemetry_png(tmp_path):
-    path = our_run(tmp_path / "r")
+def add_telemetry(path):
+    """Telemetry records of 3 AGLU layers at steps 0, 10, 20 appended to our_run(path)'s metrics."""
     with open(path / "metrics.jsonl", "a") as f:
         for step in (0, 10, 20):
             layers = [{"name": f"h.{i}.mlp.act", "kind": "AGLU", "sparsity": 0.1, "out_mean": 0.0, "out_std": 1.0,
                        "rho": 0.5 + i / 10, "rho_prime": 0.4, "params": {"kappa": 1 + step / 100 + i, "lam": 0.5}}
                       for i in range(3)]
             f.write(json.dumps({"step": step, "kind": "eval", "telemetry": {"layers": layers, "anact_score": 1.0}}) + "\n")
+
+
+def test_telemetry_png(tmp_path):
+    path = our_run(tmp_path / "r")
+    add_telemetry(path)
     compare.main([str(path), "-o", str(tmp_path / "c.png"), "--telemetry"])
     data = (tmp_path / "c_telemetry.png").read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
