@@ -56,8 +56,10 @@ from activations import policy, selfcheck  # noqa: E402
 from activations.impl import kernels  # noqa: E402
 from bench.check_runner import (Skip, bounded_section, left, release, run, section_child, skipped,  # noqa: E402
                                 table)
+from errors import DistributedError  # noqa: E402
 from training.config import ConfigError  # noqa: E402
-from training.hardware import choose_compile, choose_precision, detect  # noqa: E402
+from training.hardware import (check_cuda, choose_compile, choose_precision, detect, dotted,  # noqa: E402
+                               read_cuda_stack)
 from training.loop import COMPILE_MODES  # noqa: E402
 from training.precision import PRECISIONS  # noqa: E402
 from training.runlog import git_revision  # noqa: E402
@@ -440,10 +442,11 @@ CHECKS = {"kernels": check_kernels, "train_step": check_train_step, "loss_chunks
 
 
 # ---------------------------------------------------------------- report
-def environment(device):
+def environment(device, stack):
     p = detect(device)
     env = {"device": p.name, "capability": p.sm, "bf16": p.bf16, "torch": torch.__version__, "triton": p.triton,
-           "cuda": torch.version.cuda, "python": platform.python_version(), "git": git_revision(),
+           "cuda": torch.version.cuda, "driver_cuda": dotted(stack.driver_cuda) if stack.driver_cuda else None,
+           "python": platform.python_version(), "git": git_revision(),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:])}
     if device == "cuda":
@@ -456,7 +459,8 @@ def environment(device):
 
 def markdown(env, results):
     lines = [f"### gpu_check: {env['device']} ({env['capability']}), {env['date']}", "",
-             f"torch {env['torch']}, Triton {env['triton']}, CUDA {env['cuda']}, Python {env['python']}, "
+             f"torch {env['torch']}, Triton {env['triton']}, CUDA {env['cuda']} (driver {env['driver_cuda']}), "
+             f"Python {env['python']}, "
              f"git {env['git']}; command `{env['command']}`", "", *table(results)]
     return "\n".join(lines) + "\n"
 
@@ -486,6 +490,11 @@ def main(argv=None):
     unknown = set(only) - set(SECTIONS)
     if unknown:
         raise SystemExit(f"error: unknown check(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    stack = read_cuda_stack()
+    try:  # a driver, torch build and GPU that cannot work together: no check could run
+        check_cuda("auto", stack)
+    except DistributedError as e:
+        raise SystemExit(f"error: {e}") from None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     platform_ = detect(device)
     precision, use_compile = choose_precision("auto", platform_)[0], choose_compile(None, platform_)[0]  # a run's
@@ -497,11 +506,12 @@ def main(argv=None):
     if args.section:
         return section_child(args.section, CHECKS[args.section], ctx, BOUNDS[args.section][1 if args.quick else 0],
                              args.deadline)
-    env = environment(device)
+    env = environment(device, stack)
     names, duration = plan(only, args.quick, lambda n: args.smoke or device == "cuda" and (
         n != "ddp" or env["gpus"] >= 2) or n == "kernels")
     print(f"gpu_check on {env['device']} ({env['capability']}) | torch {env['torch']} | Triton {env['triton']} | "
-          f"CUDA {env['cuda']}" + (" | smoke sizes" if args.smoke else "") + f"\n{duration}", flush=True)
+          f"CUDA {env['cuda']} (driver {env['driver_cuda']})" + (" | smoke sizes" if args.smoke else "") +
+          f"\n{duration}", flush=True)
     flags = ["--out", out, "--reps", args.reps] + ["--quick"] * args.quick + ["--smoke"] * args.smoke
     results = {}
     started = time.time()

@@ -235,3 +235,18 @@ def test_each_contender_holds_its_state_only_and_its_peak_is_its_own(tmp_path, m
     assert [r["peak_bytes"] for r in results] == [h + step_bytes for h in held]
     assert [r["kept_bytes"] for r in results] == [0] * len(held)  # what train_step reports on a GPU
     assert left == 0  # all freed
+
+
+def test_a_driver_too_old_for_the_wheel_stops_it_in_one_line_before_any_check(tmp_path, monkeypatch):
+    """The GPU image of a cluster: torch 2.11's PyPI wheel (CUDA 13.0) on a V100 with a 535 driver (CUDA 12.2)."""
+    from bench import gpu_check
+    from training.hardware import CudaStack
+
+    stack = CudaStack("2.11.0+cu130", (13, 0), (12, 2), (("Tesla V100-SXM2-32GB", (7, 0)),))
+    monkeypatch.setattr(gpu_check, "read_cuda_stack", lambda: stack)
+    with pytest.raises(SystemExit) as stopped:
+        gpu_check.main(["--out", str(tmp_path / "out")])
+    message = str(stopped.value)
+    assert message.startswith("error: torch 2.11.0+cu130 is built for CUDA 13.0") and "\n" not in message
+    assert "pip install torch==2.11.0 --index-url https://download.pytorch.org/whl/cu126" in message
+    assert not (tmp_path / "out").exists()  # no check ran, nothing written

@@ -213,6 +213,7 @@ class Trainer:
     def fit(self):
         """Train until max_steps (returns the model) or a signal (exits 128 + its number)."""
         cfg, run_cfg = self.cfg, self.cfg.run
+        hardware.check_cuda(run_cfg.device)  # the driver, torch's build and the GPU agree, before anything is built
         d = distributed.setup(run_cfg.device, run_cfg.dist_timeout)
         stop = log = None
         try:
