@@ -25,10 +25,13 @@ and hellaswag (300 items):
                   against eager, padded batches
     ddp           with 2+ GPUs: torchrun on every GPU against grad accumulation on one, same total batch
 
-It first says how long it may take: every section has a wall-clock bound (BOUNDS), past which its child process
-(on a GPU every section is one, its memory the driver's again when it ends) is stopped and it FAILs; the sections
-are run, bounded and reported by bench/check_runner.py, the checks and their fixtures are here. Writes OUT/gpu_check.json and OUT/gpu_check.md (a block to paste into BENCHMARKS.md or
-a bug report: device, torch/Triton/CUDA versions, every figure). Exits 1 when a check FAILs.
+It first checks that the NVIDIA driver, torch's CUDA build and the GPU can work together (training/hardware.py's
+check_cuda: when they cannot, one line naming the build to install, and nothing run), then says how long it may
+take: every section has a wall-clock bound (BOUNDS), past which its child process (on a GPU every section is one,
+its memory the driver's again when it ends) is stopped and it FAILs; the sections are run, bounded and reported by
+bench/check_runner.py, the checks and their fixtures are here. Writes OUT/gpu_check.json and OUT/gpu_check.md (a
+block to paste into BENCHMARKS.md or a bug report: device, torch/Triton/CUDA versions and the driver's CUDA, every
+figure). Exits 1 when a check FAILs.
 """
 import argparse
 import datetime
