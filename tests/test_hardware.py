@@ -3,6 +3,7 @@ float16 + GradScaler path those GPUs without bf16 take."""
 import json
 import re
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -133,6 +134,7 @@ def test_what_no_build_fits_names_the_driver_or_the_cpu():
         "https://download.pytorch.org/whl/cu130")
     kepler = CudaStack("2.13.0+cu130", (13, 0), (12, 4), (("Tesla K80", (3, 7)),))
     assert cuda_mismatch(kepler).endswith("no CUDA build of torch 2.13.0 runs on Tesla K80 (sm_37): use --device cpu")
+    assert cuda_mismatch(replace(kepler, torch_version="2.13.0+cpu", wheel_cuda=None)) is None  # the CPU build it needs
     cpu_build = CudaStack("2.13.0+cpu", None, (12, 4), (V100_GPU,))
     assert cuda_mismatch(cpu_build) == (
         "torch 2.13.0+cpu is not a CUDA build, and this machine has a Tesla V100-SXM2-32GB (sm_70) with a CUDA 12.4 "

@@ -189,12 +189,17 @@ def code_runs_on(arch, capability):
     return device // 10 == code // 10 and device >= code
 
 
+def builds_for(gpus):
+    """[(tag, (driver, its CUDA))] of the CUDA builds (CUDA_BUILDS) that have code for every one of these GPUs."""
+    return [(tag, driver) for tag, (_, driver, archs) in CUDA_BUILDS.items()
+            if all(any(code_runs_on(f"sm_{a}", cap) for a in archs) for _, cap in gpus)]
+
+
 def install_fix(stack):
     """What to do instead: the install line of the newest CUDA build of this torch that the driver and every GPU
     here run, or the driver to update to, or the CPU."""
     release = stack.torch_version.split("+")[0]
-    runs = [(tag, driver) for tag, (_, driver, archs) in CUDA_BUILDS.items()
-            if all(any(code_runs_on(f"sm_{a}", cap) for a in archs) for _, cap in stack.gpus)]
+    runs = builds_for(stack.gpus)
     for tag, (_, driver_cuda) in runs:
         if driver_cuda <= stack.driver_cuda:
             return f"install torch's CUDA {dotted(CUDA_BUILDS[tag][0])} build: pip install torch=={release} " \
@@ -214,6 +219,8 @@ def cuda_mismatch(stack):
         return None
     gpu = f"{stack.gpus[0][0]} (sm_{stack.gpus[0][1][0]}{stack.gpus[0][1][1]})"
     if stack.wheel_cuda is None:
+        if not builds_for(stack.gpus):  # a GPU no build runs (a Kepler): the CPU build is the one that works
+            return None
         return (f"torch {stack.torch_version} is not a CUDA build, and this machine has a {gpu} with a CUDA "
                 f"{dotted(stack.driver_cuda)} driver: {install_fix(stack)}; or --device cpu")
     if stack.wheel_cuda[0] > stack.driver_cuda[0]:
