@@ -39,6 +39,13 @@ def _up(t):
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+def _output(t, dtype):
+    """A Function's output `t` in `dtype`. Under torch.compile a tensor of its own: torch 2.11's dynamo gives zero
+    gradients to a Function whose output was last written in place or is `.to` of itself (2.13 and 2.14 are
+    right); inductor fuses the copy away, and eager mode keeps the in-place ops' memory."""
+    return t.to(dtype, copy=torch.compiler.is_compiling())
+
+
 class _APAFunction(torch.autograd.Function):
     """out = z * eta (gated=True, AGLU) or eta (APA). Saves only z and the two parameters:
     eta is recomputed in backward, so AGLU keeps no more for backward than GELU does.
@@ -51,7 +58,7 @@ class _APAFunction(torch.autograd.Function):
         zf = _up(z)
         _, log2_eta = _log2_eta(zf, _up(kappa), _up(lam).clamp_min(LAM_MIN))
         eta = log2_eta.exp2_()
-        return (eta.mul_(zf) if ctx.gated else eta).to(z.dtype)
+        return _output(eta.mul_(zf) if ctx.gated else eta, z.dtype)
 
     @staticmethod
     def backward(ctx, grad):

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from activations.aglu import _up
+from activations.aglu import _output, _up
 from activations.impl import check_impl, kernels, use_kernels
 from errors import ConfigError
 
@@ -44,7 +44,7 @@ class _NormalizedFunction(torch.autograd.Function):
     def forward(ctx, x, y, scale, mu, kind):
         ctx.kind = kind
         ctx.save_for_backward(x, scale, mu)
-        return torch.sub(y, mu).mul_(scale).to(x.dtype)
+        return _output(torch.sub(y, mu).mul_(scale), x.dtype)
 
     @staticmethod
     def backward(ctx, grad):

@@ -25,24 +25,24 @@ and hellaswag (300 items):
                   against eager, padded batches
     ddp           with 2+ GPUs: torchrun on every GPU against grad accumulation on one, same total batch
 
-It first says how long it may take: every section has a wall-clock bound (BOUNDS), past which its child process
-(on a GPU every section is one, its memory the driver's again when it ends) is stopped and it FAILs. Writes OUT/gpu_check.json and OUT/gpu_check.md (a block to paste into BENCHMARKS.md or
-a bug report: device, torch/Triton/CUDA versions, every figure). Exits 1 when a check FAILs.
+It first checks that the NVIDIA driver, torch's CUDA build and the GPU can work together (training/hardware.py's
+check_cuda: when they cannot, one line naming the build to install, and nothing run), then says how long it may
+take: every section has a wall-clock bound (BOUNDS), past which its child process (on a GPU every section is one,
+its memory the driver's again when it ends) is stopped and it FAILs; the sections are run, bounded and reported by
+bench/check_runner.py, the checks and their fixtures are here. Writes OUT/gpu_check.json and OUT/gpu_check.md (a
+block to paste into BENCHMARKS.md or a bug report: device, torch/Triton/CUDA versions and the driver's CUDA, every
+figure). Exits 1 when a check FAILs.
 """
 import argparse
 import datetime
-import gc
 import json
 import os
 import platform
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -57,8 +57,12 @@ ROOT = Path(__file__).resolve().parents[1]
 import activations  # noqa: E402
 from activations import policy, selfcheck  # noqa: E402
 from activations.impl import kernels  # noqa: E402
+from bench.check_runner import (Skip, bounded_section, left, release, run, section_child, skipped,  # noqa: E402
+                                table)
+from errors import DistributedError  # noqa: E402
 from training.config import ConfigError  # noqa: E402
-from training.hardware import choose_compile, choose_precision, detect  # noqa: E402
+from training.hardware import (check_cuda, choose_compile, choose_precision, detect, dotted,  # noqa: E402
+                               read_cuda_stack)
 from training.loop import COMPILE_MODES  # noqa: E402
 from training.precision import PRECISIONS  # noqa: E402
 from training.runlog import git_revision  # noqa: E402
@@ -70,7 +74,7 @@ QUICK = ("kernels", "resume", "hellaswag")  # what decides whether a run is safe
 # Wall-clock bound of each section, seconds (full, --quick), and what the command spends outside them (Python,
 # torch, Triton and CUDA starting, the environment read, the report written). Each section's work is sized to
 # fit one recent GPU (not measured: no GPU where this was written). On a GPU each section is a child process
-# (section_in_child), its start included in its bound, stopped with all it started at its bound: the section then
+# (check_runner.section_in_child), its start included in its bound, stopped with all it started at its bound: the section then
 # FAILs; inside, timings start no new case near the end, so what was timed is reported. train_step compiles GPT-2
 # 124M for each of its 6 contenders, after the activations' probes. One GPU, full: 10 min in all (one window of a
 # lent machine); --quick: 3 min 10 s.
@@ -79,11 +83,6 @@ QUICK = ("kernels", "resume", "hellaswag")  # what decides whether a run is safe
 BOUNDS = {"kernels": (75, 60), "train_step": (240, None), "loss_chunks": (30, None), "attention": (35, None),
           "resume": (70, 70), "hellaswag": (45, 45), "translation": (90, None), "ddp": (90, None)}
 STARTUP = 15
-CHILD_MARGIN = 5  # a section's child stops its own processes this many seconds before its bound
-
-
-class Skip(Exception):
-    pass
 
 
 def sync():
@@ -102,54 +101,6 @@ def median_ms(step, reps, warmup=3):
         sync()
         times.append(1e3 * (time.perf_counter() - t0))
     return statistics.median(times)
-
-
-class OverBound(Exception):
-    pass
-
-
-def left(ctx):
-    """Seconds left of the running section's bound; OverBound once it is spent."""
-    seconds = ctx.deadline - time.time()
-    if seconds <= 0:
-        raise OverBound(f"the section's {ctx.bound} s bound was spent before it finished")
-    return seconds
-
-
-def run(ctx, cmd, env=None):
-    """A child process of this repository (its own torch, as a user runs it), killed with every process it started
-    (torchrun's workers, a probe) when the section's bound is spent; its output kept for the report."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    release()
-    timeout = left(ctx)
-    with subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True) as child:
-        try:
-            stdout, stderr = child.communicate(timeout=timeout)
-        except BaseException as e:  # the bound, or Ctrl-C: a new session gets no terminal signal, so stop it here
-            os.killpg(child.pid, signal.SIGKILL)
-            child.communicate()
-            if isinstance(e, subprocess.TimeoutExpired):
-                raise OverBound(f"{' '.join(map(str, cmd[1:3]))} did not finish within the section's {ctx.bound} s "
-                                "bound; stopped") from None
-            raise
-    if child.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd[1:3]))} exited {child.returncode}: "
-                           f"{(stderr or stdout).strip()[-1500:]}")
-    return stdout
-
-
-def records(out_dir, kind):
-    rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["kind"] == kind]
-
-
-def release():
-    """This process's cached CUDA memory back to the driver: a child (train_step's contenders, a trainer) can
-    use only what no other process keeps, and the caching allocator keeps what this one's sections freed."""
-    if torch.cuda.is_available():
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 def gpu_batch():
@@ -494,10 +445,11 @@ CHECKS = {"kernels": check_kernels, "train_step": check_train_step, "loss_chunks
 
 
 # ---------------------------------------------------------------- report
-def environment(device):
+def environment(device, stack):
     p = detect(device)
     env = {"device": p.name, "capability": p.sm, "bf16": p.bf16, "torch": torch.__version__, "triton": p.triton,
-           "cuda": torch.version.cuda, "python": platform.python_version(), "git": git_revision(),
+           "cuda": torch.version.cuda, "driver_cuda": dotted(stack.driver_cuda) if stack.driver_cuda else None,
+           "python": platform.python_version(), "git": git_revision(),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:])}
     if device == "cuda":
@@ -508,29 +460,11 @@ def environment(device):
     return env
 
 
-def flat(fig, prefix=""):
-    """'key value' pairs of nested figures, for the markdown table."""
-    items = []
-    for k, v in fig.items():
-        if isinstance(v, dict):
-            items += flat(v, f"{prefix}{k}.")
-        elif isinstance(v, float):
-            items.append(f"{prefix}{k} {v:.4g}")
-        elif isinstance(v, list):
-            items.append(f"{prefix}{k} " + "; ".join(map(str, v)))
-        else:
-            items.append(f"{prefix}{k} {v}")
-    return items
-
-
 def markdown(env, results):
     lines = [f"### gpu_check: {env['device']} ({env['capability']}), {env['date']}", "",
-             f"torch {env['torch']}, Triton {env['triton']}, CUDA {env['cuda']}, Python {env['python']}, "
-             f"git {env['git']}; command `{env['command']}`", "", "| check | result | seconds | figures |",
-             "|---|---|---|---|"]
-    for name, r in results.items():
-        figures = r.get("reason") or "<br>".join(flat(r.get("figures", {})))
-        lines.append(f"| {name} | {r['status']} | {r.get('seconds', '')} | {figures.replace('|', '/')} |")
+             f"torch {env['torch']}, Triton {env['triton']}, CUDA {env['cuda']} (driver {env['driver_cuda']}), "
+             f"Python {env['python']}, "
+             f"git {env['git']}; command `{env['command']}`", "", *table(results)]
     return "\n".join(lines) + "\n"
 
 
@@ -542,40 +476,6 @@ def plan(only, quick, runs_here):
     bound = STARTUP + sum(BOUNDS[n][1 if quick else 0] for n in running)
     return names, (f"{len(running)} section(s) to run: {', '.join(running)}; each stops at its time bound, so at "
                    f"most {bound // 60} min {bound % 60} s in all ({STARTUP} s of it starting and reporting)")
-
-
-def section(name, ctx):
-    """Run one section in this process: {"status", "figures"} or {"status", "reason"}."""
-    try:
-        ok, figures = CHECKS[name](ctx)
-        return {"status": "PASS" if ok else "FAIL", "figures": figures}
-    except Skip as e:
-        return {"status": "SKIP", "reason": str(e)}
-    except Exception as e:  # noqa: BLE001 - one broken check must not hide the others' figures
-        return {"status": "FAIL", "reason": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-4000:]}
-
-
-def section_in_child(name, ctx, flags):
-    """On a GPU every section runs in a process of its own: stopped at its bound even inside a compile, and the
-    GPU memory it used (the caching allocator's blocks, compiled graphs, CUDA graph pools) is the driver's again
-    once it exits, so each section finds the GPU as the first one did (the parent holds its CUDA context only)."""
-    try:
-        run(ctx, [sys.executable, "bench/gpu_check.py", f"--section={name}", "--deadline", ctx.deadline, *flags])
-    except (OverBound, RuntimeError) as e:
-        return {"status": "FAIL", "reason": str(e)}
-    return json.loads((ctx.out / f"section_{name}.json").read_text())
-
-
-def section_child(name, ctx, deadline):
-    """The child's side: the section, its own processes stopped a few seconds before the parent stops it, so
-    that it reports which one ran over; the result in OUT/section_NAME.json."""
-    ctx.bound = BOUNDS[name][1 if ctx.quick else 0]
-    ctx.deadline = (deadline or time.time() + ctx.bound) - CHILD_MARGIN  # by hand, without a parent: its bound
-    with tempfile.TemporaryDirectory(prefix=f"gpu_check_{name}_") as tmp:
-        ctx.tmp = Path(tmp)
-        result = section(name, ctx)
-    (ctx.out / f"section_{name}.json").write_text(json.dumps(result, default=str) + "\n")
-    return 0
 
 
 def main(argv=None):
@@ -593,6 +493,11 @@ def main(argv=None):
     unknown = set(only) - set(SECTIONS)
     if unknown:
         raise SystemExit(f"error: unknown check(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    stack = read_cuda_stack()
+    try:  # a driver, torch build and GPU that cannot work together: no check could run
+        check_cuda("auto", stack)
+    except DistributedError as e:
+        raise SystemExit(f"error: {e}") from None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     platform_ = detect(device)
     precision, use_compile = choose_precision("auto", platform_)[0], choose_compile(None, platform_)[0]  # a run's
@@ -602,12 +507,14 @@ def main(argv=None):
                           reps=args.reps if not args.smoke else 2, precision=precision, dtype=PRECISIONS[precision],
                           compile=use_compile)
     if args.section:
-        return section_child(args.section, ctx, args.deadline)
-    env = environment(device)
+        return section_child(args.section, CHECKS[args.section], ctx, BOUNDS[args.section][1 if args.quick else 0],
+                             args.deadline)
+    env = environment(device, stack)
     names, duration = plan(only, args.quick, lambda n: args.smoke or device == "cuda" and (
         n != "ddp" or env["gpus"] >= 2) or n == "kernels")
     print(f"gpu_check on {env['device']} ({env['capability']}) | torch {env['torch']} | Triton {env['triton']} | "
-          f"CUDA {env['cuda']}" + (" | smoke sizes" if args.smoke else "") + f"\n{duration}", flush=True)
+          f"CUDA {env['cuda']} (driver {env['driver_cuda']})" + (" | smoke sizes" if args.smoke else "") +
+          f"\n{duration}", flush=True)
     flags = ["--out", out, "--reps", args.reps] + ["--quick"] * args.quick + ["--smoke"] * args.smoke
     results = {}
     started = time.time()
@@ -615,18 +522,10 @@ def main(argv=None):
         ctx.tmp = Path(tmp)
         for name in names:
             if device != "cuda" and not args.smoke and name != "kernels":
-                results[name] = {"status": "SKIP", "reason": "needs a CUDA GPU (--smoke runs it at toy sizes here)"}
-                print(f"{name:12s} SKIP  needs a CUDA GPU", flush=True)
+                results[name] = skipped(name, "needs a CUDA GPU (--smoke runs it at toy sizes here)", "needs a CUDA GPU")
                 continue
-            t0 = time.time()
-            ctx.bound = BOUNDS[name][1 if args.quick else 0]
-            ctx.deadline = t0 + ctx.bound
-            results[name] = section_in_child(name, ctx, flags) if device == "cuda" else section(name, ctx)
-            results[name]["seconds"] = round(time.time() - t0, 1)
-            results[name]["bound_seconds"] = ctx.bound
-            r = results[name]
-            print(f"{name:12s} {r['status']:5s} {r['seconds']:7.1f}s  "
-                  f"{r.get('reason') or '; '.join(flat(r['figures']))[:600]}", flush=True)
+            results[name] = bounded_section(name, CHECKS[name], ctx, BOUNDS[name][1 if args.quick else 0],
+                                            child=("bench/gpu_check.py", flags) if device == "cuda" else None)
     env["total_seconds"] = round(time.time() - started, 1)
     (out / "gpu_check.json").write_text(json.dumps({"environment": env, "results": results}, indent=2,
                                                    default=str) + "\n")

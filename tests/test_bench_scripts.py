@@ -40,6 +40,7 @@ RUNS = {
     "scaling_coverage": (["--sims", "10"], r"coverage [\d.]+ \["),
     "startup": (["--shards", "1,2", "--tokens", "1e4", "--rounds", "1", "--seq-len", "16", "--dir", "{root}"],
                 r"\n +2 +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+\n"),
+    "torch_matrix": (["2.11.0", "--dry-run", "--venvs", "{root}/venvs"], r"\nsuite +PYTHONPATH=.* -m pytest "),
     "train_step": (["--acts", "reference,gelu", "--shape", TINY_GPT, "--batch-size", "2", "--seq-len", "16",
                     "--steps", "1", "--rounds", "1", "--warmup", "0", "--no-peak"], r"\nreference .* 1\.000 "),
     "translation_batches": (["--train-prefix", "{root}/corpus/train", "--vocab", "64", "--epochs", "1", "--spm-dir",

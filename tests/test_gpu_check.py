@@ -1,7 +1,8 @@
-"""bench/gpu_check.py on a machine without a GPU (CI): it runs what applies (every kernel against the PyTorch path,
-in Triton's interpreter), lists what it skipped, writes its JSON and markdown, and exits 0. On simulated GPUs
-(training/hardware.py's Platform, as in tests/test_hardware.py): the dtypes it checks, and the step section's
-rows for the path a run takes (activations/policy.select()'s decision) beside the forced kernel and PyTorch paths."""
+"""bench/gpu_check.py (its sections run by bench/check_runner.py) on a machine without a GPU (CI): it runs what
+applies (every kernel against the PyTorch path, in Triton's interpreter), lists what it skipped, writes its JSON and
+markdown, and exits 0. On simulated GPUs (training/hardware.py's Platform, as in tests/test_hardware.py): the dtypes
+it checks, and the step section's rows for the path a run takes (activations/policy.select()'s decision) beside the
+forced kernel and PyTorch paths."""
 import json
 import os
 import subprocess
@@ -84,41 +85,42 @@ def test_quick_runs_what_decides_safety_and_says_how_long():
 
 def test_a_child_past_its_sections_bound_is_stopped(tmp_path):
     """With what it started: a grandchild (torchrun's workers, a probe) once outlived the section on the GPU."""
-    from bench import gpu_check
+    from bench import check_runner
 
     ctx = SimpleNamespace(bound=1, deadline=time.time() + 1)
     t0 = time.time()
     pid_file = tmp_path / "grandchild"
     spawn = (f"import pathlib, subprocess, time; p = subprocess.Popen(['sleep', '60']); "
              f"pathlib.Path({str(pid_file)!r}).write_text(str(p.pid)); time.sleep(60)")
-    with pytest.raises(gpu_check.OverBound, match="did not finish within the section's 1 s bound; stopped"):
-        gpu_check.run(ctx, [sys.executable, "-c", spawn])
+    with pytest.raises(check_runner.OverBound, match="did not finish within the section's 1 s bound; stopped"):
+        check_runner.run(ctx, [sys.executable, "-c", spawn])
     assert time.time() - t0 < 10
     status = Path(f"/proc/{pid_file.read_text()}/status")
     time.sleep(0.2)
     assert not status.exists() or "State:\tZ" in status.read_text()  # gone (or dead, waiting for init to reap it)
-    with pytest.raises(gpu_check.OverBound, match="the section's 1 s bound was spent before it finished"):
-        gpu_check.run(ctx, [sys.executable, "-c", "pass"])  # nothing starts once the bound is spent
+    with pytest.raises(check_runner.OverBound, match="the section's 1 s bound was spent before it finished"):
+        check_runner.run(ctx, [sys.executable, "-c", "pass"])  # nothing starts once the bound is spent
 
 
 def test_on_a_gpu_each_section_is_a_child_that_reports_before_its_bound(tmp_path, monkeypatch):
     """The parent's and the child's side of section_in_child, the child's main run in this process: the child
     stops its own work CHILD_MARGIN before the parent would stop it, and its result comes back as the parent's."""
-    from bench import gpu_check
+    from bench import check_runner, gpu_check
 
     deadlines = []
     monkeypatch.setitem(gpu_check.CHECKS, "loss_chunks", lambda ctx: deadlines.append(ctx.deadline) or (True, {"x": 1}))
-    monkeypatch.setattr(gpu_check, "run", lambda ctx, cmd: gpu_check.main([str(c) for c in cmd[2:]]))
+    monkeypatch.setattr(check_runner, "run", lambda ctx, cmd: gpu_check.main([str(c) for c in cmd[2:]]))
     ctx = SimpleNamespace(out=tmp_path, bound=30, deadline=time.time() + 30)
     flags = ["--out", tmp_path, "--reps", 3]
-    assert gpu_check.section_in_child("loss_chunks", ctx, flags) == {"status": "PASS", "figures": {"x": 1}}
-    assert deadlines == [pytest.approx(ctx.deadline - gpu_check.CHILD_MARGIN)]
-    assert gpu_check.section_in_child("ddp", ctx, flags)["reason"] == "0 GPU(s): DDP needs 2 or more"  # a SKIP
+    script = "bench/gpu_check.py"
+    assert check_runner.section_in_child(script, "loss_chunks", ctx, flags) == {"status": "PASS", "figures": {"x": 1}}
+    assert deadlines == [pytest.approx(ctx.deadline - check_runner.CHILD_MARGIN)]
+    assert check_runner.section_in_child(script, "ddp", ctx, flags)["reason"] == "0 GPU(s): DDP needs 2 or more"
 
     def dies(ctx, cmd):
         raise RuntimeError("bench/gpu_check.py --section=attention exited -9: ")
-    monkeypatch.setattr(gpu_check, "run", dies)
-    assert gpu_check.section_in_child("attention", ctx, flags) == {
+    monkeypatch.setattr(check_runner, "run", dies)
+    assert check_runner.section_in_child(script, "attention", ctx, flags) == {
         "status": "FAIL", "reason": "bench/gpu_check.py --section=attention exited -9: "}
 
 
@@ -233,3 +235,18 @@ def test_each_contender_holds_its_state_only_and_its_peak_is_its_own(tmp_path, m
     assert [r["peak_bytes"] for r in results] == [h + step_bytes for h in held]
     assert [r["kept_bytes"] for r in results] == [0] * len(held)  # what train_step reports on a GPU
     assert left == 0  # all freed
+
+
+def test_a_driver_too_old_for_the_wheel_stops_it_in_one_line_before_any_check(tmp_path, monkeypatch):
+    """The GPU image of a cluster: torch 2.11's PyPI wheel (CUDA 13.0) on a V100 with a 535 driver (CUDA 12.2)."""
+    from bench import gpu_check
+    from training.hardware import CudaStack
+
+    stack = CudaStack("2.11.0+cu130", (13, 0), (12, 2), (("Tesla V100-SXM2-32GB", (7, 0)),))
+    monkeypatch.setattr(gpu_check, "read_cuda_stack", lambda: stack)
+    with pytest.raises(SystemExit) as stopped:
+        gpu_check.main(["--out", str(tmp_path / "out")])
+    message = str(stopped.value)
+    assert message.startswith("error: torch 2.11.0+cu130 is built for CUDA 13.0") and "\n" not in message
+    assert "pip install torch==2.11.0 --index-url https://download.pytorch.org/whl/cu126" in message
+    assert not (tmp_path / "out").exists()  # no check ran, nothing written

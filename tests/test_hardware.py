@@ -3,12 +3,14 @@ float16 + GradScaler path those GPUs without bf16 take."""
 import json
 import re
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
 
 from training.config import ConfigError
-from training.hardware import Platform, choose_compile, choose_precision, compile_blocker, detect
+from training.hardware import (CudaStack, Platform, choose_compile, choose_precision, compile_blocker, cuda_mismatch,
+                               detect, read_cuda_stack)
 
 H100 = Platform("cuda", "NVIDIA H100 80GB HBM3", (9, 0), True, "3.4.0", True)
 V100 = Platform("cuda", "Tesla V100-SXM2-32GB", (7, 0), False, "3.4.0", True)
@@ -101,3 +103,68 @@ def test_clip_sees_unscaled_gradients(monkeypatch):
     scaler.unscale_(opt)
     torch.testing.assert_close(model.weight.grad, torch.full((1, 4), 2.0))
     assert not grad_scaler("cpu", "float32").is_enabled()
+
+
+# The start-up check of the driver, torch's build and the GPU (training/hardware.py's check_cuda): stacks that
+# cannot work together, as a cluster has them, each answered with one line naming the build to install.
+H100_GPU, V100_GPU = ("NVIDIA H100 80GB HBM3", (9, 0)), ("Tesla V100-SXM2-32GB", (7, 0))
+CU130_ARCH = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")  # torch 2.11's and 2.13's PyPI wheel
+
+
+def test_a_cuda_13_wheel_on_a_550_driver_names_the_cuda_12_6_build():
+    stack = CudaStack("2.13.0+cu130", (13, 0), (12, 4), (H100_GPU,))
+    assert cuda_mismatch(stack) == (
+        "torch 2.13.0+cu130 is built for CUDA 13.0, which this NVIDIA driver (CUDA 12.4 at most) cannot run: install "
+        "torch's CUDA 12.6 build: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126")
+
+
+def test_a_v100_with_a_wheel_without_sm_70_names_the_cuda_12_6_build():
+    stack = CudaStack("2.11.0+cu130", (13, 0), (13, 0), (V100_GPU,), CU130_ARCH)
+    assert cuda_mismatch(stack) == (
+        "torch 2.11.0+cu130 has no code for the Tesla V100-SXM2-32GB (sm_70), only for sm_75 sm_80 sm_86 sm_90 "
+        "sm_100 sm_120: install torch's CUDA 12.6 build: pip install torch==2.11.0 --index-url "
+        "https://download.pytorch.org/whl/cu126")
+
+
+def test_what_no_build_fits_names_the_driver_or_the_cpu():
+    blackwell = ("NVIDIA RTX PRO 6000 Blackwell", (12, 0))  # only the CUDA 13.0 build has sm_120 code
+    # a 570 driver runs CUDA 12.8, not 13.0
+    assert cuda_mismatch(CudaStack("2.13.0+cu126", (12, 6), (12, 8), (blackwell,), ("sm_90",))).endswith(
+        "update the NVIDIA driver to 580 or newer, then pip install torch==2.13.0 --index-url "
+        "https://download.pytorch.org/whl/cu130")
+    kepler = CudaStack("2.13.0+cu130", (13, 0), (12, 4), (("Tesla K80", (3, 7)),))
+    assert cuda_mismatch(kepler).endswith("no CUDA build of torch 2.13.0 runs on Tesla K80 (sm_37): use --device cpu")
+    assert cuda_mismatch(replace(kepler, torch_version="2.13.0+cpu", wheel_cuda=None)) is None  # the CPU build it needs
+    cpu_build = CudaStack("2.13.0+cpu", None, (12, 4), (V100_GPU,))
+    assert cuda_mismatch(cpu_build) == (
+        "torch 2.13.0+cpu is not a CUDA build, and this machine has a Tesla V100-SXM2-32GB (sm_70) with a CUDA 12.4 "
+        "driver: install torch's CUDA 12.6 build: pip install torch==2.13.0 --index-url "
+        "https://download.pytorch.org/whl/cu126; or --device cpu")
+
+
+def test_stacks_that_work_together_pass():
+    assert cuda_mismatch(CudaStack("2.13.0+cu130", (13, 0), (13, 1), (H100_GPU,), CU130_ARCH)) is None
+    assert cuda_mismatch(CudaStack("2.13.0+cu126", (12, 6), (12, 2), (V100_GPU,), ("sm_70", "sm_90"))) is None
+    ada = ("NVIDIA L40S", (8, 9))  # sm_86 code runs on sm_89; PTX on anything as new
+    assert cuda_mismatch(CudaStack("2.13.0+cu130", (13, 0), (13, 0), (ada,), ("sm_86",))) is None
+    assert cuda_mismatch(CudaStack("2.13.0+cu130", (13, 0), (13, 0), (H100_GPU,), ("compute_80",))) is None
+    assert cuda_mismatch(CudaStack("2.13.0+cu130", (13, 0), (13, 0), (H100_GPU,), ("sm_90a",))) is None
+    assert cuda_mismatch(CudaStack("2.13.0+cu130", (13, 0), (13, 0), (ada,), ("sm_90a",))) is not None  # its GPU only
+    assert cuda_mismatch(CudaStack("2.13.0+cu130", (13, 0), (13, 0), (H100_GPU,), ("sm_80",))) is not None  # own major
+    assert cuda_mismatch(CudaStack("2.13.0+cpu")) is None  # no NVIDIA driver: a CPU machine
+    assert cuda_mismatch(read_cuda_stack()) is None  # this machine (no GPU in CI; a GPU that works elsewhere)
+
+
+def test_a_trainer_that_cannot_use_the_gpu_stops_in_one_line_before_building(tmp_path, monkeypatch):
+    import train_gpt2
+    from training import hardware
+
+    stack = CudaStack("2.13.0+cu130", (13, 0), (12, 4), (H100_GPU,))
+    monkeypatch.setattr(hardware, "read_cuda_stack", lambda: stack)
+    with pytest.raises(SystemExit) as stopped:
+        train_gpt2.main(["--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "nowhere")])
+    message = str(stopped.value)
+    assert message.startswith("error: torch 2.13.0+cu130 is built for CUDA 13.0") and "\n" not in message
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126" in message
+    assert not (tmp_path / "out").exists()  # nothing built, nothing written
+    hardware.check_cuda("cpu")  # a run asked onto the CPU is not checked

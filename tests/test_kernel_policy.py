@@ -36,6 +36,13 @@ def children(monkeypatch, tmp_path):
     return launched
 
 
+@pytest.fixture
+def probe_server():
+    """policy.run_child's fork server started, torch imported in it, as after a run's first probe: its start (seconds
+    on a loaded machine, and only once a process) falls inside the bound of whichever test of this worker is first."""
+    assert policy.run_child(probe_work.kernel_faster, (None,) * 6, 600)[1] is None
+
+
 def decide(act="aglu", platform=GPU, shape=(8, 64), **kwargs):
     model = torch.nn.Sequential(activations.build(act))
     return model, policy.select(model, shape, platform, "cpu", torch.float32, False, **kwargs)
@@ -64,7 +71,7 @@ def test_a_child_that_fails_is_a_no_with_one_line(children, capsys, work, what, 
     assert impl.TRUSTED == {("aglu", "cpu", torch.float32): False}
 
 
-def test_a_ranks_probes_end_before_the_votes_collective_gives_up(children, capsys, tmp_path):
+def test_a_ranks_probes_end_before_the_votes_collective_gives_up(probe_server, children, capsys, tmp_path):
     """The vote's all_reduce waits --dist-timeout for a rank still probing: all of that rank's probes, hanging here
     (two families), end within probe_bound(--dist-timeout), and a verdict it cut short is not cached."""
     dist_timeout = 5.0  # the probes get 4 s, the hanging ones 8 s before

@@ -41,8 +41,10 @@ def inputs(shape, dtype, spread=30.0, seed=0):
 
 # ---------------------------------------------------------------- AGLU / APA
 def apa64(z, kappa, lam, gated):
-    """Float64 autograd of the stable form (itself checked against Eq. 5 in test_activations.py)."""
-    lam = lam.clamp_min(LAM_MIN32)
+    """Float64 autograd of the stable form (itself checked against Eq. 5 in test_activations.py). lam at its clamp
+    keeps its gradient, as in the kernel and the PyTorch path: torch.clamp's own gradient there is 1 up to torch
+    2.13 and 0 from 2.14, so the clamp is spelled out."""
+    lam = torch.where(lam >= LAM_MIN32, lam, LAM_MIN32)
     v = torch.log(lam) - kappa * z
     eta = torch.exp(-torch.logaddexp(v, torch.zeros_like(v)) / lam)
     return z * eta if gated else eta

@@ -34,6 +34,7 @@ torchrun --max-restarts the next attempt resumes the newest checkpoint that veri
 """
 import contextlib
 import gc
+import inspect
 import math
 import sys
 import time
@@ -55,6 +56,12 @@ from training.optimizer import set_lr
 from training.precision import PRECISIONS, autocast_context, grad_scaler
 from training.runlog import RunLog, environment
 from training.stop import GracefulStop
+
+# DDP's "no buffer broadcast before forwards": torch 2.13 renamed broadcast_buffers (its old name warns there) to
+# forward_sync_buffers, which torch 2.11 and 2.12 lack; the old name's False also skips the buffers' broadcast at
+# DDP's start, the same here: every rank starts them from the same seed or checkpoint
+NO_BUFFER_SYNC = {"forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                  else "broadcast_buffers": False}
 
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
@@ -212,6 +219,7 @@ class Trainer:
     def fit(self):
         """Train until max_steps (returns the model) or a signal (exits 128 + its number)."""
         run_cfg = self.cfg.run
+        hardware.check_cuda(run_cfg.device)  # the driver, torch's build and the GPU agree, before anything is built
         d = distributed.setup(run_cfg.device, run_cfg.dist_timeout)
         stop = log = state = None
         try:
@@ -366,7 +374,7 @@ class Trainer:
         # no buffer broadcast before forwards: the only buffers that change, NSwish/NReLU's running statistics,
         # are the same on every rank after each step (activations.step_statistics)
         return model, DDP(model, device_ids=[ctx.dist.local_rank] if ctx.dist.device_type == "cuda" else None,
-                          forward_sync_buffers=False)
+                          **NO_BUFFER_SYNC)
 
     def loop(self, state, stop):
         """Evaluate, step, log, checkpoint until max_steps or a signal."""
