@@ -1,6 +1,6 @@
-"""Two models on the same HellaSwag items (eval/compare_items.py, stats/significance.py): the exact McNemar p-value equals
-exact binomial tail sums, the paired interval a published example, the item-level interval its hand formula, and
-files that do not hold the same items are refused with a clear error."""
+"""Two models on the same HellaSwag items (eval/compare_items.py, stats/significance.py): the exact McNemar p-value
+equals exact binomial tail sums, the paired interval a published example, the item-level interval its hand formula,
+and files that do not hold the same items are refused with a clear error."""
 import math
 from fractions import Fraction
 
