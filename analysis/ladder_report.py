@@ -27,7 +27,7 @@ from analysis.lr_grid_plot import plot_lr_grid
 from analysis.runs import RunError, finished, load_run, markdown_table, read_metrics, summary
 from analysis.scaling_plot import plot_scaling
 from errors import ConfigError
-from stats import lr_grid, scaling
+from stats import ladder_fit, lr_grid, scaling
 from stats.family import adjust
 from stats.significance import paired
 
@@ -324,11 +324,12 @@ def fit_section_of(out, ladder, chosen, throughput, opts, result, family):
     losses, compute_at = fit_input(compared, complete, shared, ladder.arms)
     speeds = throughput_ratios(throughput, compute_at, ladder.baseline) if throughput else None
     vocab = {p["vocab"] for p in ladder.points}
-    fit = scaling.fit_ladder(losses, ladder.baseline, target=opts["target"], extrapolate=opts["extrapolate"],
-                             vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
-                             confidence=opts["level"], n_sims=opts["resamples"], rng=opts["seed"])
+    fit = ladder_fit.fit_ladder(losses, ladder.baseline, scaling.Options(confidence=opts["level"]),
+                                target=opts["target"], extrapolate=opts["extrapolate"],
+                                vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
+                                n_sims=opts["resamples"], rng=opts["seed"])
     for a, m in fit["multipliers"].items():
-        family.append(("multiplier", f"{a}'s multiplier over {ladder.baseline}", m["fitted"]["p"], m["fitted"]))
+        family.append(("multiplier", f"{a}'s multiplier over {ladder.baseline}", m["headline"]["p"], m["headline"]))
         if m["trend"]:
             family.append(("trend", f"{a}'s trend", m["trend"]["p"], m["trend"]))
     adjust([(p, where) for _, _, p, where in family])
@@ -363,30 +364,46 @@ def _holm(where, level):
     return "" if p is None else f"; Holm p {p:.3g}: {'declared' if p < 1 - level else 'not declared'}"
 
 
+def _parameter(v):
+    """E or alpha with its interval, or "not identified" in words."""
+    return f"{v['value']:.3g} ({v['not_identified']})" if "not_identified" in v else f"{v['value']:.3g} {_ci(*v['ci'])}"
+
+
+def _rate(r):
+    return f"{r['rate']:.1%} [{r['ci'][0]:.1%}, {r['ci'][1]:.1%}]"
+
+
+def calibration_sentence(fit, opts):
+    """What the calibration measured, of which configuration, with its Monte-Carlo interval."""
+    cal, level = fit["calibration"], f"{fit['confidence']:.0%}"
+    return (f"Coverage measured: {_rate(cal['coverage'])} of the {level} headline intervals held the true "
+            f"multiplier at {fit['reference']:.3g} FLOPs in {cal['n']} ladders drawn from this configuration "
+            f"(Monte-Carlo 95% interval over the ladders; simulation seed {cal['seed']})"
+            + (f"; the trend verdict fired on a constant multiplier in {_rate(cal['false_alarm'])} of them"
+               if cal.get("false_alarm") else "")
+            + f". The configuration, fitted from this ladder: {cal['assumptions']}. Not in it: the lr stage (each "
+            "arm's lr was picked before these runs), so every multiplier and trend below is conditional on the lrs "
+            "compared, and the verdicts are exploratory where the lr was picked on the compared runs.")
+
+
 def fit_section(fit, sizes, speeds, opts):
     level, base = f"{fit['confidence']:.0%}", fit["baseline"]
-    cal = fit["calibration"]
-    md = ["## Compute multiplier", "",
-          f"Fit: {fit['form_text']}; {level} intervals: {fit['interval']}. Coverage measured: "
-          f"{cal['coverage']:.1%} of the {level} intervals of log m held the true multiplier in {cal['n']} simulations "
-          f"of this configuration ({fit['sizes']} sizes x {len(fit['seeds'])} seeds x {cal['arms'] + 1} arms, the "
-          f"fitted curve as the truth, each size's measured seed sd "
-          f"{', '.join(f'{v:.3g}' for v in cal['noise_sd'])}; simulation seed {opts['seed']})"
-          + (f"; the trend verdict fired on a constant multiplier in {cal['false_alarm']:.1%} of them"
-             if "false_alarm" in cal else "") + ".", ""]
+    md = ["## Compute multiplier", "", f"Fit: {fit['form_text']}; {level} intervals: {fit['interval']}.", "",
+          calibration_sentence(fit, opts), ""]
     for form, f in fit["forms"].items():
         if not f["identified"]:
             md.append(f"- {f['text']}.")
             continue
-        params = "; ".join(f"{a} E {v['E']['value']:.3g} {_ci(*v['E']['ci'])}, alpha {v['alpha']['value']:.3g} "
-                           f"{_ci(*v['alpha']['ci'])}" for a, v in f["params"].items())
-        md.append(f"- {f['text']} ({f['dof']} residual degrees of freedom, residual sum of squares {f['rss']:.3g}): "
-                  f"{params}.")
+        params = "; ".join(f"{a} E {_parameter(v['E'])}, alpha {_parameter(v['alpha'])}"
+                           for a, v in f["params"].items())
+        md.append(f"- {f['text']} ({f['dof']} residual degrees of freedom): {params}.")
     md.append("")
     for a, m in fit["multipliers"].items():
-        f = m["fitted"]
-        md.append(f"- {a}: {base} needs {f['multiplier']:.3g}x the compute to reach {a}'s loss ({level} interval "
-                  f"{_ci(*f['ci'])}, one number at every size under the shared fit{_holm(f, opts['level'])}).")
+        h, avg = m["headline"], m["average"]
+        md.append(f"- {a}: {base} needs {h['multiplier']:.3g}x the compute to reach {a}'s loss at "
+                  f"{h['compute']:.3g} FLOPs ({level} interval {_ci(*h['ci'])}, the {h['form']} fit"
+                  f"{_holm(h, opts['level'])}); ladder average, assumes constant m: {avg['multiplier']:.3g} "
+                  f"{_ci(*avg['ci'])}.")
         if m["trend"]:
             t = m["trend"]
             md.append(f"- {a}'s trend: slope of log m on log C {t['slope']:+.3g} {_ci(*t['ci'], fmt='{:+.3g}')} "
@@ -397,7 +414,7 @@ def fit_section(fit, sizes, speeds, opts):
             word = "EXTRAPOLATION (beyond what the ladder supports, asked for by --extrapolate)" \
                 if fit["target"]["extrapolation"] else "inside the ladder's reach"
             md.append(f"- {a} at {name} ({t['compute']:.3g} FLOPs), {word}: {t['multiplier']:.3g}x "
-                      f"{_ci(*t['ci'])} (trend fit).")
+                      f"{_ci(*t['ci'])} ({fit['form']} fit).")
     if speeds and speeds["missing"]:
         md.append(f"- Wall-clock: not measured for {', '.join(speeds['missing'])} (no contender of that label in "
                   "the --throughput files).")
@@ -407,18 +424,20 @@ def fit_section(fit, sizes, speeds, opts):
     rows = []
     for a, m in fit["multipliers"].items():
         for s, row in zip(sizes, m["at_sizes"]):
-            free = "-" if row["curve_free"] is None else f"{row['curve_free']:.3g} {_ci(*row['curve_free_ci'])}"
-            trend = row.get("trend_fit")
+            status = row["curve_free_status"]
+            free = f"{row['curve_free']:.3g} {_ci(*row['curve_free_ci'])}" if status == "ok" else \
+                "-" if status == "outside" else status
             rows.append([size_label(s), a, f"{row['compute']:.3g}", free,
-                         "-" if not trend else f"{trend['multiplier']:.3g} {_ci(*trend['ci'])}",
+                         f"{row['fit']['multiplier']:.3g} {_ci(*row['fit']['ci'])}",
                          "-" if row["wall_clock"] is None else f"{row['wall_clock']:.3g} {_ci(*row['wall_clock_ci'])}",
                          "**fit and curve-free disagree**" if row["disagree"] else ""])
-    md += [f"Per size, by compute: the curve-free multiplier ({base}'s compute read off its observed points, linear "
-           "in log C between the two around the arm's loss; '-' outside them) beside the trend fit's, and the "
-           "wall-clock multiplier (the shared fit's times the measured throughput ratio). Flagged where the "
-           "curve-free interval and the shared fit's are disjoint.", "",
-           markdown_table(["size", "arm", "compute (FLOPs)", "curve-free m", "trend fit m", "wall-clock m", "flag"],
-                          rows), ""]
+    md += [f"Per size, by compute: the curve-free multiplier ({base}'s compute read off its observed points along "
+           "its fitted curve shifted through them, Fieller interval, '-' outside them, 'not resolved' where "
+           f"{base}'s own step there is not significant) beside the {fit['form']} fit's, and the wall-clock "
+           "multiplier (the fit's times the measured throughput ratio). Flagged where the curve-free interval and "
+           "the fit's are disjoint.", "",
+           markdown_table(["size", "arm", "compute (FLOPs)", "curve-free m", f"{fit['form']} fit m", "wall-clock m",
+                           "flag"], rows), ""]
     if fit["throughput_source"]:
         md += [f"Throughput ratios measured by: {fit['throughput_source']}.", ""]
     return md

@@ -185,7 +185,7 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path):
     assert fit["arms"]["gelu"]["alpha"] == pytest.approx(ALPHA, rel=1e-3)
     assert fit["arms"]["gelu"]["E"] == pytest.approx(E, abs=1e-3)
     relu2 = fit["multipliers"]["relu2"]
-    assert relu2["fitted"]["multiplier"] == pytest.approx(K, rel=1e-3)
+    assert relu2["headline"]["multiplier"] == pytest.approx(K, rel=1e-3) == relu2["average"]["multiplier"]
     assert [row["wall_clock"] for row in relu2["at_sizes"]] == [None, None, None, pytest.approx(K * 0.8, rel=1e-3)]
     text = (tmp_path / "sweep.md").read_text()
     assert "bench/train_step.py on Test CPU" in text and "Coverage measured: " in text
@@ -214,7 +214,7 @@ def test_a_ladder_of_equal_seeds_and_an_aa_control_is_reported(tmp_path):
     cli.main(["--report-only", str(tmp_path), "--resamples", "20"])
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert result["arms"] == ["gelu", "gelu+init_seed_offset=1000000"]
-    assert result["fit"]["multipliers"]["gelu+init_seed_offset=1000000"]["fitted"]["multiplier"] == pytest.approx(1)
+    assert result["fit"]["multipliers"]["gelu+init_seed_offset=1000000"]["headline"]["multiplier"] == pytest.approx(1)
     text = (tmp_path / "sweep.md").read_text()
     assert "Wall-clock: not measured" in text and "Fitted on sizes" in text and "and seeds 1, 2:" in text
 
