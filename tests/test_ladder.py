@@ -6,12 +6,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from analysis import ladder_report
 from analysis.runs import load_run
 from sweep import cli, schedule
+from stats import scaling
 from sweep.plan import run_dir
 from model import GPT, GPTConfig
 from test_sweep import launches, without_plots
@@ -217,6 +219,39 @@ def test_a_ladder_of_equal_seeds_and_an_aa_control_is_reported(tmp_path):
     assert result["fit"]["multipliers"]["gelu+init_seed_offset=1000000"]["headline"]["multiplier"] == pytest.approx(1)
     text = (tmp_path / "sweep.md").read_text()
     assert "Wall-clock: not measured" in text and "Fitted on sizes" in text and "and seeds 1, 2:" in text
+
+
+def test_the_report_prints_the_estimators_numbers_on_a_heteroscedastic_ladder(tmp_path):
+    """A ladder whose seed sd falls 0.03 -> 0.004 with size and whose second arm's exponent differs: every number
+    sweep.md and sweep.json give about the fit (the headline at the largest rung, the ladder average, the trend, E
+    and alpha) is estimate()'s (stats/scaling.py) on the same runs, with the options the calibration uses."""
+    rng = np.random.default_rng(3)
+    ladder, index = {}, 0
+    for i, (shape, sd) in enumerate(zip(SHAPES, (0.03, 0.015, 0.008, 0.004))):
+        per_token = 10 ** (i + 4)
+        for seed in (1, 2, 3):
+            for act, alpha in (("gelu", ALPHA), ("relu2", 1.1 * ALPHA)):
+                index += 1
+                loss = E + A * (640 * per_token) ** -alpha + sd * rng.standard_normal()
+                ladder_run(tmp_path / f"job{index:03d}", act, shape, 3e-3, seed, loss, per_token)
+                ladder.setdefault(act, {}).setdefault(640 * per_token, {})[seed] = loss
+    cli.main(["--report-only", str(tmp_path), "--resamples", "20"])
+    fit, text = json.loads((tmp_path / "sweep.json").read_text())["fit"], (tmp_path / "sweep.md").read_text()
+    arms, log_c, losses, _ = scaling.check_ladder(ladder, "gelu")
+    est = scaling.estimate(losses[None], log_c, scaling.Options())
+    relu2 = fit["multipliers"]["relu2"]
+    for key, got in (("headline", relu2["headline"]), ("average", relu2["average"])):
+        value, se, dof = est[key]["value"][0, 0], est[key]["se"][0, 0], est[key]["dof"][0, 0]
+        low, high = scaling.interval(value, se, dof, 0.95)
+        assert [got["multiplier"], *got["ci"]] == pytest.approx(np.exp([value, low, high]), rel=1e-12)
+        assert f"{np.exp(value):.3g}" in text and f"[{np.exp(low):.3g}, {np.exp(high):.3g}]" in text
+    assert f"{np.exp(est['headline']['value'][0, 0]):.3g}x the compute to reach relu2's loss at " \
+           f"{est['reference']:.3g} FLOPs" in text
+    slope = est["slope"]["value"][0, 0]
+    assert relu2["trend"]["slope"] == pytest.approx(slope, rel=1e-12) and f"{slope:+.3g}" in text
+    shared = est["fits"]["shared"]
+    assert fit["forms"]["shared"]["params"]["gelu"]["E"]["value"] == pytest.approx(shared["E"][0][0, 0], rel=1e-12)
+    assert f"gelu E {shared['E'][0][0, 0]:.3g}" in text and f"alpha {shared['alpha'][0][0, 0]:.3g}" in text
 
 
 def test_throughput_is_looked_up_by_the_arm_and_a_missing_one_said(tmp_path):
