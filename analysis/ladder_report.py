@@ -11,9 +11,10 @@ The lr: stats/lr_grid.py picks each arm's best lr on a size's grid; lr_grid.png 
 plan's lr_seeds the grid ran on its own seeds, and the arms are compared on the others only: the pick's luck never
 favours the arm it picked for. Without them the pick was made on the compared runs, and every comparison at that size
 is marked "exploratory" (the winner's curse: an arm with a flat lr curve gains most from picking the luckiest point).
-The grid's own pairs are always exploratory. Several sizes: stats/scaling.py fits the arms together, gives each
-arm's multiplier with its interval, the curve-free multiplier at every size, the trend, and the measured coverage of
-the interval in simulations of this very ladder; scaling.png. Verdicts (the per-size pairs, the multipliers, the
+The grid's own pairs are always exploratory. Several sizes: stats/ladder_fit.py gives the estimator's numbers
+(estimate in stats/scaling.py: each arm's multiplier at the largest rung with its interval, the ladder average, the
+curve-free multiplier at every size, the trend) and its coverage measured on ladders drawn from the configuration
+this ladder implies; this module only formats them; scaling.png. Verdicts (the per-size pairs, the multipliers, the
 trends) form one family: Holm at family-wise error rate 1 - level. The wall-clock multiplier needs throughput
 measured interleaved on one machine (bench/train_step.py --shape ... --json FILE, given as --throughput FILE), looked
 up by the arm's label (a contender named as the arm); an arm without one is said to be "not measured".
