@@ -405,6 +405,14 @@ def fit_section(fit, sizes, speeds, opts):
                   f"{h['compute']:.3g} FLOPs ({level} interval {_ci(*h['ci'])}, the {h['form']} fit"
                   f"{_holm(h, opts['level'])}); ladder average, assumes constant m: {avg['multiplier']:.3g} "
                   f"{_ci(*avg['ci'])}.")
+        if m.get("per_seed"):
+            ps = m["per_seed"]
+            spread = "-" if ps["spread_over_model"] is None else f"{ps['spread_over_model']:.3g}"
+            md.append(f"- {a}, each seed's own ladder fitted alike: "
+                      f"{', '.join('-' if v is None else f'{v:.3g}' for v in ps['multipliers'])}; their spread is "
+                      f"{spread}x the model's"
+                      + (f" (**over {scaling.PER_SEED_FLAG:g}x: the seeds differ more than the noise model allows, "
+                         "the interval may be too narrow**)" if ps["flag"] else "") + ".")
         if m["trend"]:
             t = m["trend"]
             md.append(f"- {a}'s trend: slope of log m on log C {t['slope']:+.3g} {_ci(*t['ci'], fmt='{:+.3g}')} "

@@ -134,6 +134,11 @@ def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapo
                  "trend": None, "target": None,
                  "curve": [{"compute": float(c), **_multiplier(v, s, along_dof[0, 0, 0], level)}
                            for c, v, s in zip(curve_c, along[0, i, -CURVE_POINTS:], along_se[0, i, -CURVE_POINTS:])]}
+        if "per_seed" in est:
+            seeds_m = est["per_seed"]
+            entry["per_seed"] = {"multipliers": [_value(np.exp(v)) for v in seeds_m["value"][0, :, i]],
+                                 "spread_over_model": _value(seeds_m["ratio"][0, i]),
+                                 "flag": bool(seeds_m["flag"][0, i])}
         if target:
             entry["target"] = {"compute": target["compute"], **_multiplier(along[0, i, 0], along_se[0, i, 0],
                                                                            along_dof[0, 0, 0], level)}

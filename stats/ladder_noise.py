@@ -120,7 +120,7 @@ def calibrate(truth, options, n, rng):
     truth where no arm differs): share of ladders where Holm over the headline multipliers and the trends
     declares anything, "n", "assumptions"}."""
     losses = truth.draw(n, rng)
-    est = scaling.estimate(losses, truth.log_c, options, forms=("shared", "trend"))
+    est = scaling.estimate(losses, truth.log_c, options, forms=("shared", "trend"), per_seed=False)
     head = est["headline"]
     low, high = scaling.interval(head["value"], head["se"], head["dof"], options.confidence)
     true = truth.log_multiplier(est["reference"])

@@ -45,6 +45,7 @@ MIN_SIZES = {"shared": 3, "trend": 4, "per_arm": 5}
 GPT2_124M_10B = ("GPT-2 124M at 10B tokens", 855_383_040 * 19_073 * 2 ** 19, 50_304)
 MAX_CORRELATED = 0.9  # the most of the seed variance the noise model lets be shared between cells: a covariance
 # with all of it shared would be singular, and 3 seeds never measure a correlation that close to 1
+PER_SEED_FLAG = 1.5  # the seeds' own fits spread over the model's sd by more than this: the noise model misses some
 LM_ITERATIONS = 200  # Levenberg-Marquardt steps at most; a well-posed ladder converges in 10-30
 
 
@@ -310,7 +311,7 @@ class Options:
     reference: float | None = None
 
 
-def estimate(losses, log_c, options=Options(), forms=tuple(FORMS)):
+def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), per_seed=True):
     """Every number a ladder report prints about its fits, for a batch of ladders at once: losses (B, K, S, seeds),
     the baseline first, at log C (K, S). The seed noise by noise_model (per-size sd, correlations of a seed's
     cells), the means fitted by generalised least squares under it in each form the sizes identify (of `forms`),
@@ -321,7 +322,10 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS)):
       "slope":    the trend's slope of log m on log C (alpha_X / alpha_base - 1), None without a trend fit;
       "at_sizes": the headline fit's log m (B, K-1, S) at each of the arm's sizes;
     each a dict of value, se and dof (broadcasting against them), "along": (log m, se, dof) of the headline fit at
-    any centred log C, and "fits": {form: theta, cov, dof, E and alpha (value, se) per arm, A}."""
+    any centred log C; with per_seed (the report's, not the calibration's: it is a diagnostic, not a calibrated
+    number) "per_seed": each seed's own ladder fitted alike, its headline log m (B, seeds, K-1) and the seeds'
+    spread over the model's (the sd of one seed's log m the headline's se implies), flagged over PER_SEED_FLAG; and
+    "fits": {form: theta, cov, dof, E and alpha (value, se) per arm, A}."""
     b, k, s, n = losses.shape
     centre = float(log_c.mean())
     x = log_c - centre
@@ -359,4 +363,12 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS)):
     if head == "trend":
         value, se = trend_slope(f["theta"], f["cov"], k)
         out["slope"] = {"value": value, "se": se, "dof": dof}
+    if per_seed and n > 1:
+        one = losses.transpose(0, 3, 1, 2).reshape(b * n, k, s)
+        theta, cov, _ = fit(one, x, head, np.repeat(cov_means * n, n, axis=0))
+        value = log_multiplier(theta, cov, head, k, np.array([ref - centre]))[0][..., 0].reshape(b, n, k - 1)
+        implied = out["headline"]["se"] * math.sqrt(n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = value.std(axis=1, ddof=1) / implied
+        out["per_seed"] = {"value": value, "ratio": ratio, "flag": ratio > PER_SEED_FLAG}
     return out

@@ -247,6 +247,9 @@ def test_the_report_prints_the_estimators_numbers_on_a_heteroscedastic_ladder(tm
         assert f"{np.exp(value):.3g}" in text and f"[{np.exp(low):.3g}, {np.exp(high):.3g}]" in text
     assert f"{np.exp(est['headline']['value'][0, 0]):.3g}x the compute to reach relu2's loss at " \
            f"{est['reference']:.3g} FLOPs" in text
+    per_seed = np.exp(est["per_seed"]["value"][0, :, 0])
+    assert relu2["per_seed"]["multipliers"] == pytest.approx(per_seed, rel=1e-12)
+    assert ", ".join(f"{v:.3g}" for v in per_seed) in text
     slope = est["slope"]["value"][0, 0]
     assert relu2["trend"]["slope"] == pytest.approx(slope, rel=1e-12) and f"{slope:+.3g}" in text
     shared = est["fits"]["shared"]

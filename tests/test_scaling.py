@@ -170,6 +170,19 @@ def test_curve_free_multiplier_is_unbiased_noise_free_at_every_size():
     assert len(read) == 4 and read == pytest.approx([planted] * 4, rel=0.01)  # x beyond gelu at the top two
 
 
+def test_seeds_that_differ_more_than_the_noise_model_allows_are_flagged():
+    """x's seeds sit 0.05 apart at every size (an arm's own persistent seed effect, gelu has none): each seed's own
+    fit gives its own multiplier, and their spread, far over the pooled model's, is flagged."""
+    rng = np.random.default_rng(0)
+    ladder = {"gelu": {c: {s: 2.5 + 300 * c ** -0.15 + 0.002 * rng.standard_normal() for s in range(3)}
+                       for c in COMPUTE},
+              "x": {c: {s: 2.5 + 280 * c ** -0.15 + 0.05 * (s - 1) + 0.002 * rng.standard_normal() for s in range(3)}
+                    for c in COMPUTE}}
+    per_seed = ladder_fit.fit_ladder(ladder, "gelu", n_sims=20)["multipliers"]["x"]["per_seed"]
+    assert per_seed["multipliers"][0] > per_seed["multipliers"][1] > per_seed["multipliers"][2]
+    assert per_seed["spread_over_model"] > 3 and per_seed["flag"]
+
+
 def test_a_flat_baseline_step_is_not_resolved():
     """Where the baseline's step around X's loss is within its noise, the curve-free reading says "not resolved"
     instead of an interval to 22x."""
