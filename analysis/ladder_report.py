@@ -306,9 +306,10 @@ def fit_input(compared, complete, shared, arms):
     return losses, compute_at
 
 
-def fit_section_of(out, ladder, chosen, throughput, opts, result, family):
-    """The multiplier fit (its verdicts join the family, Holm-adjusted here) and its markdown; without enough
-    sizes, the family is adjusted alone. The fit pairs every arm at every size on the same seeds: a half-finished
+def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family):
+    """The multiplier fit (its verdicts join the family, Holm-adjusted here, unless a fitted size's lr was picked
+    on the compared runs: the calibration does not simulate that pick, so they are then exploratory) and its
+    markdown; without enough sizes, the family is adjusted alone. The fit pairs every arm at every size on the same seeds: a half-finished
     ladder is fitted on the sizes every arm has finished, on the seeds all of them share, and says which."""
     compared = {(s, a): ladder.at(s, a, chosen.get((s, a))) for s in ladder.sizes for a in ladder.arms}
     complete = [s for s in ladder.sizes if all(compared[(s, a)] for a in ladder.arms)]
@@ -329,7 +330,10 @@ def fit_section_of(out, ladder, chosen, throughput, opts, result, family):
                                 target=opts["target"], extrapolate=opts["extrapolate"],
                                 vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
                                 n_sims=opts["resamples"], rng=opts["seed"])
+    fit["exploratory"] = [size_label(s) for s in complete if s in cursed]
     for a, m in fit["multipliers"].items():
+        if fit["exploratory"]:
+            continue
         family.append(("multiplier", f"{a}'s multiplier over {ladder.baseline}", m["headline"]["p"], m["headline"]))
         if m["trend"]:
             family.append(("trend", f"{a}'s trend", m["trend"]["p"], m["trend"]))
@@ -350,7 +354,7 @@ def _report(out, points, unfinished, baseline, throughput, opts):
     md += lr_md + lr_choices(ladder, result, chosen)
     family = []  # the report's verdicts, one Holm family: (kind, name, p, the dict its adjusted p is written into)
     pair_rows = size_pairs(ladder, result, chosen, cursed, family)
-    md += fit_section_of(out, ladder, chosen, throughput, opts, result, family)
+    md += fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family)
     md += pairs_section(pair_rows, ladder.baseline, opts["level"]) + verdicts(family, opts["level"])
     result["family"] = [{"kind": kind, "claim": name, "p": p, "p_holm": where.get("p_holm")}
                         for kind, name, p, where in family]
@@ -362,7 +366,8 @@ def _report(out, points, unfinished, baseline, throughput, opts):
 
 def _holm(where, level):
     p = where.get("p_holm")
-    return "" if p is None else f"; Holm p {p:.3g}: {'declared' if p < 1 - level else 'not declared'}"
+    return "; unadjusted, exploratory" if p is None else \
+        f"; Holm p {p:.3g}: {'declared' if p < 1 - level else 'not declared'}"
 
 
 def _parameter(v):
@@ -384,13 +389,17 @@ def calibration_sentence(fit, opts):
                if cal.get("false_alarm") else "")
             + f". The configuration, fitted from this ladder: {cal['assumptions']}. Not in it: the lr stage (each "
             "arm's lr was picked before these runs), so every multiplier and trend below is conditional on the lrs "
-            "compared, and the verdicts are exploratory where the lr was picked on the compared runs.")
+            "compared.")
 
 
 def fit_section(fit, sizes, speeds, opts):
     level, base = f"{fit['confidence']:.0%}", fit["baseline"]
     md = ["## Compute multiplier", "", f"Fit: {fit['form_text']}; {level} intervals: {fit['interval']}.", "",
           calibration_sentence(fit, opts), ""]
+    if fit["exploratory"]:
+        md += [f"Exploratory: the lr at {', '.join(fit['exploratory'])} was picked on the compared runs, a pick the "
+               "calibration does not simulate; the multipliers and trends below are unadjusted and declare "
+               "nothing (run the grid on its own seeds, the plan's lr_seeds, to make them verdicts).", ""]
     for form, f in fit["forms"].items():
         if not f["identified"]:
             md.append(f"- {f['text']}.")
@@ -466,9 +475,11 @@ def pairs_section(pair_rows, baseline, level):
 def verdicts(family, level):
     alpha = 1 - level
     declared = [f"{name} (Holm p {where['p_holm']:.3g})" for _, name, _, where in family if where["p_holm"] < alpha]
-    kinds = {"pair": "per-size pairs", "multiplier": "multipliers (m = 1?)", "trend": "trends (slope 0?)"}
+    kinds = {"pair": "per-size pairs", "multiplier": "headline multipliers (m = 1 at the reference compute?)",
+             "trend": "trends (slope 0?)"}
     counts = ", ".join(f"{sum(k == kind for k, *_ in family)} {text}" for kind, text in kinds.items())
     return ["## Verdicts", "", f"Error control: family-wise error rate {alpha:.3g}, Holm over the {len(family)} "
             f"verdicts of this report ({counts}); the lr grids' pairs and the comparisons at a size whose lr was "
-            "picked on the compared runs are unadjusted, exploratory, and declare nothing.", "",
+            "picked on the compared runs (and the fit's, where it spans such a size) are unadjusted, exploratory, "
+            "and declare nothing. The multipliers and trends are conditional on the lrs compared.", "",
             f"Declared: {'; '.join(declared) if declared else 'none'}.", ""]

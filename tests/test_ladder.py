@@ -193,10 +193,11 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path):
     assert "bench/train_step.py on Test CPU" in text and "Coverage measured: " in text
     # the lr was picked on the compared seeds: that size's pair is exploratory, outside the Holm family
     assert "picked at L1-d32-h2 on the compared seeds themselves" in text
+    # and so are the fit's multiplier and trend, which span that size: the calibration does not simulate the pick
     assert result["pairs"]["L1-d32-h2"]["relu2"]["exploratory"] and [f["claim"] for f in result["family"]] == [
-        "relu2 - gelu at L4-d64-h4", "relu2 - gelu at L2-d32-h2", "relu2 - gelu at L2-d64-h2",
-        "relu2's multiplier over gelu", "relu2's trend"]
-    assert "Holm over the 5 verdicts of this report" in text
+        "relu2 - gelu at L4-d64-h4", "relu2 - gelu at L2-d32-h2", "relu2 - gelu at L2-d64-h2"]
+    assert fit["exploratory"] == ["L1-d32-h2"] and "relu2's trend: slope" in text
+    assert "Holm over the 3 verdicts of this report" in text and "unadjusted, exploratory)" in text
     assert (tmp_path / "scaling.png").is_file() and (tmp_path / "lr_grid.png").is_file()
     assert "relu2 at GPT-2 124M at 10B tokens (8.55e+18 FLOPs), EXTRAPOLATION" in text
 
