@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.stats import binomtest
+from scipy.stats import binomtest, ttest_rel
 
 from stats import scaling
 from stats.family import holm
@@ -117,8 +117,8 @@ def calibrate(truth, options, n, rng):
     """Draws n ladders from `truth` and runs the estimator on each with `options`: {"coverage": share of the
     headline intervals holding the true log m at the reference compute (each ladder's arms averaged, then ladders
     counted), "false_alarm" (a truth of constant multipliers): share of trend verdicts fired, "family_wise" (a
-    truth where no arm differs): share of ladders where Holm over the headline multipliers and the trends
-    declares anything, "n", "assumptions"}."""
+    truth where no arm differs): share of ladders where Holm over the report's family (each size's pair paired by
+    seed, the headline multipliers, the trends) declares anything, "n", "assumptions"}."""
     losses = truth.draw(n, rng)
     est = scaling.estimate(losses, truth.log_c, options, forms=("shared", "trend"), per_seed=False)
     head = est["headline"]
@@ -131,7 +131,9 @@ def calibrate(truth, options, n, rng):
         low, high = scaling.interval(slope["value"], slope["se"], slope["dof"], options.confidence)
         out["false_alarm"] = rate(((low > 0) | (high < 0)).mean(axis=1))
     if truth.constant and len({c for c in truth.curves}) == 1:
-        p = [scaling.p_value(head["value"], head["se"], head["dof"])]
+        base = np.broadcast_to(losses[:, :1], losses[:, 1:].shape)
+        p = [ttest_rel(losses[:, 1:], base, axis=-1).pvalue.reshape(n, -1),
+             scaling.p_value(head["value"], head["se"], head["dof"])]
         if slope is not None:
             p.append(scaling.p_value(slope["value"], slope["se"], slope["dof"]))
         adjusted = holm(np.nan_to_num(np.concatenate(p, axis=1), nan=1.0))

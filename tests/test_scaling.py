@@ -123,8 +123,8 @@ def test_batched_levenberg_marquardt_finds_scipys_least_squares_optimum():
 def test_headline_covers_at_its_level_and_trends_and_holm_keep_their_error_rates(name):
     """The calibration's configurations, 2,000 ladders each through the report's own estimator (scaling.estimate): the
     headline multiplier's 95% interval at the largest rung holds the truth 93-97% of the time, the trend fires on a
-    constant multiplier at most 6% of the time, Holm over the multipliers and trends declares something under the
-    complete null at most 5% of the time, each up to the Monte-Carlo interval (99%) of its 2,000 ladders."""
+    constant multiplier at most 6% of the time, Holm over the report's family (each size's pair, the multipliers,
+    the trends) declares something under the complete null at most 5% of the time, each up to the Monte-Carlo interval (99%) of its 2,000 ladders."""
     got = calibrate(configurations()[name], scaling.Options(), 2000, 1)
     n = got["n"]
 
