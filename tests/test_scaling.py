@@ -138,6 +138,7 @@ def test_headline_covers_at_its_level_and_trends_and_holm_keep_their_error_rates
         assert ci(got["family_wise"]).low <= 0.05, got
 
 
+@pytest.mark.long
 def test_printed_coverage_is_the_configurations_not_the_ladders_luck():
     """Two ladders drawn from one truth (seed sd falling with size, a seed effect shared by the arms) print
     coverages that differ by less than the Monte-Carlo interval each states."""
