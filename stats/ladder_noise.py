@@ -94,14 +94,16 @@ class LadderTruth:
 
 def truth_of(est, i, log_c, form, seeds):
     """The LadderTruth an estimate's ladder i implies: its fit in `form` as the curves, its noise model as the
-    noise (the configuration the report states its coverage for)."""
+    noise (the configuration the report states its coverage for); with one seed, which measures no noise, the
+    fit's residuals give its sd."""
     f = est["fits"][form]
     e_idx, al, _, _ = scaling.layout(form, log_c.shape[0])
     curves = tuple((float(f["theta"][i, e]), ((float(f["A"][i, a]), float(f["theta"][i, l])),))
                    for a, (e, l) in enumerate(zip(e_idx, al)))
     common, shared, persistent = (float(v) for v in est["fractions"][i])
     return LadderTruth(tuple(float(c) for c in np.exp(log_c.mean(axis=0))), curves,
-                       tuple(float(v) for v in est["sd"][i]), seeds, common, shared, persistent)
+                       tuple(float(v) * (float(f["residual_scale"][i]) if seeds == 1 else 1.0)
+                             for v in est["sd"][i]), seeds, common, shared, persistent)
 
 
 def rate(hits):

@@ -325,7 +325,8 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), per_seed=True
     any centred log C; with per_seed (the report's, not the calibration's: it is a diagnostic, not a calibrated
     number) "per_seed": each seed's own ladder fitted alike, its headline log m (B, seeds, K-1) and the seeds'
     spread over the model's (the sd of one seed's log m the headline's se implies), flagged over PER_SEED_FLAG; and
-    "fits": {form: theta, cov, dof, E and alpha (value, se) per arm, A}."""
+    "fits": {form: theta, cov, dof, E and alpha (value, se) per arm, A, and the residuals' sd over the noise
+    model's (residual_scale)}."""
     b, k, s, n = losses.shape
     centre = float(log_c.mean())
     x = log_c - centre
@@ -341,8 +342,11 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), per_seed=True
         theta, cov, dof = fit(means, x, form, cov_means)
         e_idx, al, la, _ = layout(form, k)
         se = np.sqrt(np.maximum(np.einsum("bpp->bp", cov), 0))
+        whitened = np.linalg.solve(np.linalg.cholesky(cov_means),
+                                   (_model(theta, x, layout(form, k))[0] - means).reshape(b, -1, 1))[..., 0]
         out["fits"][form] = {"theta": theta, "cov": cov, "dof": dof, "E": (theta[:, e_idx], se[:, e_idx]),
-                             "alpha": (theta[:, al], se[:, al]), "A": np.exp(theta[:, la] + theta[:, al] * centre)}
+                             "alpha": (theta[:, al], se[:, al]), "A": np.exp(theta[:, la] + theta[:, al] * centre),
+                             "residual_scale": np.sqrt((whitened ** 2).sum(axis=1) / max(dof, 1))}
     # An arm's own seed effect that persists across sizes moves its whole curve: the residuals cannot see it, only
     # the seeds can, through K (seeds - 1) degrees of freedom; where the noise model finds one, the intervals that
     # compare arms take their t quantile from those (with the fit's N - p they covered 91% instead of 95%)

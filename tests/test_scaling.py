@@ -184,6 +184,16 @@ def test_seeds_that_differ_more_than_the_noise_model_allows_are_flagged():
     assert per_seed["spread_over_model"] > 3 and per_seed["flag"]
 
 
+def test_a_one_seed_ladder_is_calibrated_with_its_residuals_as_the_noise():
+    """One seed measures no seed noise: the calibration's truth takes the fit's residual sd (true 0.003), not the
+    noise model's placeholder of 1."""
+    ladder = ladder_of({"gelu": (2.5, 300.0, 0.15), "x": (2.5, 270.0, 0.15)}, seeds=1, noise=0.003,
+                       rng=np.random.default_rng(1))
+    result = ladder_fit.fit_ladder(ladder, "gelu", n_sims=50)
+    sd = result["calibration"]["assumptions"].split("normal seed noise of sd ")[1].split(" by size")[0]
+    assert all(0.0015 < float(v) < 0.006 for v in sd.split(", ")) and result["calibration"]["coverage"]["rate"] > 0.8
+
+
 def test_a_flat_baseline_step_is_not_resolved():
     """Where the baseline's step around X's loss is within its noise, the curve-free reading says "not resolved"
     instead of an interval to 22x."""
