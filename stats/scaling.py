@@ -151,10 +151,12 @@ def noise_model(losses, log_c):
         return np.divide(cov[:, mask].mean(axis=1), scale, out=np.zeros(b), where=scale > 0) if mask.any() \
             else np.zeros(b)
 
-    common = np.clip(pooled(~same_arm & ~same_size), 0, 1)
-    shared = np.clip(pooled(~same_arm & same_size) - common, 0, 1)
-    persistent = np.clip(pooled(same_arm & ~same_size) - common, 0, 1)
-    fractions = np.stack([common, shared, persistent], axis=1)
+    # each part from the raw correlations before any is clipped: subtracting a common part clipped at 0 (its noise
+    # made positive) took a quarter off the persistent one
+    common = pooled(~same_arm & ~same_size)
+    shared = pooled(~same_arm & same_size) - common
+    persistent = pooled(same_arm & ~same_size) - common
+    fractions = np.clip(np.stack([common, shared, persistent], axis=1), 0, 1)
     return sd, fractions * np.minimum(1, MAX_CORRELATED / np.maximum(fractions.sum(axis=1), 1e-12))[:, None]
 
 
@@ -349,7 +351,8 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), per_seed=True
                              "residual_scale": np.sqrt((whitened ** 2).sum(axis=1) / max(dof, 1))}
     # An arm's own seed effect that persists across sizes moves its whole curve: the residuals cannot see it, only
     # the seeds can, through K (seeds - 1) degrees of freedom; where the noise model finds one, the intervals that
-    # compare arms take their t quantile from those (with the fit's N - p they covered 91% instead of 95%)
+    # compare arms take their t quantile from those (with the fit's N - p, 30% of the seed variance in it covered
+    # 0.926 with 3 seeds; with these, 0.943: BENCHMARKS.md)
     def arm_dof(form_dof):
         return np.where(fractions[:, 2] > 0, min(form_dof, k * (n - 1)), form_dof)[:, None] if n > 1 else \
             np.full((b, 1), form_dof)
