@@ -46,7 +46,7 @@ def main():
         got["cpu_s"] = time.process_time() - start
         out[name] = got
         rates = ", ".join(f"{key.replace('_', ' ')} {got[key]['rate']:.4f} [{got[key]['ci'][0]:.4f}, "
-                          f"{got[key]['ci'][1]:.4f}]" for key in ("coverage", "false_alarm", "family_wise")
+                          f"{got[key]['ci'][1]:.4f}]" for key in ("coverage", "E_coverage", "alpha_coverage", "false_alarm", "family_wise")
                           if key in got)
         print(f"{name}: {rates} ({got['n']} ladders, {got['cpu_s']:.1f} CPU-s)")
     if args.json:

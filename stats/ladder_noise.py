@@ -118,7 +118,8 @@ def rate(hits):
 def calibrate(truth, options, n, rng):
     """Draws n ladders from `truth` and runs the estimator on each with `options`: {"coverage": share of the
     headline intervals holding the true log m at the reference compute (each ladder's arms averaged, then ladders
-    counted), "false_alarm" (a truth of constant multipliers): share of trend verdicts fired, "family_wise" (a
+    counted), "E_coverage" and "alpha_coverage" (a truth of one term and one floor: the headline fit's E and the
+    baseline's alpha), "false_alarm" (a truth of constant multipliers): share of trend verdicts fired, "family_wise" (a
     truth where no arm differs): share of ladders where Holm over the report's family (each size's pair paired by
     seed, the headline multipliers, the trends) declares anything, "n", "assumptions"}."""
     losses = truth.draw(n, rng)
@@ -128,6 +129,12 @@ def calibrate(truth, options, n, rng):
     true = truth.log_multiplier(est["reference"])
     out = {"coverage": rate(((low <= true) & (true <= high)).mean(axis=1)), "n": n,
            "assumptions": truth.assumptions(), "headline_form": head["form"], "reference": est["reference"]}
+    if all(len(terms) == 1 for _, terms in truth.curves) and len({e for e, _ in truth.curves}) == 1:
+        f = est["fits"][head["form"]]  # one term and one floor: the fit's E and the baseline's alpha have a truth
+        for name, (value, se), true in (("E", f["E"], truth.curves[0][0]), ("alpha", f["alpha"],
+                                                                            truth.curves[0][1][0][1])):
+            low, high = scaling.interval(value[:, 0], se[:, 0], f["dof"], options.confidence)
+            out[f"{name}_coverage"] = rate((low <= true) & (true <= high))
     slope = est["slope"]
     if slope is not None and truth.constant:
         low, high = scaling.interval(slope["value"], slope["se"], slope["dof"], options.confidence)
