@@ -19,6 +19,8 @@ from pathlib import Path
 from stats import scaling
 from stats.ladder_noise import calibrate, configurations
 
+RATES = ("coverage", "E_coverage", "alpha_coverage", "false_alarm", "family_wise")
+
 
 def sweep():
     """The persistent fraction, the shared one and the seeds varied around configuration c."""
@@ -46,8 +48,7 @@ def main():
         got["cpu_s"] = time.process_time() - start
         out[name] = got
         rates = ", ".join(f"{key.replace('_', ' ')} {got[key]['rate']:.4f} [{got[key]['ci'][0]:.4f}, "
-                          f"{got[key]['ci'][1]:.4f}]" for key in ("coverage", "E_coverage", "alpha_coverage", "false_alarm", "family_wise")
-                          if key in got)
+                          f"{got[key]['ci'][1]:.4f}]" for key in RATES if key in got)
         print(f"{name}: {rates} ({got['n']} ladders, {got['cpu_s']:.1f} CPU-s)")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
