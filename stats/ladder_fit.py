@@ -3,8 +3,8 @@ for sweep.json, with the calibration of the same estimator and options on the co
 
 Input: {arm: {C: {seed: final loss}}}, C the training compute of a ladder point in FLOPs, the same seeds at every
 point of every arm, each arm at one chosen lr per size. Nothing here estimates: every multiplier, trend, E and alpha
-is estimate()'s, every interval scaling.interval's, the curve-free reading stats/curve_free.py's; this module picks
-the words ("not identified" where an interval would leave the parameter space) and the calibration's truth.
+is estimate()'s (the curve-free reading too), every interval scaling.interval's; this module picks the words ("not
+identified" where an interval would leave the parameter space) and the calibration's truth.
 
 The calibration (stats/ladder_noise.py) states a property of the configuration, not of the ladder's luck: ladders
 drawn from the trend fit (the headline's coverage) and from the shared fit (the trend's false alarms) with the noise
@@ -17,7 +17,6 @@ import numpy as np
 
 from errors import ConfigError
 from stats import scaling
-from stats.curve_free import curve_free
 from stats.ladder_noise import calibrate, truth_of
 
 EXTRAPOLATION_LIMIT = 10.0  # a target beyond this times the ladder's largest compute is an extrapolation
@@ -121,11 +120,8 @@ def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapo
                              "A": float(shared["A"][0, j])}
     curve_c = np.geomspace(float(np.exp(log_c.min())), max(top, target["compute"] if target else top), CURVE_POINTS)
     extra = np.log(np.concatenate([[target["compute"]] if target else [], curve_c])) - est["centre"]
-    f = est["fits"][head["form"]]  # the baseline's curve for the curve-free reading
     along, along_se, along_dof = est["along"](extra)
-    base_e, base_alpha, base_a = f["E"][0][0, 0], f["alpha"][0][0, 0], f["A"][0, 0]
-    free, status = curve_free(log_c, est["means"][0], est["cov_means"][0],
-                              lambda x: base_e + base_a * np.exp(-base_alpha * x), k * n_sizes * (n - 1), level)
+    free, status = est["curve_free"]["value"][0], est["curve_free"]["status"][0]
     for j, a in enumerate(arms[1:], start=1):
         i = j - 1
         entry = {"headline": {"compute": est["reference"], "form": head["form"],

@@ -123,7 +123,7 @@ def calibrate(truth, options, n, rng):
     truth where no arm differs): share of ladders where Holm over the report's family (each size's pair paired by
     seed, the headline multipliers, the trends) declares anything, "n", "assumptions"}."""
     losses = truth.draw(n, rng)
-    est = scaling.estimate(losses, truth.log_c, options, forms=("shared", "trend"), per_seed=False)
+    est = scaling.estimate(losses, truth.log_c, options, forms=("shared", "trend"), report=False)
     head = est["headline"]
     low, high = scaling.interval(head["value"], head["se"], head["dof"], options.confidence)
     true = truth.log_multiplier(est["reference"])

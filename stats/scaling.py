@@ -33,6 +33,7 @@ from scipy.special import digamma
 from scipy.stats import t as student
 
 from errors import ConfigError
+from stats.curve_free import curve_free
 
 FORMS = {"shared": "L = E + A_arm C^-alpha, E and alpha shared by the arms, A per arm",
          "trend": "L = E + A_arm C^-alpha_arm, E shared, A and alpha per arm",
@@ -313,7 +314,7 @@ class Options:
     reference: float | None = None
 
 
-def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), per_seed=True):
+def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
     """Every number a ladder report prints about its fits, for a batch of ladders at once: losses (B, K, S, seeds),
     the baseline first, at log C (K, S). The seed noise by noise_model (per-size sd, correlations of a seed's
     cells), the means fitted by generalised least squares under it in each form the sizes identify (of `forms`),
@@ -324,11 +325,12 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), per_seed=True
       "slope":    the trend's slope of log m on log C (alpha_X / alpha_base - 1), None without a trend fit;
       "at_sizes": the headline fit's log m (B, K-1, S) at each of the arm's sizes;
     each a dict of value, se and dof (broadcasting against them), "along": (log m, se, dof) of the headline fit at
-    any centred log C; with per_seed (the report's, not the calibration's: it is a diagnostic, not a calibrated
-    number) "per_seed": each seed's own ladder fitted alike, its headline log m (B, seeds, K-1) and the seeds'
-    spread over the model's (the sd of one seed's log m the headline's se implies), flagged over PER_SEED_FLAG; and
-    "fits": {form: theta, cov, dof, E and alpha (value, se) per arm, A, and the residuals' sd over the noise
-    model's (residual_scale)}."""
+    any centred log C; with `report` (the report's numbers that no verdict rests on and the calibration skips):
+    "per_seed": each seed's own ladder fitted alike, its headline log m (B, seeds, K-1) and the seeds' spread over
+    the model's (the sd of one seed's log m the headline's se implies), flagged over PER_SEED_FLAG, and
+    "curve_free": stats/curve_free.py's reading (value, low, high (B, 3, K-1, S), status (B, K-1, S)) along the
+    headline fit's baseline curve; and "fits": {form: theta, cov, dof, E and alpha (value, se) per arm, A, and the
+    residuals' sd over the noise model's (residual_scale)}."""
     b, k, s, n = losses.shape
     centre = float(log_c.mean())
     x = log_c - centre
@@ -370,7 +372,18 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), per_seed=True
     if head == "trend":
         value, se = trend_slope(f["theta"], f["cov"], k)
         out["slope"] = {"value": value, "se": se, "dof": dof}
-    if per_seed and n > 1:
+    if report:
+        base = out["fits"][head]
+        # one seed measures no noise: the headline fit's residuals scale the model's placeholder then
+        scale = base["residual_scale"] ** 2 if n == 1 else np.ones(b)
+        def baseline(i):  # the baseline's fitted loss at log C
+            return lambda u: base["E"][0][i, 0] + base["A"][i, 0] * np.exp(-base["alpha"][0][i, 0] * u)
+
+        readings = [curve_free(log_c, means[i], cov_means[i] * scale[i], baseline(i),
+                               base["dof"] if n == 1 else k * s * (n - 1), options.confidence) for i in range(b)]
+        out["curve_free"] = {"value": np.array([r[0] for r in readings]),
+                             "status": np.array([r[1] for r in readings])}
+    if report and n > 1:
         one = losses.transpose(0, 3, 1, 2).reshape(b * n, k, s)
         theta, cov, _ = fit(one, x, head, np.repeat(cov_means * n, n, axis=0))
         value = log_multiplier(theta, cov, head, k, np.array([ref - centre]))[0][..., 0].reshape(b, n, k - 1)

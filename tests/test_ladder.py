@@ -225,7 +225,7 @@ def test_a_ladder_of_equal_seeds_and_an_aa_control_is_reported(tmp_path):
 def test_the_report_prints_the_estimators_numbers_on_a_heteroscedastic_ladder(tmp_path):
     """A ladder whose seed sd falls 0.03 -> 0.004 with size and whose second arm's exponent differs: every number
     sweep.md and sweep.json give about the fit (the headline at the largest rung, the ladder average, the trend, E
-    and alpha) is estimate()'s (stats/scaling.py) on the same runs, with the options the calibration uses."""
+    and alpha, the curve-free reading, the per-seed fits) is estimate()'s (stats/scaling.py) on the same runs, with the options the calibration uses."""
     rng = np.random.default_rng(3)
     ladder, index = {}, 0
     for i, (shape, sd) in enumerate(zip(SHAPES, (0.03, 0.015, 0.008, 0.004))):
@@ -248,6 +248,10 @@ def test_the_report_prints_the_estimators_numbers_on_a_heteroscedastic_ladder(tm
         assert f"{np.exp(value):.3g}" in text and f"[{np.exp(low):.3g}, {np.exp(high):.3g}]" in text
     assert f"{np.exp(est['headline']['value'][0, 0]):.3g}x the compute to reach relu2's loss at " \
            f"{est['reference']:.3g} FLOPs" in text
+    free = est["curve_free"]
+    for size, row in enumerate(relu2["at_sizes"]):
+        assert row["curve_free_status"] == free["status"][0, 0, size]
+        assert row["curve_free"] is None or row["curve_free"] == pytest.approx(np.exp(free["value"][0, 0, 0, size]))
     per_seed = np.exp(est["per_seed"]["value"][0, :, 0])
     assert relu2["per_seed"]["multipliers"] == pytest.approx(per_seed, rel=1e-12)
     assert ", ".join(f"{v:.3g}" for v in per_seed) in text
