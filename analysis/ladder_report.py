@@ -143,16 +143,17 @@ def target_of(text):
 
 
 def ladder_report(out_dir, baseline=None, throughput=None, target=None, extrapolate=False, level=0.95,
-                  resamples=400, seed=0):
+                  resamples=400, seed=0, reference=None):
     """Writes sweep.md, sweep.json, lr_grid.png (several lrs) and scaling.png (several sizes); returns the markdown.
     target: --target's text; level: the intervals' confidence (verdicts at family-wise rate 1 - level); resamples,
-    seed: the simulated ladders that measure the interval's coverage, and their seed."""
+    seed: the simulated ladders that measure the interval's coverage, and their seed; reference: the compute (FLOPs)
+    of the headline multiplier, None for the largest rung."""
     out = Path(out_dir)
     try:
         points, unfinished = read_points(out)
         return _report(out, points, unfinished, baseline, throughput or [],
                        dict(target=target_of(target), extrapolate=extrapolate, level=level, resamples=resamples,
-                            seed=seed))
+                            seed=seed, reference=reference))
     except (RunError, ConfigError) as e:
         raise SystemExit(f"error: {out}: {e}") from None
 
@@ -326,7 +327,7 @@ def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family
     losses, compute_at = fit_input(compared, complete, shared, ladder.arms)
     speeds = throughput_ratios(throughput, compute_at, ladder.baseline) if throughput else None
     vocab = {p["vocab"] for p in ladder.points}
-    fit = ladder_fit.fit_ladder(losses, ladder.baseline, scaling.Options(confidence=opts["level"]),
+    fit = ladder_fit.fit_ladder(losses, ladder.baseline, scaling.Options(opts["level"], opts["reference"]),
                                 target=opts["target"], extrapolate=opts["extrapolate"],
                                 vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
                                 n_sims=opts["resamples"], rng=opts["seed"])

@@ -95,6 +95,10 @@ def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapo
     level = options.confidence
     top = float(np.exp(log_c.max()))
     target = target_point(target, top, vocab, extrapolate)
+    bottom = float(np.exp(log_c.min()))
+    if options.reference is not None and not bottom * (1 - 1e-9) <= options.reference <= top * (1 + 1e-9):
+        raise ConfigError(f"reference compute {options.reference:.3g} FLOPs lies outside the ladder "
+                          f"({bottom:.3g}-{top:.3g}); read a multiplier beyond it with --target")
     est = scaling.estimate(losses[None], log_c, options)
     head, average, slope = est["headline"], est["average"], est["slope"]
     result = {"form": head["form"], "form_text": scaling.FORMS[head["form"]], "baseline": baseline, "seeds": seeds,
@@ -118,7 +122,7 @@ def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapo
                                          "high": float(row.max())} for c, row in zip(computes[j], losses[j])],
                              "E": float(shared["theta"][0, 0]), "alpha": float(shared["theta"][0, 1]),
                              "A": float(shared["A"][0, j])}
-    curve_c = np.geomspace(float(np.exp(log_c.min())), max(top, target["compute"] if target else top), CURVE_POINTS)
+    curve_c = np.geomspace(bottom, max(top, target["compute"] if target else top), CURVE_POINTS)
     extra = np.log(np.concatenate([[target["compute"]] if target else [], curve_c])) - est["centre"]
     along, along_se, along_dof = est["along"](extra)
     free, status = est["curve_free"]["value"][0], est["curve_free"]["status"][0]

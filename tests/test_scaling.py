@@ -260,6 +260,18 @@ def test_target_beyond_the_ladder_is_refused_without_extrapolate():
     assert far["target"]["extrapolation"] and far["multipliers"]["x"]["target"]["multiplier"] > 0
 
 
+def test_the_headline_is_read_at_the_stated_reference_compute_inside_the_ladder():
+    # x's exponent 1.2x gelu's: m grows with compute, and the headline follows the reference asked for
+    ladder = ladder_of({"gelu": (2.5, 300.0, 0.15), "x": (2.5, 300.0 * 1e16 ** 0.03, 0.18)}, noise=1e-4)
+    top = ladder_fit.fit_ladder(ladder, "gelu", n_sims=20)["multipliers"]["x"]["headline"]
+    low = ladder_fit.fit_ladder(ladder, "gelu", scaling.Options(reference=COMPUTE[0]),
+                                n_sims=20)["multipliers"]["x"]["headline"]
+    assert top["compute"] == pytest.approx(COMPUTE[-1]) and low["compute"] == pytest.approx(COMPUTE[0])
+    assert top["multiplier"] > 1.5 * low["multiplier"]
+    with pytest.raises(ConfigError, match="outside the ladder .* with --target"):
+        ladder_fit.fit_ladder(ladder, "gelu", scaling.Options(reference=1e18), n_sims=20)
+
+
 def test_target_is_model_py_flops_for_gpt2_124m_at_10b_tokens():
     torch = pytest.importorskip("torch")
     from model import GPT, GPTConfig
