@@ -310,8 +310,9 @@ def fit_input(compared, complete, shared, arms):
 def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family):
     """The multiplier fit (its verdicts join the family, Holm-adjusted here, unless a fitted size's lr was picked
     on the compared runs: the calibration does not simulate that pick, so they are then exploratory) and its
-    markdown; without enough sizes, the family is adjusted alone. The fit pairs every arm at every size on the same seeds: a half-finished
-    ladder is fitted on the sizes every arm has finished, on the seeds all of them share, and says which."""
+    markdown; without enough sizes, the family is adjusted alone. The fit pairs every arm at every size on the same
+    seeds: a half-finished ladder is fitted on the sizes every arm has finished, on the seeds all of them share, and
+    says which."""
     compared = {(s, a): ladder.at(s, a, chosen.get((s, a))) for s in ladder.sizes for a in ladder.arms}
     complete = [s for s in ladder.sizes if all(compared[(s, a)] for a in ladder.arms)]
     shared = set.intersection(*(set(compared[(s, a)]) for s in complete for a in ladder.arms)) if complete else set()
