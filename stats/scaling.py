@@ -376,6 +376,7 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
         base = out["fits"][head]
         # one seed measures no noise: the headline fit's residuals scale the model's placeholder then
         scale = base["residual_scale"] ** 2 if n == 1 else np.ones(b)
+
         def baseline(i):  # the baseline's fitted loss at log C
             return lambda u: base["E"][0][i, 0] + base["A"][i, 0] * np.exp(-base["alpha"][0][i, 0] * u)
 
