@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import least_squares
 from scipy.special import digamma
 from scipy.stats import t as student
 
@@ -47,7 +48,6 @@ GPT2_124M_10B = ("GPT-2 124M at 10B tokens", 855_383_040 * 19_073 * 2 ** 19, 50_
 MAX_CORRELATED = 0.9  # the most of the seed variance the noise model lets be shared between cells: a covariance
 # with all of it shared would be singular, and 3 seeds never measure a correlation that close to 1
 PER_SEED_FLAG = 1.5  # the seeds' own fits spread over the model's sd by more than this: the noise model misses some
-LM_ITERATIONS = 200  # Levenberg-Marquardt steps at most; a well-posed ladder converges in 10-30
 
 
 def check_ladder(ladder, baseline):
@@ -178,50 +178,14 @@ def mean_covariance(sd, fractions, k, n_seeds):
     return corr * cell_sd[:, :, None] * cell_sd[:, None, :] / n_seeds
 
 
-def _levenberg_marquardt(residual_jac, theta, lower, upper):
-    """Least squares of a batch of independent problems at once, each by Levenberg-Marquardt (Marquardt's scaling)
-    with steps projected into [lower, upper] (a parameter held at its bound while descent pushes it out):
-    scipy.optimize.least_squares fits one problem per call, 1-10 ms each,
-    and joined into one sparse problem its shared trust region crawls; the calibration fits thousands of ladders
-    (tests/test_scaling.py checks this against scipy's fit)."""
-    r, jac = residual_jac(theta)
-    cost = (r ** 2).sum(axis=1)
-    lam = np.full(len(theta), 1e-3)
-    done = np.zeros(len(theta), bool)
-    for _ in range(LM_ITERATIONS):
-        hess = np.einsum("bnp,bnq->bpq", jac, jac)
-        grad = np.einsum("bnp,bn->bp", jac, r)
-        # a parameter at its bound that descent would push out stays there: the others step as if it were fixed
-        held = ((theta <= lower) & (grad > 0)) | ((theta >= upper) & (grad < 0))
-        free = ~held
-        hess = hess * free[:, :, None] * free[:, None, :] + np.einsum("bp,pq->bpq", held, np.eye(theta.shape[1]))
-        grad = grad * free
-        diag = np.einsum("bpp->bp", hess)
-        damped = hess + (lam[:, None] * (diag + 1e-12 * diag.max(axis=1, keepdims=True) + 1e-30))[:, :, None] \
-            * np.eye(theta.shape[1])
-        step = -np.linalg.solve(damped, grad[..., None])[..., 0]
-        new = np.clip(theta + step, lower, upper)
-        new_r, new_jac = residual_jac(new)
-        new_cost = (new_r ** 2).sum(axis=1)
-        better = (new_cost < cost) & ~done
-        small = np.abs(new - theta).max(axis=1) <= 1e-10 * (1 + np.abs(theta).max(axis=1))
-        done |= (better & (cost - new_cost <= 1e-12 * cost)) | small | (lam > 1e12)
-        theta = np.where(better[:, None], new, theta)
-        r, jac = np.where(better[:, None], new_r, r), np.where(better[:, None, None], new_jac, jac)
-        cost = np.where(better, new_cost, cost)
-        lam = np.where(better, lam / 3, lam * 4)
-        if done.all():
-            break
-    return theta
-
-
 def fit(y, x, form, cov_means):
     """Generalised least-squares fits of a batch of ladders' means y (B, K, S) at centred log C x (K, S) in one
-    form: (theta (B, p), covariance (B, p, p), residual degrees of freedom). cov_means (B, K*S, K*S): the means'
-    covariance under the noise model (mean_covariance); the residuals are whitened by it, and their variance over
-    N - p degrees of freedom scales the parameters' covariance, so a curve that misses the points widens every
-    interval. A parameter held at its bound keeps its column in J: its interval is then the one the data alone
-    would give."""
+    form, one scipy.optimize.least_squares per ladder (analytic Jacobian; Levenberg-Marquardt, or the trust-region
+    reflective method where the free optimum leaves the bounds): (theta (B, p), covariance (B, p, p), residual
+    degrees of freedom). cov_means (B, K*S, K*S): the means' covariance under the noise model (mean_covariance);
+    the residuals are whitened by it, and their variance over N - p degrees of freedom scales the parameters'
+    covariance, so a curve that misses the points widens every interval. A parameter held at its bound keeps its
+    column in J: its interval is then the one the data alone would give."""
     idx = layout(form, y.shape[1])
     e_idx, al, _, p = idx
     b, k, s = y.shape
@@ -233,15 +197,21 @@ def fit(y, x, form, cov_means):
     lower[:, e_idx], upper[:, e_idx] = 0.0, floor * (1 - 1e-6)
     lower[:, al], upper[:, al] = 1e-4, 5.0
     flat = y.reshape(b, -1)
+    theta = np.clip(_start(y, x, idx, form), lower, np.where(np.isfinite(upper), upper * (1 - 1e-6), upper))
+    for i in range(b):
+        def residual(t, i=i):
+            return whiten[i] @ (_model(t[None], x, idx)[0][0].ravel() - flat[i])
 
-    def residual_jac(theta):
-        fitted, jac = _model(theta, x, idx)
-        return (np.einsum("bij,bj->bi", whiten, fitted.reshape(b, -1) - flat),
-                np.einsum("bij,bjp->bip", whiten, jac))
+        def jacobian(t, i=i):
+            return whiten[i] @ _model(t[None], x, idx)[1][0]
 
-    start = np.clip(_start(y, x, idx, form), lower, np.where(np.isfinite(upper), upper * (1 - 1e-6), upper))
-    theta = _levenberg_marquardt(residual_jac, start, lower, upper)
-    r, jac = residual_jac(theta)
+        # Levenberg-Marquardt first (fast); only a fit that leaves the bounds is redone inside them
+        free = least_squares(residual, theta[i], jac=jacobian, method="lm", xtol=1e-10, ftol=1e-10).x
+        theta[i] = free if np.all((free >= lower[i]) & (free <= upper[i])) else least_squares(
+            residual, theta[i], jac=jacobian, bounds=(lower[i], upper[i]), xtol=1e-10, ftol=1e-10).x
+    fitted, jac = _model(theta, x, idx)
+    r = np.einsum("bij,bj->bi", whiten, fitted.reshape(b, -1) - flat)
+    jac = np.einsum("bij,bjp->bip", whiten, jac)
     dof = k * s - p
     sigma2 = (r ** 2).sum(axis=1) / max(dof, 1)
     cov = np.linalg.pinv(np.einsum("bnp,bnq->bpq", jac, jac)) * sigma2[:, None, None]
