@@ -88,16 +88,24 @@ def layout(form, k):
     return arms, k + arms, 2 * k + arms, 3 * k
 
 
+def _curve(theta, x, idx):
+    """Fitted means (B, K, S) at parameters theta (B, p), and their power-law part; x: centred log C (K, S)."""
+    e, al, la, _ = idx
+    g = np.exp(theta[:, la, None] - theta[:, al, None] * x)
+    return theta[:, e, None] + g, g
+
+
 def _model(theta, x, idx):
     """Fitted means (B, K, S) and their Jacobian (B, K*S, p) at parameters theta (B, p); x: centred log C (K, S)."""
     e, al, la, p = idx
-    g = np.exp(theta[:, la, None] - theta[:, al, None] * x)
+    fitted, g = _curve(theta, x, idx)
+    arms = np.arange(g.shape[1])
     jac = np.zeros((*g.shape, p))
-    for a in range(g.shape[1]):
-        jac[:, a, :, e[a]] += 1.0
-        jac[:, a, :, la[a]] += g[:, a]
-        jac[:, a, :, al[a]] -= x[a] * g[:, a]
-    return theta[:, e, None] + g, jac.reshape(len(theta), -1, p)
+    # an arm's E, alpha and log A are three different columns: each arm's cells are set once per column
+    jac[:, arms, :, e] = 1.0
+    jac[:, arms, :, la] = g.transpose(1, 0, 2)
+    jac[:, arms, :, al] = (-x * g).transpose(1, 0, 2)
+    return fitted, jac.reshape(len(theta), -1, p)
 
 
 def _start(y, x, idx, form):
@@ -118,7 +126,7 @@ def _start(y, x, idx, form):
         log_a = (z + alpha[:, :, None] * x).mean(axis=2)
         theta = np.zeros((b, p))
         theta[:, e_idx], theta[:, al], theta[:, la] = e, alpha, log_a
-        cost = ((_model(theta, x, idx)[0] - y) ** 2).sum(axis=(1, 2))
+        cost = ((_curve(theta, x, idx)[0] - y) ** 2).sum(axis=(1, 2))
         better = cost < best_cost
         best = theta if best is None else np.where(better[:, None], theta, best)
         best_cost = np.where(better, cost, best_cost)
@@ -200,7 +208,7 @@ def fit(y, x, form, cov_means):
     theta = np.clip(_start(y, x, idx, form), lower, np.where(np.isfinite(upper), upper * (1 - 1e-6), upper))
     for i in range(b):
         def residual(t, i=i):
-            return whiten[i] @ (_model(t[None], x, idx)[0][0].ravel() - flat[i])
+            return whiten[i] @ (_curve(t[None], x, idx)[0][0].ravel() - flat[i])
 
         def jacobian(t, i=i):
             return whiten[i] @ _model(t[None], x, idx)[1][0]
@@ -317,7 +325,7 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
         e_idx, al, la, _ = layout(form, k)
         se = np.sqrt(np.maximum(np.einsum("bpp->bp", cov), 0))
         whitened = np.linalg.solve(np.linalg.cholesky(cov_means),
-                                   (_model(theta, x, layout(form, k))[0] - means).reshape(b, -1, 1))[..., 0]
+                                   (_curve(theta, x, layout(form, k))[0] - means).reshape(b, -1, 1))[..., 0]
         out["fits"][form] = {"theta": theta, "cov": cov, "dof": dof, "E": (theta[:, e_idx], se[:, e_idx]),
                              "alpha": (theta[:, al], se[:, al]), "A": np.exp(theta[:, la] + theta[:, al] * centre),
                              "residual_scale": np.sqrt((whitened ** 2).sum(axis=1) / max(dof, 1))}
