@@ -11,9 +11,10 @@ The lr: stats/lr_grid.py picks each arm's best lr on a size's grid; lr_grid.png 
 plan's lr_seeds the grid ran on its own seeds, and the arms are compared on the others only: the pick's luck never
 favours the arm it picked for. Without them the pick was made on the compared runs, and every comparison at that size
 is marked "exploratory" (the winner's curse: an arm with a flat lr curve gains most from picking the luckiest point).
-The grid's own pairs are always exploratory. Several sizes: stats/scaling.py fits the arms together, gives each
-arm's multiplier with its interval, the curve-free multiplier at every size, the trend, and the measured coverage of
-the interval in simulations of this very ladder; scaling.png. Verdicts (the per-size pairs, the multipliers, the
+The grid's own pairs are always exploratory. Several sizes: stats/ladder_fit.py gives the estimator's numbers
+(estimate in stats/scaling.py: each arm's multiplier at the largest rung with its interval, the ladder average, the
+curve-free multiplier at every size, the trend) and its coverage measured on ladders drawn from the configuration
+this ladder implies; this module only formats them; scaling.png. Verdicts (the per-size pairs, the multipliers, the
 trends) form one family: Holm at family-wise error rate 1 - level. The wall-clock multiplier needs throughput
 measured interleaved on one machine (bench/train_step.py --shape ... --json FILE, given as --throughput FILE), looked
 up by the arm's label (a contender named as the arm); an arm without one is said to be "not measured".
@@ -27,7 +28,7 @@ from analysis.lr_grid_plot import plot_lr_grid
 from analysis.runs import RunError, finished, load_run, markdown_table, read_metrics, summary
 from analysis.scaling_plot import plot_scaling
 from errors import ConfigError
-from stats import lr_grid, scaling
+from stats import ladder_fit, lr_grid, scaling
 from stats.family import adjust
 from stats.significance import paired
 
@@ -142,16 +143,17 @@ def target_of(text):
 
 
 def ladder_report(out_dir, baseline=None, throughput=None, target=None, extrapolate=False, level=0.95,
-                  resamples=400, seed=0):
+                  resamples=400, seed=0, reference=None):
     """Writes sweep.md, sweep.json, lr_grid.png (several lrs) and scaling.png (several sizes); returns the markdown.
     target: --target's text; level: the intervals' confidence (verdicts at family-wise rate 1 - level); resamples,
-    seed: the simulated ladders that measure the interval's coverage, and their seed."""
+    seed: the simulated ladders that measure the interval's coverage, and their seed; reference: the compute (FLOPs)
+    of the headline multiplier, None for the largest rung."""
     out = Path(out_dir)
     try:
         points, unfinished = read_points(out)
         return _report(out, points, unfinished, baseline, throughput or [],
                        dict(target=target_of(target), extrapolate=extrapolate, level=level, resamples=resamples,
-                            seed=seed))
+                            seed=seed, reference=reference))
     except (RunError, ConfigError) as e:
         raise SystemExit(f"error: {out}: {e}") from None
 
@@ -305,10 +307,12 @@ def fit_input(compared, complete, shared, arms):
     return losses, compute_at
 
 
-def fit_section_of(out, ladder, chosen, throughput, opts, result, family):
-    """The multiplier fit (its verdicts join the family, Holm-adjusted here) and its markdown; without enough
-    sizes, the family is adjusted alone. The fit pairs every arm at every size on the same seeds: a half-finished
-    ladder is fitted on the sizes every arm has finished, on the seeds all of them share, and says which."""
+def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family):
+    """The multiplier fit (its verdicts join the family, Holm-adjusted here, unless a fitted size's lr was picked
+    on the compared runs: the calibration does not simulate that pick, so they are then exploratory) and its
+    markdown; without enough sizes, the family is adjusted alone. The fit pairs every arm at every size on the same
+    seeds: a half-finished ladder is fitted on the sizes every arm has finished, on the seeds all of them share, and
+    says which."""
     compared = {(s, a): ladder.at(s, a, chosen.get((s, a))) for s in ladder.sizes for a in ladder.arms}
     complete = [s for s in ladder.sizes if all(compared[(s, a)] for a in ladder.arms)]
     shared = set.intersection(*(set(compared[(s, a)]) for s in complete for a in ladder.arms)) if complete else set()
@@ -324,11 +328,15 @@ def fit_section_of(out, ladder, chosen, throughput, opts, result, family):
     losses, compute_at = fit_input(compared, complete, shared, ladder.arms)
     speeds = throughput_ratios(throughput, compute_at, ladder.baseline) if throughput else None
     vocab = {p["vocab"] for p in ladder.points}
-    fit = scaling.fit_ladder(losses, ladder.baseline, target=opts["target"], extrapolate=opts["extrapolate"],
-                             vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
-                             confidence=opts["level"], n_sims=opts["resamples"], rng=opts["seed"])
+    fit = ladder_fit.fit_ladder(losses, ladder.baseline, scaling.Options(opts["level"], opts["reference"]),
+                                target=opts["target"], extrapolate=opts["extrapolate"],
+                                vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
+                                n_sims=opts["resamples"], rng=opts["seed"])
+    fit["exploratory"] = [size_label(s) for s in complete if s in cursed]
     for a, m in fit["multipliers"].items():
-        family.append(("multiplier", f"{a}'s multiplier over {ladder.baseline}", m["fitted"]["p"], m["fitted"]))
+        if fit["exploratory"]:
+            continue
+        family.append(("multiplier", f"{a}'s multiplier over {ladder.baseline}", m["headline"]["p"], m["headline"]))
         if m["trend"]:
             family.append(("trend", f"{a}'s trend", m["trend"]["p"], m["trend"]))
     adjust([(p, where) for _, _, p, where in family])
@@ -348,7 +356,7 @@ def _report(out, points, unfinished, baseline, throughput, opts):
     md += lr_md + lr_choices(ladder, result, chosen)
     family = []  # the report's verdicts, one Holm family: (kind, name, p, the dict its adjusted p is written into)
     pair_rows = size_pairs(ladder, result, chosen, cursed, family)
-    md += fit_section_of(out, ladder, chosen, throughput, opts, result, family)
+    md += fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family)
     md += pairs_section(pair_rows, ladder.baseline, opts["level"]) + verdicts(family, opts["level"])
     result["family"] = [{"kind": kind, "claim": name, "p": p, "p_holm": where.get("p_holm")}
                         for kind, name, p, where in family]
@@ -360,33 +368,62 @@ def _report(out, points, unfinished, baseline, throughput, opts):
 
 def _holm(where, level):
     p = where.get("p_holm")
-    return "" if p is None else f"; Holm p {p:.3g}: {'declared' if p < 1 - level else 'not declared'}"
+    return "; unadjusted, exploratory" if p is None else \
+        f"; Holm p {p:.3g}: {'declared' if p < 1 - level else 'not declared'}"
+
+
+def _parameter(v):
+    """E or alpha with its interval, or "not identified" in words."""
+    return f"{v['value']:.3g} ({v['not_identified']})" if "not_identified" in v else f"{v['value']:.3g} {_ci(*v['ci'])}"
+
+
+def _rate(r):
+    return f"{r['rate']:.1%} [{r['ci'][0]:.1%}, {r['ci'][1]:.1%}]"
+
+
+def calibration_sentence(fit, opts):
+    """What the calibration measured, of which configuration, with its Monte-Carlo interval."""
+    cal, level = fit["calibration"], f"{fit['confidence']:.0%}"
+    return (f"Coverage measured: {_rate(cal['coverage'])} of the {level} headline intervals held the true "
+            f"multiplier at {fit['reference']:.3g} FLOPs in {cal['n']} ladders drawn from this configuration "
+            f"(Monte-Carlo 95% interval over the ladders; simulation seed {cal['seed']})"
+            + (f"; the trend verdict fired on a constant multiplier in {_rate(cal['false_alarm'])} of them"
+               if cal.get("false_alarm") else "")
+            + f". The configuration, fitted from this ladder: {cal['assumptions']}. Not in it: the lr stage (each "
+            "arm's lr was picked before these runs), so every multiplier and trend below is conditional on the lrs "
+            "compared.")
 
 
 def fit_section(fit, sizes, speeds, opts):
     level, base = f"{fit['confidence']:.0%}", fit["baseline"]
-    cal = fit["calibration"]
-    md = ["## Compute multiplier", "",
-          f"Fit: {fit['form_text']}; {level} intervals: {fit['interval']}. Coverage measured: "
-          f"{cal['coverage']:.1%} of the {level} intervals of log m held the true multiplier in {cal['n']} simulations "
-          f"of this configuration ({fit['sizes']} sizes x {len(fit['seeds'])} seeds x {cal['arms'] + 1} arms, the "
-          f"fitted curve as the truth, each size's measured seed sd "
-          f"{', '.join(f'{v:.3g}' for v in cal['noise_sd'])}; simulation seed {opts['seed']})"
-          + (f"; the trend verdict fired on a constant multiplier in {cal['false_alarm']:.1%} of them"
-             if "false_alarm" in cal else "") + ".", ""]
+    md = ["## Compute multiplier", "", f"Fit: {fit['form_text']}; {level} intervals: {fit['interval']}.", "",
+          calibration_sentence(fit, opts), ""]
+    if fit["exploratory"]:
+        md += [f"Exploratory: the lr at {', '.join(fit['exploratory'])} was picked on the compared runs, a pick the "
+               "calibration does not simulate; the multipliers and trends below are unadjusted and declare "
+               "nothing (run the grid on its own seeds, the plan's lr_seeds, to make them verdicts).", ""]
     for form, f in fit["forms"].items():
         if not f["identified"]:
             md.append(f"- {f['text']}.")
             continue
-        params = "; ".join(f"{a} E {v['E']['value']:.3g} {_ci(*v['E']['ci'])}, alpha {v['alpha']['value']:.3g} "
-                           f"{_ci(*v['alpha']['ci'])}" for a, v in f["params"].items())
-        md.append(f"- {f['text']} ({f['dof']} residual degrees of freedom, residual sum of squares {f['rss']:.3g}): "
-                  f"{params}.")
+        params = "; ".join(f"{a} E {_parameter(v['E'])}, alpha {_parameter(v['alpha'])}"
+                           for a, v in f["params"].items())
+        md.append(f"- {f['text']} ({f['dof']} residual degrees of freedom): {params}.")
     md.append("")
     for a, m in fit["multipliers"].items():
-        f = m["fitted"]
-        md.append(f"- {a}: {base} needs {f['multiplier']:.3g}x the compute to reach {a}'s loss ({level} interval "
-                  f"{_ci(*f['ci'])}, one number at every size under the shared fit{_holm(f, opts['level'])}).")
+        h, avg = m["headline"], m["average"]
+        md.append(f"- {a}: {base} needs {h['multiplier']:.3g}x the compute to reach {a}'s loss at "
+                  f"{h['compute']:.3g} FLOPs ({level} interval {_ci(*h['ci'])}, the {h['form']} fit"
+                  f"{_holm(h, opts['level'])}); ladder average, assumes constant m: {avg['multiplier']:.3g} "
+                  f"{_ci(*avg['ci'])}.")
+        if m.get("per_seed"):
+            ps = m["per_seed"]
+            spread = "-" if ps["spread_over_model"] is None else f"{ps['spread_over_model']:.3g}"
+            md.append(f"- {a}, each seed's own ladder fitted alike: "
+                      f"{', '.join('-' if v is None else f'{v:.3g}' for v in ps['multipliers'])}; their spread is "
+                      f"{spread}x the model's"
+                      + (f" (**over {scaling.PER_SEED_FLAG:g}x: the seeds differ more than the noise model allows, "
+                         "the interval may be too narrow**)" if ps["flag"] else "") + ".")
         if m["trend"]:
             t = m["trend"]
             md.append(f"- {a}'s trend: slope of log m on log C {t['slope']:+.3g} {_ci(*t['ci'], fmt='{:+.3g}')} "
@@ -397,7 +434,7 @@ def fit_section(fit, sizes, speeds, opts):
             word = "EXTRAPOLATION (beyond what the ladder supports, asked for by --extrapolate)" \
                 if fit["target"]["extrapolation"] else "inside the ladder's reach"
             md.append(f"- {a} at {name} ({t['compute']:.3g} FLOPs), {word}: {t['multiplier']:.3g}x "
-                      f"{_ci(*t['ci'])} (trend fit).")
+                      f"{_ci(*t['ci'])} ({fit['form']} fit).")
     if speeds and speeds["missing"]:
         md.append(f"- Wall-clock: not measured for {', '.join(speeds['missing'])} (no contender of that label in "
                   "the --throughput files).")
@@ -407,18 +444,20 @@ def fit_section(fit, sizes, speeds, opts):
     rows = []
     for a, m in fit["multipliers"].items():
         for s, row in zip(sizes, m["at_sizes"]):
-            free = "-" if row["curve_free"] is None else f"{row['curve_free']:.3g} {_ci(*row['curve_free_ci'])}"
-            trend = row.get("trend_fit")
+            status = row["curve_free_status"]
+            free = f"{row['curve_free']:.3g} {_ci(*row['curve_free_ci'])}" if status == "ok" else \
+                "-" if status == "outside" else status
             rows.append([size_label(s), a, f"{row['compute']:.3g}", free,
-                         "-" if not trend else f"{trend['multiplier']:.3g} {_ci(*trend['ci'])}",
+                         f"{row['fit']['multiplier']:.3g} {_ci(*row['fit']['ci'])}",
                          "-" if row["wall_clock"] is None else f"{row['wall_clock']:.3g} {_ci(*row['wall_clock_ci'])}",
                          "**fit and curve-free disagree**" if row["disagree"] else ""])
-    md += [f"Per size, by compute: the curve-free multiplier ({base}'s compute read off its observed points, linear "
-           "in log C between the two around the arm's loss; '-' outside them) beside the trend fit's, and the "
-           "wall-clock multiplier (the shared fit's times the measured throughput ratio). Flagged where the "
-           "curve-free interval and the shared fit's are disjoint.", "",
-           markdown_table(["size", "arm", "compute (FLOPs)", "curve-free m", "trend fit m", "wall-clock m", "flag"],
-                          rows), ""]
+    md += [f"Per size, by compute: the curve-free multiplier ({base}'s compute read off its observed points along "
+           "its fitted curve shifted through them, Fieller interval, '-' outside them, 'not resolved' where "
+           f"{base}'s own step there is not significant) beside the {fit['form']} fit's, and the wall-clock "
+           "multiplier (the fit's times the measured throughput ratio). Flagged where the curve-free interval and "
+           "the fit's are disjoint.", "",
+           markdown_table(["size", "arm", "compute (FLOPs)", "curve-free m", f"{fit['form']} fit m", "wall-clock m",
+                           "flag"], rows), ""]
     if fit["throughput_source"]:
         md += [f"Throughput ratios measured by: {fit['throughput_source']}.", ""]
     return md
@@ -438,9 +477,11 @@ def pairs_section(pair_rows, baseline, level):
 def verdicts(family, level):
     alpha = 1 - level
     declared = [f"{name} (Holm p {where['p_holm']:.3g})" for _, name, _, where in family if where["p_holm"] < alpha]
-    kinds = {"pair": "per-size pairs", "multiplier": "multipliers (m = 1?)", "trend": "trends (slope 0?)"}
+    kinds = {"pair": "per-size pairs", "multiplier": "headline multipliers (m = 1 at the reference compute?)",
+             "trend": "trends (slope 0?)"}
     counts = ", ".join(f"{sum(k == kind for k, *_ in family)} {text}" for kind, text in kinds.items())
     return ["## Verdicts", "", f"Error control: family-wise error rate {alpha:.3g}, Holm over the {len(family)} "
             f"verdicts of this report ({counts}); the lr grids' pairs and the comparisons at a size whose lr was "
-            "picked on the compared runs are unadjusted, exploratory, and declare nothing.", "",
+            "picked on the compared runs (and the fit's, where it spans such a size) are unadjusted, exploratory, "
+            "and declare nothing. The multipliers and trends are conditional on the lrs compared.", "",
             f"Declared: {'; '.join(declared) if declared else 'none'}.", ""]

@@ -14,7 +14,7 @@ import numpy as np
 
 
 def plot_scaling(result, out):
-    """result: fit_ladder's dict; writes the PNG to `out` and returns it."""
+    """result: fit_ladder (stats/ladder_fit.py)'s dict; writes the PNG to `out` and returns it."""
     fig, (loss_ax, mult_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     colors = {a: palette[i % len(palette)] for i, a in enumerate(result["arms"])}
@@ -30,7 +30,7 @@ def plot_scaling(result, out):
     top = max(p["compute"] for f in result["arms"].values() for p in f["points"])
     low = min(p["compute"] for f in result["arms"].values() for p in f["points"])
     for a, m in result["multipliers"].items():
-        f = m["fitted"]
+        f = m["average"]
         mult_ax.fill_between([low, top], *f["ci"], color=colors[a], alpha=0.15, linewidth=0)
         mult_ax.plot([low, top], [f["multiplier"]] * 2, color=colors[a], label=f"{a} over {result['baseline']}")
         rows = [r for r in m["at_sizes"] if r["curve_free"] is not None and None not in r["curve_free_ci"]]
@@ -64,7 +64,8 @@ def plot_scaling(result, out):
     loss_ax.set_ylabel("final loss")
     loss_ax.set_title("loss vs compute: mean and seed range, shared fit", fontsize=9)
     mult_ax.set_ylabel(f"compute multiplier over {result['baseline']}")
-    mult_ax.set_title(f"shared fit (band: {result['confidence']:.0%}), curve-free points, trend fit (dashed)",
+    mult_ax.set_title(f"ladder average (band: {result['confidence']:.0%}), curve-free points, "
+                      f"{result['form']} fit (dashed)",
                       fontsize=9)
     fig.suptitle(result["form_text"], fontsize=8)
     fig.tight_layout()

@@ -1,47 +1,40 @@
-"""What is X worth in compute: the arms' losses against training compute fitted together over a ladder of sizes, X's
-gain as a compute multiplier over the baseline with an interval whose coverage is measured, read off the baseline's
-observed points as well, and whether the gain changes as the models grow.
+"""What is X worth in compute: the estimator of a ladder report. The arms' losses against training compute fitted
+together over a ladder of sizes, X's gain as a compute multiplier over the baseline at a stated compute, whether it
+changes as the models grow, the loss floor E and exponent alpha, each with its interval. `estimate` is the one
+function that gives them: stats/ladder_fit.py formats its output for the report, stats/ladder_noise.py calibrates
+it, bench/scaling_coverage.py and tests/test_scaling.py call it with the report's options.
 
-Input: {arm: {C: {seed: final loss}}}, C the training compute of a ladder point in FLOPs, the same seeds at every
-point of every arm, each arm at one chosen lr per size. The means over seeds y[a, s] are fitted by
-scipy.optimize.least_squares (analytic Jacobian) with one of three forms of L = E + A C^-alpha:
+Input: losses (B, K, S, seeds) of B ladders at once (the report: one; the calibration: thousands), K arms with the
+baseline first, S sizes, the same seeds at every point, at log C (K, S). The means over seeds are fitted in one of
+three forms of L = E + A C^-alpha:
 
-    shared  (the default)  E and alpha shared by the arms, A per arm: K + 2 parameters for K arms. X's multiplier
-                           over the baseline is one number, m = (A_base / A_X)^(1/alpha), the factor of compute the
-                           baseline needs to reach X's loss (below 1: X is worse), the same at every C.
-    trend                  E shared, A and alpha per arm: 2K + 1 parameters. m changes with C, and the slope of log m
-                           on log C is alpha_X / alpha_base - 1 exactly: the trend verdict (> 0: X's gain grows).
-    per_arm                E, A and alpha per arm (Hoffmann et al.'s floor per arm): 3 parameters from one arm's
-                           own sizes, reported only with MIN_SIZES["per_arm"] sizes or more ("not identified" below).
+    shared   E and alpha shared by the arms, A per arm: K + 2 parameters. X's multiplier over the baseline is one
+             number, m = (A_base / A_X)^(1/alpha), at every C: the ladder average, assuming m constant.
+    trend    E shared, A and alpha per arm: 2K + 1 parameters. m changes with C; the slope of log m on log C is
+             alpha_X / alpha_base - 1 exactly (the trend verdict). The headline, m at the reference compute (the
+             largest rung unless stated), comes from this fit where the ladder has the sizes for it.
+    per_arm  E, A and alpha per arm (Hoffmann et al.'s floor per arm), from MIN_SIZES["per_arm"] sizes.
 
-Intervals: the nonlinear least-squares t interval, estimate +- t_{N-p} se, se from sigma^2 (J'J)^-1 with sigma^2 the
-weighted residual sum of squares over its N - p degrees of freedom (N arm-size means, each size weighted by its seeds'
-variance, smoothed in log C): the residuals hold the seed noise of the means and the curve's lack of fit alike, so a
-curve that misses the points widens every interval, where a bootstrap over seeds (this module's former method) saw
-the seed noise only and covered the truth 71-73% of the time with 3 seeds. Functions of the parameters (log m, the
-trend's slope) get theirs by the delta method.
-The coverage is not assumed: `simulate` draws ladders of the report's own configuration (its sizes, seeds, arms,
-the fitted curve as the truth and the measured seed noise of each size), fits them with this same code and counts how
-often the interval holds the true log m, and how often the trend verdict fires on a constant multiplier. The report
-states both. bench/scaling_coverage.py runs it at scale (BENCHMARKS.md).
-
-The curve-free multiplier needs no form: at each of X's sizes, the baseline's compute that reaches X's mean loss, read
-by linear interpolation in log C between the baseline's two observed points around it (none outside the baseline's
-observed losses), over X's compute; its interval from the pooled seed variance of the means, by the delta method.
-Where it and the fitted multiplier have disjoint intervals, the report flags the fit at that size.
-
-A multiplier at a target compute is only given inside EXTRAPOLATION_LIMIT times the ladder's largest compute on the
-ladder's own vocabulary; beyond, or on another vocabulary, only with `extrapolate=True`, and then called an
-extrapolation in every sentence and in the figure.
+Noise (noise_model): a run's deviation has a per-size sd (the seed variance pooled over the arms, its log a line in
+log C) and is correlated between the cells of a seed, because at a seed every arm starts from the same shared
+weights and reads the same data order: a part common to the seed's arms and sizes, a part shared by its arms at one
+size, a part one arm's own at every size, each estimated from the seeds' pooled correlations. The means are fitted
+by generalised least squares under that covariance (the seeds' random effect modelled rather than paired away: a
+pairing by seed would drop the shared parts but not an arm's own persistent one, and would cost the per-size
+weighting). Intervals: t intervals, the parameters' covariance (J' Sigma^-1 J)^-1 scaled by the whitened residual
+variance over N - p degrees of freedom, so a curve that misses its points widens every interval; the delta method
+for log m and the slope. docs/comparing_runs.md says why this weighting and not another.
 """
 import math
+from dataclasses import dataclass
 
 import numpy as np
-from scipy import sparse
 from scipy.optimize import least_squares
+from scipy.special import digamma
 from scipy.stats import t as student
 
 from errors import ConfigError
+from stats.curve_free import curve_free
 
 FORMS = {"shared": "L = E + A_arm C^-alpha, E and alpha shared by the arms, A per arm",
          "trend": "L = E + A_arm C^-alpha_arm, E shared, A and alpha per arm",
@@ -49,11 +42,12 @@ FORMS = {"shared": "L = E + A_arm C^-alpha, E and alpha shared by the arms, A pe
 # the fewest sizes each form needs: the shared form 3 (E, alpha and the baseline's A from its own points), the trend
 # form 4 (2 residual degrees of freedom per pair of arms), the per-arm form 5 (2 per arm)
 MIN_SIZES = {"shared": 3, "trend": 4, "per_arm": 5}
-EXTRAPOLATION_LIMIT = 10.0  # a target beyond this times the ladder's largest compute is an extrapolation
 # GPT-2 124M (configs/gpt2_124m.toml) for 19,073 steps of 2**19 tokens (~10B) on GPT-2's 50,304-token vocabulary:
 # model.py's flops_per_token(1024), 855,383,040 FLOPs per token; tests/test_scaling.py checks it against model.py.
 GPT2_124M_10B = ("GPT-2 124M at 10B tokens", 855_383_040 * 19_073 * 2 ** 19, 50_304)
-CURVE_POINTS = 40  # compute values at which the figure's multiplier band is drawn
+MAX_CORRELATED = 0.9  # the most of the seed variance the noise model lets be shared between cells: a covariance
+# with all of it shared would be singular, and 3 seeds never measure a correlation that close to 1
+PER_SEED_FLAG = 1.5  # the seeds' own fits spread over the model's sd by more than this: the noise model misses some
 
 
 def check_ladder(ladder, baseline):
@@ -94,16 +88,24 @@ def layout(form, k):
     return arms, k + arms, 2 * k + arms, 3 * k
 
 
+def _curve(theta, x, idx):
+    """Fitted means (B, K, S) at parameters theta (B, p), and their power-law part; x: centred log C (K, S)."""
+    e, al, la, _ = idx
+    g = np.exp(theta[:, la, None] - theta[:, al, None] * x)
+    return theta[:, e, None] + g, g
+
+
 def _model(theta, x, idx):
     """Fitted means (B, K, S) and their Jacobian (B, K*S, p) at parameters theta (B, p); x: centred log C (K, S)."""
     e, al, la, p = idx
-    g = np.exp(theta[:, la, None] - theta[:, al, None] * x)
+    fitted, g = _curve(theta, x, idx)
+    arms = np.arange(g.shape[1])
     jac = np.zeros((*g.shape, p))
-    for a in range(g.shape[1]):
-        jac[:, a, :, e[a]] += 1.0
-        jac[:, a, :, la[a]] += g[:, a]
-        jac[:, a, :, al[a]] -= x[a] * g[:, a]
-    return theta[:, e, None] + g, jac.reshape(len(theta), -1, p)
+    # an arm's E, alpha and log A are three different columns: each arm's cells are set once per column
+    jac[:, arms, :, e] = 1.0
+    jac[:, arms, :, la] = g.transpose(1, 0, 2)
+    jac[:, arms, :, al] = (-x * g).transpose(1, 0, 2)
+    return fitted, jac.reshape(len(theta), -1, p)
 
 
 def _start(y, x, idx, form):
@@ -124,49 +126,102 @@ def _start(y, x, idx, form):
         log_a = (z + alpha[:, :, None] * x).mean(axis=2)
         theta = np.zeros((b, p))
         theta[:, e_idx], theta[:, al], theta[:, la] = e, alpha, log_a
-        cost = ((_model(theta, x, idx)[0] - y) ** 2).sum(axis=(1, 2))
+        cost = ((_curve(theta, x, idx)[0] - y) ** 2).sum(axis=(1, 2))
         better = cost < best_cost
         best = theta if best is None else np.where(better[:, None], theta, best)
         best_cost = np.where(better, cost, best_cost)
     return best
 
 
-def fit(y, x, form, weight=None):
-    """Weighted least-squares fits of a batch of ladders y (B, K, S) at centred log C x (K, S), one
-    scipy.optimize.least_squares per ladder (analytic Jacobian; Levenberg-Marquardt, or trust-region reflective
-    where the bounds bind): (theta (B, p), covariance (B, p, p), residual degrees of freedom). weight (B, S): each
-    size's inverse variance of a mean (the seeds' noise differs between sizes); the residual variance then scales
-    it, so lack of fit still widens every interval. A parameter held at its bound keeps its column in J: its
-    interval is then the one the data alone would give."""
+def noise_model(losses, log_c):
+    """The seed noise of a batch of ladders' runs (B, K, S, seeds), as the fit and the calibration model it: (sd (B, S)
+    of one run's loss at each size, fractions (B, 3) of its variance common to a seed's arms and sizes (its data
+    order), shared by a seed's arms at one size (the init they share), and persisting across sizes for one arm and
+    seed). The sd: the seed variance pooled over the arms at each size, its log a line in log C (3 seeds estimate a
+    variance too roughly to weigh each size by its own) made unbiased for the log's chi-square bias. The fractions:
+    the standardised deviations' pooled correlations between cells that share a seed, clipped to a valid
+    covariance. One seed: unit sd and no correlation (the residuals then give the scale alone)."""
+    b, k, s, n = losses.shape
+    if n < 2:
+        return np.ones((b, s)), np.zeros((b, 3))
+    dev = losses - losses.mean(axis=3, keepdims=True)
+    nu = k * (n - 1)
+    log_var = np.log(np.maximum((dev ** 2).sum(axis=(1, 3)) / nu, 1e-24)) - (digamma(nu / 2) - np.log(nu / 2))
+    xs = log_c.mean(axis=0) - log_c.mean()
+    xs = xs - xs.mean()
+    slope = (log_var * xs).sum(axis=1, keepdims=True) / (xs ** 2).sum()
+    sd = np.exp((log_var.mean(axis=1, keepdims=True) + slope * xs) / 2)
+    z = (dev / sd[:, None, :, None]).reshape(b, k * s, n)
+    cov = np.einsum("bin,bjn->bij", z, z) / (n - 1)
+    same_arm, same_size = _cell_masks(k, s)
+    scale = np.einsum("bii->b", cov) / (k * s)
+
+    def pooled(mask):  # 0 where the seeds do not differ at all (no correlation to measure)
+        return np.divide(cov[:, mask].mean(axis=1), scale, out=np.zeros(b), where=scale > 0) if mask.any() \
+            else np.zeros(b)
+
+    # each part from the raw correlations before any is clipped: subtracting a common part clipped at 0 (its noise
+    # made positive) took a quarter off the persistent one
+    common = pooled(~same_arm & ~same_size)
+    shared = pooled(~same_arm & same_size) - common
+    persistent = pooled(same_arm & ~same_size) - common
+    fractions = np.clip(np.stack([common, shared, persistent], axis=1), 0, 1)
+    return sd, fractions * np.minimum(1, MAX_CORRELATED / np.maximum(fractions.sum(axis=1), 1e-12))[:, None]
+
+
+def _cell_masks(k, s):
+    """(same arm, same size) boolean (K*S, K*S) masks over the cells, arm-major."""
+    arm, size = np.repeat(np.arange(k), s), np.tile(np.arange(s), k)
+    return arm[:, None] == arm[None], size[:, None] == size[None]
+
+
+def mean_covariance(sd, fractions, k, n_seeds):
+    """(B, K*S, K*S) covariance of the cells' means over n_seeds seeds under noise_model's model."""
+    s = sd.shape[1]
+    same_arm, same_size = _cell_masks(k, s)
+    common, shared, persistent = (fractions[:, i, None, None] for i in range(3))
+    corr = (common + shared * same_size + persistent * same_arm
+            + (1 - common - shared - persistent) * np.eye(k * s))
+    cell_sd = np.tile(sd, (1, k))
+    return corr * cell_sd[:, :, None] * cell_sd[:, None, :] / n_seeds
+
+
+def fit(y, x, form, cov_means):
+    """Generalised least-squares fits of a batch of ladders' means y (B, K, S) at centred log C x (K, S) in one
+    form, one scipy.optimize.least_squares per ladder (analytic Jacobian; Levenberg-Marquardt, or the trust-region
+    reflective method where the free optimum leaves the bounds): (theta (B, p), covariance (B, p, p), residual
+    degrees of freedom). cov_means (B, K*S, K*S): the means' covariance under the noise model (mean_covariance);
+    the residuals are whitened by it, and their variance over N - p degrees of freedom scales the parameters'
+    covariance, so a curve that misses the points widens every interval. A parameter held at its bound keeps its
+    column in J: its interval is then the one the data alone would give."""
     idx = layout(form, y.shape[1])
     e_idx, al, _, p = idx
     b, k, s = y.shape
-    root_w = np.sqrt(np.ones((b, s)) if weight is None else weight / weight.mean(axis=1, keepdims=True))
+    whiten = np.linalg.inv(np.linalg.cholesky(cov_means))
     # a loss floor between 0 and the lowest loss it bounds, an exponent between 0 and 5: outside, the curve is no
     # longer a loss (a ladder too noisy to identify E would otherwise send it to -infinity with alpha to 0)
     floor = y.min(axis=2) if form == "per_arm" else y.min(axis=(1, 2))[:, None].repeat(k, 1)
     lower, upper = np.full((b, p), -np.inf), np.full((b, p), np.inf)
     lower[:, e_idx], upper[:, e_idx] = 0.0, floor * (1 - 1e-6)
     lower[:, al], upper[:, al] = 1e-4, 5.0
+    flat = y.reshape(b, -1)
     theta = np.clip(_start(y, x, idx, form), lower, np.where(np.isfinite(upper), upper * (1 - 1e-6), upper))
     for i in range(b):
-        w = np.broadcast_to(root_w[i], (k, s)).ravel()
-
         def residual(t, i=i):
-            return (_model(t[None], x, idx)[0][0] - y[i]).ravel() * w
+            return whiten[i] @ (_curve(t[None], x, idx)[0][0].ravel() - flat[i])
 
-        def jacobian(t):
-            return _model(t[None], x, idx)[1][0] * w[:, None]
+        def jacobian(t, i=i):
+            return whiten[i] @ _model(t[None], x, idx)[1][0]
 
         # Levenberg-Marquardt first (fast); only a fit that leaves the bounds is redone inside them
         free = least_squares(residual, theta[i], jac=jacobian, method="lm", xtol=1e-10, ftol=1e-10).x
         theta[i] = free if np.all((free >= lower[i]) & (free <= upper[i])) else least_squares(
             residual, theta[i], jac=jacobian, bounds=(lower[i], upper[i]), xtol=1e-10, ftol=1e-10).x
     fitted, jac = _model(theta, x, idx)
-    w = np.broadcast_to(root_w[:, None, :], (b, k, s)).reshape(b, -1)
-    jac = jac * w[:, :, None]
+    r = np.einsum("bij,bj->bi", whiten, fitted.reshape(b, -1) - flat)
+    jac = np.einsum("bij,bjp->bip", whiten, jac)
     dof = k * s - p
-    sigma2 = (((fitted - y).reshape(b, -1) * w) ** 2).sum(axis=1) / max(dof, 1)
+    sigma2 = (r ** 2).sum(axis=1) / max(dof, 1)
     cov = np.linalg.pinv(np.einsum("bnp,bnq->bpq", jac, jac)) * sigma2[:, None, None]
     return theta, cov, dof
 
@@ -216,208 +271,103 @@ def trend_slope(theta, cov, k):
     return _delta(ratio - 1, grad, cov)
 
 
-def curve_free(log_c, means, var_mean, dof, level):
-    """Each other arm's curve-free log m at each of its sizes: (value, low, high) arrays (K-1, S), nan where its mean
-    loss lies outside the baseline's observed losses. var_mean: the pooled variance of one mean; dof its degrees."""
-    xb, yb = log_c[0], means[0]
-    q = student.ppf(0.5 + level / 2, dof) if dof > 0 else np.nan
-    out = np.full((3, len(means) - 1, len(xb)), np.nan)
-    for a in range(1, len(means)):
-        for s, target in enumerate(means[a]):
-            cross = [j for j in range(len(xb) - 1) if (yb[j] - target) * (yb[j + 1] - target) <= 0
-                     and yb[j] != yb[j + 1]]
-            if not cross:
-                continue
-            j = cross[0]
-            dx, dy = xb[j + 1] - xb[j], yb[j + 1] - yb[j]
-            frac = (target - yb[j]) / dy
-            value = xb[j] + frac * dx - log_c[a, s]
-            se = math.sqrt(var_mean * (dx / dy) ** 2 * (1 + (frac - 1) ** 2 + frac ** 2))
-            out[:, a - 1, s] = value, value - q * se, value + q * se
-    return out
-
-
-def size_weights(losses, log_c):
-    """(B, S) inverse variance of a mean at each size from the runs' losses (B, K, S, seeds): the seed variance pooled
-    over the arms at each size, smoothed as a line of its log in log C (a few seeds per size estimate a variance too
-    roughly to weigh by it, and a noisy weight costs the interval its coverage); ones with a single seed."""
-    if losses.shape[-1] < 2:
-        return np.ones(losses.shape[:1] + losses.shape[2:3])
-    log_var = np.log(np.maximum(losses.var(axis=-1, ddof=1).mean(axis=1), 1e-12))  # (B, S)
-    xs = log_c.mean(axis=0) - log_c.mean()
-    slope = (log_var * (xs - xs.mean())).sum(axis=1, keepdims=True) / ((xs - xs.mean()) ** 2).sum()
-    return np.exp(-(log_var.mean(axis=1, keepdims=True) + slope * (xs - xs.mean())))
-
-
-def _interval(value, se, dof, level):
+def interval(value, se, dof, level):
+    """The level t interval estimate +- t_{dof} se."""
     q = student.ppf(0.5 + level / 2, dof)
     return value - q * se, value + q * se
 
 
-def simulate(truth, form, log_c, noise_sd, n_seeds, n_sims, level, rng):
-    """Ladders drawn around `truth` (the shared form's parameters, p,) at log_c (K, S): each run's loss the curve
-    plus normal noise of its size's sd (noise_sd, S), averaged over n_seeds; every ladder fitted by `fit` as the
-    report fits it. Returns {"coverage": share of the other arms' level-intervals of log m that hold the truth,
-    "false_alarm": share of trend verdicts ("grows"/"shrinks") on these constant multipliers, "n": n_sims}."""
-    k = log_c.shape[0]
-    ref = log_c.mean()
-    x = log_c - ref
-    truth = np.asarray(truth, float)[None]
-    rng = np.random.default_rng(rng)
-    mean = _model(truth, x, layout("shared", k))[0][0]
-    noise = rng.normal(size=(n_sims, k, x.shape[1], n_seeds)) * np.asarray(noise_sd)[None, None, :, None]
-    y = mean[None] + noise.mean(axis=3)
-    weight = size_weights(noise, log_c)
-    true_log_m = log_multiplier(truth, np.zeros((1, len(truth[0]), len(truth[0]))), "shared", k, x[0, :1])[0][0, :, 0]
-    theta, cov, dof = fit(y, x, "shared", weight)
-    value, se = log_multiplier(theta, cov, "shared", k, x[0, :1])
-    low, high = _interval(value[..., 0], se[..., 0], dof, level)
-    covered = (low <= true_log_m) & (true_log_m <= high)
-    out = {"coverage": float(covered.mean()), "n": n_sims, "arms": k - 1, "level": level}
-    if x.shape[1] >= MIN_SIZES["trend"]:
-        theta, cov, dof = fit(y, x, "trend", weight)
-        slope, se = trend_slope(theta, cov, k)
-        low, high = _interval(slope, se, dof, level)
-        out["false_alarm"] = float(((low > 0) | (high < 0)).mean())
-    return out
+def p_value(value, se, dof):
+    """Two-sided p of value = 0 (nan where se is 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return 2 * student.sf(np.abs(value / se), dof)
 
 
-def _value(x):
-    """A float for sweep.json: None for nan and inf (JSON has neither)."""
-    x = float(x)
-    return x if math.isfinite(x) else None
+@dataclass(frozen=True)
+class Options:
+    """What a ladder's estimate depends on besides its runs; the report, the calibration, the bench and the tests
+    pass the same. reference: the compute (FLOPs) at which the headline multiplier is read, None for the ladder's
+    largest rung (where its gain matters most and the curve is still measured)."""
+    confidence: float = 0.95
+    reference: float | None = None
 
 
-def _p(value, se, dof):
-    return None if not se > 0 else float(2 * student.sf(abs(value / se), dof))
-
-
-def target_point(target, top, vocab, extrapolate):
-    """{"name", "compute", "extrapolation"} of a target (name, C, vocabulary or None), or None; a target the ladder
-    cannot support (beyond EXTRAPOLATION_LIMIT x its largest compute `top`, or on another vocabulary) is a
-    ConfigError unless extrapolate."""
-    if target is None:
-        return None
-    beyond = target[1] > EXTRAPOLATION_LIMIT * top
-    other_vocab = target[2] is not None and vocab is not None and target[2] != vocab
-    if (beyond or other_vocab) and not extrapolate:
-        why = (f"{target[1] / top:.3g}x the ladder's largest compute (over {EXTRAPOLATION_LIMIT:g}x)" if beyond
-               else f"vocabulary {target[2]}, the ladder's {vocab}")
-        raise ConfigError(f"target {target[0]} lies at {why}: an extrapolation the ladder cannot support; pass "
-                          "--extrapolate to print it marked as one, or choose a target inside the ladder")
-    return {"name": target[0], "compute": float(target[1]), "extrapolation": bool(beyond or other_vocab)}
-
-
-def fit_forms(means, x, arms, confidence):
-    """({form: its fit for sweep.json, or "not identified"}, {form: (theta, cov, dof)}) of every form the ladder's
-    sizes identify."""
-    k, n_sizes = means.shape
-    forms, fits = {}, {}
-    for form in FORMS:
-        if n_sizes < MIN_SIZES[form] or k * n_sizes <= layout(form, k)[3]:
-            forms[form] = {"identified": False, "text": f"{FORMS[form]}: not identified by "
-                           f"{n_sizes} sizes (needs {MIN_SIZES[form]})"}
+def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
+    """Every number a ladder report prints about its fits, for a batch of ladders at once: losses (B, K, S, seeds),
+    the baseline first, at log C (K, S). The seed noise by noise_model (per-size sd, correlations of a seed's
+    cells), the means fitted by generalised least squares under it in each form the sizes identify (of `forms`),
+    and from the fits:
+      "headline": each other arm's log m (B, K-1) at the reference compute, from the trend fit (m may change with
+                  compute), or from the shared fit where the ladder has too few sizes for the trend ("form" says);
+      "average":  the shared fit's one log m (the ladder average, assuming m constant);
+      "slope":    the trend's slope of log m on log C (alpha_X / alpha_base - 1), None without a trend fit;
+      "at_sizes": the headline fit's log m (B, K-1, S) at each of the arm's sizes;
+    each a dict of value, se and dof (broadcasting against them), "along": (log m, se, dof) of the headline fit at
+    any centred log C; with `report` (the report's numbers that no verdict rests on and the calibration skips):
+    "per_seed": each seed's own ladder fitted alike, its headline log m (B, seeds, K-1) and the seeds' spread over
+    the model's (the sd of one seed's log m the headline's se implies), flagged over PER_SEED_FLAG, and
+    "curve_free": stats/curve_free.py's reading (value, low, high (B, 3, K-1, S), status (B, K-1, S)) along the
+    headline fit's baseline curve; and "fits": {form: theta, cov, dof, E and alpha (value, se) per arm, A, and the
+    residuals' sd over the noise model's (residual_scale)}."""
+    b, k, s, n = losses.shape
+    centre = float(log_c.mean())
+    x = log_c - centre
+    ref = math.log(options.reference) if options.reference else float(log_c.max())
+    sd, fractions = noise_model(losses, log_c)
+    cov_means = mean_covariance(sd, fractions, k, n)
+    means = losses.mean(axis=3)
+    out = {"centre": centre, "reference": math.exp(ref), "sd": sd, "fractions": fractions, "cov_means": cov_means,
+           "means": means, "fits": {}, "slope": None}
+    for form in forms:
+        if s < MIN_SIZES[form] or k * s <= layout(form, k)[3]:
             continue
-        theta, cov, dof = fit(means[None], x, form)
-        fits[form] = (theta, cov, dof)
+        theta, cov, dof = fit(means, x, form, cov_means)
         e_idx, al, la, _ = layout(form, k)
-        sd = np.sqrt(np.diag(cov[0]))
-        rss = float(((_model(theta, x, layout(form, k))[0][0] - means) ** 2).sum())
-        forms[form] = {"identified": True, "text": FORMS[form], "dof": dof, "rss": rss, "params": {
-            a: {name: {"value": float(theta[0, i]), "ci": [float(v) for v in _interval(theta[0, i], sd[i], dof,
-                                                                                     confidence)]}
-                for name, i in (("E", e_idx[j]), ("alpha", al[j]))}
-            for j, a in enumerate(arms)}}
-    return forms, fits
+        se = np.sqrt(np.maximum(np.einsum("bpp->bp", cov), 0))
+        whitened = np.linalg.solve(np.linalg.cholesky(cov_means),
+                                   (_curve(theta, x, layout(form, k))[0] - means).reshape(b, -1, 1))[..., 0]
+        out["fits"][form] = {"theta": theta, "cov": cov, "dof": dof, "E": (theta[:, e_idx], se[:, e_idx]),
+                             "alpha": (theta[:, al], se[:, al]), "A": np.exp(theta[:, la] + theta[:, al] * centre),
+                             "residual_scale": np.sqrt((whitened ** 2).sum(axis=1) / max(dof, 1))}
+    # An arm's own seed effect that persists across sizes moves its whole curve: the residuals cannot see it, only
+    # the seeds can, through K (seeds - 1) degrees of freedom; where the noise model finds one, the intervals that
+    # compare arms take their t quantile from those (with the fit's N - p, 30% of the seed variance in it covered
+    # 0.926 with 3 seeds; with these, 0.943: BENCHMARKS.md)
+    def arm_dof(form_dof):
+        return np.where(fractions[:, 2] > 0, min(form_dof, k * (n - 1)), form_dof)[:, None] if n > 1 else \
+            np.full((b, 1), form_dof)
 
+    shared = out["fits"]["shared"]
+    value, se = log_multiplier(shared["theta"], shared["cov"], "shared", k, np.array([0.0]))
+    out["average"] = {"value": value[..., 0], "se": se[..., 0], "dof": arm_dof(shared["dof"])}
+    head = "trend" if "trend" in out["fits"] else "shared"
+    f = out["fits"][head]
+    value, se = log_multiplier(f["theta"], f["cov"], head, k, np.concatenate([[ref - centre], x[0]]))
+    dof = arm_dof(f["dof"])
+    out["headline"] = {"form": head, "value": value[..., 0], "se": se[..., 0], "dof": dof}
+    out["at_sizes"] = {"form": head, "value": value[..., 1:], "se": se[..., 1:], "dof": dof[..., None]}
+    out["along"] = lambda at: (*log_multiplier(f["theta"], f["cov"], head, k, at), dof[..., None])
+    if head == "trend":
+        value, se = trend_slope(f["theta"], f["cov"], k)
+        out["slope"] = {"value": value, "se": se, "dof": dof}
+    if report:
+        base = out["fits"][head]
+        # one seed measures no noise: the headline fit's residuals scale the model's placeholder then
+        scale = base["residual_scale"] ** 2 if n == 1 else np.ones(b)
 
-def at_sizes(computes, free, fitted, lo, hi, ratio):
-    """One arm's rows per size: the curve-free multiplier (value, low, high: free (3, S)) and whether it disagrees
-    with the fitted one's interval [lo, hi] (log m), and the wall-clock multiplier where a throughput ratio {C:
-    ratio} is known."""
-    rows = []
-    for s, c in enumerate(computes):
-        fv, flo, fhi = free[:, s]
-        row = {"compute": c, "curve_free": _value(np.exp(fv)), "curve_free_ci": [_value(np.exp(flo)),
-                                                                                 _value(np.exp(fhi))]}
-        row["disagree"] = bool(math.isfinite(fv) and (fhi < lo or flo > hi))
-        r = ratio.get(c)
-        row["throughput_ratio"] = r
-        row["wall_clock"] = None if r is None else fitted["multiplier"] * r
-        row["wall_clock_ci"] = None if r is None else [v * r for v in fitted["ci"]]
-        rows.append(row)
-    return rows
+        def baseline(i):  # the baseline's fitted loss at log C
+            return lambda u: base["E"][0][i, 0] + base["A"][i, 0] * np.exp(-base["alpha"][0][i, 0] * u)
 
-
-def add_trend(entry, value, se, slope, slope_se, dof, confidence, n_sizes, curve_c, target):
-    """The trend fit's multiplier into one arm's entry: at each size (its rows), at the target, along the curve,
-    and the slope of log m on log C with its p. value, se: the trend's log m at the sizes, the target (if any) and
-    curve_c, in that order."""
-    q = student.ppf(0.5 + confidence / 2, dof)
-
-    def pack(i):
-        return {"multiplier": _value(np.exp(value[i])), "ci": [_value(np.exp(value[i] - q * se[i])),
-                                                               _value(np.exp(value[i] + q * se[i]))]}
-
-    for s, row in enumerate(entry["at_sizes"]):
-        row["trend_fit"] = pack(s)
-    at_target = 1 if target else 0
-    if target:
-        entry["target"] = {"compute": target["compute"], **pack(n_sizes)}
-    entry["curve"] = [{"compute": float(c), **pack(n_sizes + at_target + i)} for i, c in enumerate(curve_c)]
-    low, high = _interval(slope, slope_se, dof, confidence)
-    entry["trend"] = {"slope": slope, "ci": [low, high], "p": _p(slope, slope_se, dof)}
-
-
-def fit_ladder(ladder, baseline, target=None, extrapolate=False, vocab=None, throughput=None, confidence=0.95,
-               n_sims=400, rng=0):
-    """Fits, multipliers (fitted and curve-free), trend and the interval's measured coverage as plain numbers for
-    sweep.json, with "sentences". ladder: {arm: {C: {seed: loss}}}; target: (name, C, vocabulary or None) or None;
-    vocab: the ladder's vocabulary; throughput: {"ratio": {arm: {C: X's compute per second over the baseline's}},
-    "source": text}; n_sims, rng: the coverage simulation's ladders and seed. Each verdict carries its p ("p")."""
-    arms, log_c, losses, seeds = check_ladder(ladder, baseline)
-    computes = [sorted(ladder[a]) for a in arms]  # the given values: a throughput ratio is looked up by them
-    k, n_sizes, n = losses.shape
-    top = float(np.exp(log_c.max()))
-    target = target_point(target, top, vocab, extrapolate)
-    means = losses.mean(axis=2)
-    ref = log_c.mean()
-    x = log_c - ref
-    var_mean = float(losses.var(axis=2, ddof=1).mean() / n) if n > 1 else math.nan
-    result = {"form": "shared", "form_text": FORMS["shared"], "forms": {}, "baseline": baseline, "seeds": seeds,
-              "confidence": confidence, "sizes": n_sizes, "target": target, "arms": {}, "multipliers": {},
-              "interval": "nonlinear least-squares t interval on the means (residual variance: seed noise and lack "
-                          "of fit), delta method for functions of the parameters",
-              "throughput_source": (throughput or {}).get("source")}
-    result["forms"], fits = fit_forms(means, x, arms, confidence)
-    seed_sd = losses.std(axis=2, ddof=1).mean(axis=0) if n > 1 else np.zeros(n_sizes)
-    theta, cov, dof = fits["shared"]
-    result["calibration"] = simulate(theta[0], "shared", log_c, seed_sd, n, n_sims, confidence, rng)
-    result["calibration"]["noise_sd"] = [float(v) for v in seed_sd]
-    at_target = [math.log(target["compute"]) - ref] if target else []
-    curve_c = np.geomspace(float(np.exp(log_c.min())), max(top, target["compute"] if target else top), CURVE_POINTS)
-    value, se = log_multiplier(theta, cov, "shared", k, np.array([0.0]))
-    free = curve_free(log_c, means, var_mean, k * n_sizes * (n - 1), confidence)
-    trend = fits.get("trend")
-    if trend:
-        t_value, t_se = log_multiplier(*trend[:2], "trend", k, np.concatenate([x[0], at_target, np.log(curve_c) - ref]))
-        slope, slope_se = trend_slope(*trend[:2], k)
-    for j, a in enumerate(arms):
-        result["arms"][a] = {"points": [{"compute": float(c), "mean": float(row.mean()),
-                                         "low": float(row.min()), "high": float(row.max())}
-                                        for c, row in zip(computes[j], losses[j])],
-                             "E": float(theta[0, 0]), "alpha": float(theta[0, 1]),
-                             "A": float(np.exp(theta[0, 2 + j] + theta[0, 1] * ref))}
-        if j == 0:
-            continue
-        lv, lse = float(value[0, j - 1, 0]), float(se[0, j - 1, 0])
-        lo, hi = _interval(lv, lse, dof, confidence)
-        fitted = {"multiplier": math.exp(lv), "ci": [math.exp(lo), math.exp(hi)], "p": _p(lv, lse, dof)}
-        ratio = ((throughput or {}).get("ratio") or {}).get(a) or {}
-        entry = {"fitted": fitted, "at_sizes": at_sizes(computes[j], free[:, j - 1], fitted, lo, hi, ratio),
-                 "target": None, "curve": [], "trend": None}
-        if trend:
-            add_trend(entry, t_value[0, j - 1], t_se[0, j - 1], float(slope[0, j - 1]), float(slope_se[0, j - 1]),
-                      trend[2], confidence, n_sizes, curve_c, target)
-        result["multipliers"][a] = entry
-    return result
+        readings = [curve_free(log_c, means[i], cov_means[i] * scale[i], baseline(i),
+                               base["dof"] if n == 1 else k * s * (n - 1), options.confidence) for i in range(b)]
+        out["curve_free"] = {"value": np.array([r[0] for r in readings]),
+                             "status": np.array([r[1] for r in readings])}
+    if report and n > 1:
+        one = losses.transpose(0, 3, 1, 2).reshape(b * n, k, s)
+        theta, cov, _ = fit(one, x, head, np.repeat(cov_means * n, n, axis=0))
+        value = log_multiplier(theta, cov, head, k, np.array([ref - centre]))[0][..., 0].reshape(b, n, k - 1)
+        implied = out["headline"]["se"] * math.sqrt(n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = value.std(axis=1, ddof=1) / implied
+        out["per_seed"] = {"value": value, "ratio": ratio, "flag": ratio > PER_SEED_FLAG}
+    return out

@@ -34,7 +34,8 @@ A ladder (sweep/plan.py): `lrs = [...]` (or --lrs) and [sizes.NAME] tables in a 
 every lr and size, each run in OUT_DIR/{label}_{size}_lr{lr}_seed{seed}; its report is analysis/ladder_report.py's
 (each arm's lr and how it was chosen, compute multiplier fitted and curve-free, trend, the interval's measured
 coverage, every verdict under Holm), read from the runs' run.json, whatever their directories' names. Its
-options: --target (none by default: no extrapolation unless --extrapolate), --level, --resamples, --resample-seed.
+options: --target (none by default: no extrapolation unless --extrapolate), --reference (the headline's compute,
+default the largest rung), --level, --resamples, --resample-seed.
 
 --control (or `control = true` / `control = "LABEL"` in a plan) adds an A/A control: the baseline again as
 BASELINE_aa with the same seeds, hence the same data order, but torch's RNG (init, dropout) seeded with
@@ -110,6 +111,9 @@ def parser():
     p.add_argument("--target", metavar="FLOPS",
                    help="a ladder's multiplier also at this compute (FLOPs on the ladder's data) or gpt2-124m-10b; "
                         "beyond 10x the largest size or on another vocabulary only with --extrapolate")
+    p.add_argument("--reference", type=float, metavar="FLOPS",
+                   help="the compute at which a ladder's headline multiplier is read (default: its largest rung; "
+                        "inside the ladder: --target reads beyond it)")
     p.add_argument("--extrapolate", action="store_true",
                    help="allow a --target the ladder cannot support, printed and drawn as an extrapolation")
     p.add_argument("--level", type=float, default=0.95,
@@ -179,7 +183,8 @@ def main(argv=None):
     for directory in sweep_dirs(out):
         if is_ladder(directory):
             print(ladder_report(directory, None if args.plan else baseline, args.throughput, args.target,
-                                args.extrapolate, args.level, args.resamples, args.resample_seed))
+                                args.extrapolate, args.level, args.resamples, args.resample_seed,
+                                reference=args.reference))
         else:
             print(report(directory, acts, None if args.plan else baseline, args.target_diff))
         print(f"wrote {directory / 'sweep.md'}, sweep.json and the PNGs there")

@@ -6,12 +6,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from analysis import ladder_report
 from analysis.runs import load_run
 from sweep import cli, schedule
+from stats import scaling
 from sweep.plan import run_dir
 from model import GPT, GPTConfig
 from test_sweep import launches, without_plots
@@ -185,16 +187,17 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path):
     assert fit["arms"]["gelu"]["alpha"] == pytest.approx(ALPHA, rel=1e-3)
     assert fit["arms"]["gelu"]["E"] == pytest.approx(E, abs=1e-3)
     relu2 = fit["multipliers"]["relu2"]
-    assert relu2["fitted"]["multiplier"] == pytest.approx(K, rel=1e-3)
+    assert relu2["headline"]["multiplier"] == pytest.approx(K, rel=1e-3) == relu2["average"]["multiplier"]
     assert [row["wall_clock"] for row in relu2["at_sizes"]] == [None, None, None, pytest.approx(K * 0.8, rel=1e-3)]
     text = (tmp_path / "sweep.md").read_text()
     assert "bench/train_step.py on Test CPU" in text and "Coverage measured: " in text
     # the lr was picked on the compared seeds: that size's pair is exploratory, outside the Holm family
     assert "picked at L1-d32-h2 on the compared seeds themselves" in text
+    # and so are the fit's multiplier and trend, which span that size: the calibration does not simulate the pick
     assert result["pairs"]["L1-d32-h2"]["relu2"]["exploratory"] and [f["claim"] for f in result["family"]] == [
-        "relu2 - gelu at L4-d64-h4", "relu2 - gelu at L2-d32-h2", "relu2 - gelu at L2-d64-h2",
-        "relu2's multiplier over gelu", "relu2's trend"]
-    assert "Holm over the 5 verdicts of this report" in text
+        "relu2 - gelu at L4-d64-h4", "relu2 - gelu at L2-d32-h2", "relu2 - gelu at L2-d64-h2"]
+    assert fit["exploratory"] == ["L1-d32-h2"] and "relu2's trend: slope" in text
+    assert "Holm over the 3 verdicts of this report" in text and "unadjusted, exploratory)" in text
     assert (tmp_path / "scaling.png").is_file() and (tmp_path / "lr_grid.png").is_file()
     assert "relu2 at GPT-2 124M at 10B tokens (8.55e+18 FLOPs), EXTRAPOLATION" in text
 
@@ -214,9 +217,49 @@ def test_a_ladder_of_equal_seeds_and_an_aa_control_is_reported(tmp_path):
     cli.main(["--report-only", str(tmp_path), "--resamples", "20"])
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert result["arms"] == ["gelu", "gelu+init_seed_offset=1000000"]
-    assert result["fit"]["multipliers"]["gelu+init_seed_offset=1000000"]["fitted"]["multiplier"] == pytest.approx(1)
+    assert result["fit"]["multipliers"]["gelu+init_seed_offset=1000000"]["headline"]["multiplier"] == pytest.approx(1)
     text = (tmp_path / "sweep.md").read_text()
     assert "Wall-clock: not measured" in text and "Fitted on sizes" in text and "and seeds 1, 2:" in text
+
+
+def test_the_report_prints_the_estimators_numbers_on_a_heteroscedastic_ladder(tmp_path):
+    """A ladder whose seed sd falls 0.03 -> 0.004 with size and whose second arm's exponent differs: every number
+    sweep.md and sweep.json give about the fit (the headline at the largest rung, the ladder average, the trend, E
+    and alpha, the curve-free reading, the per-seed fits) is estimate()'s (stats/scaling.py) on the same runs, with the options the calibration uses."""
+    rng = np.random.default_rng(3)
+    ladder, index = {}, 0
+    for i, (shape, sd) in enumerate(zip(SHAPES, (0.03, 0.015, 0.008, 0.004))):
+        per_token = 10 ** (i + 4)
+        for seed in (1, 2, 3):
+            for act, alpha in (("gelu", ALPHA), ("relu2", 1.1 * ALPHA)):
+                index += 1
+                loss = E + A * (640 * per_token) ** -alpha + sd * rng.standard_normal()
+                ladder_run(tmp_path / f"job{index:03d}", act, shape, 3e-3, seed, loss, per_token)
+                ladder.setdefault(act, {}).setdefault(640 * per_token, {})[seed] = loss
+    cli.main(["--report-only", str(tmp_path), "--resamples", "20"])
+    fit, text = json.loads((tmp_path / "sweep.json").read_text())["fit"], (tmp_path / "sweep.md").read_text()
+    arms, log_c, losses, _ = scaling.check_ladder(ladder, "gelu")
+    est = scaling.estimate(losses[None], log_c, scaling.Options())
+    relu2 = fit["multipliers"]["relu2"]
+    for key, got in (("headline", relu2["headline"]), ("average", relu2["average"])):
+        value, se, dof = est[key]["value"][0, 0], est[key]["se"][0, 0], est[key]["dof"][0, 0]
+        low, high = scaling.interval(value, se, dof, 0.95)
+        assert [got["multiplier"], *got["ci"]] == pytest.approx(np.exp([value, low, high]), rel=1e-12)
+        assert f"{np.exp(value):.3g}" in text and f"[{np.exp(low):.3g}, {np.exp(high):.3g}]" in text
+    assert f"{np.exp(est['headline']['value'][0, 0]):.3g}x the compute to reach relu2's loss at " \
+           f"{est['reference']:.3g} FLOPs" in text
+    free = est["curve_free"]
+    for size, row in enumerate(relu2["at_sizes"]):
+        assert row["curve_free_status"] == free["status"][0, 0, size]
+        assert row["curve_free"] is None or row["curve_free"] == pytest.approx(np.exp(free["value"][0, 0, 0, size]))
+    per_seed = np.exp(est["per_seed"]["value"][0, :, 0])
+    assert relu2["per_seed"]["multipliers"] == pytest.approx(per_seed, rel=1e-12)
+    assert ", ".join(f"{v:.3g}" for v in per_seed) in text
+    slope = est["slope"]["value"][0, 0]
+    assert relu2["trend"]["slope"] == pytest.approx(slope, rel=1e-12) and f"{slope:+.3g}" in text
+    shared = est["fits"]["shared"]
+    assert fit["forms"]["shared"]["params"]["gelu"]["E"]["value"] == pytest.approx(shared["E"][0][0, 0], rel=1e-12)
+    assert f"gelu E {shared['E'][0][0, 0]:.3g}" in text and f"alpha {shared['alpha'][0][0, 0]:.3g}" in text
 
 
 def test_throughput_is_looked_up_by_the_arm_and_a_missing_one_said(tmp_path):
