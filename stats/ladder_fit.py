@@ -125,7 +125,6 @@ def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapo
     curve_c = np.geomspace(bottom, max(top, target["compute"] if target else top), CURVE_POINTS)
     extra = np.log(np.concatenate([[target["compute"]] if target else [], curve_c])) - est["centre"]
     along, along_se, along_dof = est["along"](extra)
-    free, status = est["curve_free"]["value"][0], est["curve_free"]["status"][0]
     for j, a in enumerate(arms[1:], start=1):
         i = j - 1
         entry = {"headline": {"compute": est["reference"], "form": head["form"],
@@ -148,23 +147,28 @@ def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapo
             entry["trend"] = {"slope": float(value), "ci": [float(low), float(high)], "dof": int(dof),
                               "p": _value(scaling.p_value(value, se, dof))}
         ratio = ((throughput or {}).get("ratio") or {}).get(a) or {}
-        rows = []
-        for s, c in enumerate(computes[j]):
-            here = est["at_sizes"]
-            value, se, dof = here["value"][0, i, s], here["se"][0, i, s], here["dof"][0, 0, 0]
-            fit_here = _multiplier(value, se, dof, level)
-            fv, flo, fhi = free[:, i, s]
-            lo, hi = scaling.interval(value, se, dof, level)
-            r = ratio.get(c)
-            rows.append({"compute": c, "fit": fit_here, "curve_free_status": status[i, s],
-                         "curve_free": _value(np.exp(fv)) if status[i, s] != "outside" else None,
-                         "curve_free_ci": [_value(np.exp(flo)), _value(np.exp(fhi))],
-                         "disagree": bool(status[i, s] == "ok" and (fhi < lo or flo > hi)),
-                         "throughput_ratio": r,
-                         "wall_clock": None if r is None or fit_here["multiplier"] is None
-                         else fit_here["multiplier"] * r,
-                         "wall_clock_ci": None if r is None else [None if v is None else v * r
-                                                                  for v in fit_here["ci"]]})
-        entry["at_sizes"] = rows
+        entry["at_sizes"] = size_rows(est, i, computes[j], ratio, level)
         result["multipliers"][a] = entry
     return result
+
+
+def size_rows(est, i, computes, ratio, level):
+    """Arm i's multiplier at each of its sizes: the fit's, the curve-free reading (flagged where the two intervals
+    are disjoint) and, with a throughput ratio {C: X's compute per second over the baseline's}, in wall-clock."""
+    here, (free, status) = est["at_sizes"], (est["curve_free"]["value"][0], est["curve_free"]["status"][0])
+    rows = []
+    for s, c in enumerate(computes):
+        value, se, dof = here["value"][0, i, s], here["se"][0, i, s], here["dof"][0, 0, 0]
+        fit_here = _multiplier(value, se, dof, level)
+        fv, flo, fhi = free[:, i, s]
+        lo, hi = scaling.interval(value, se, dof, level)
+        r = ratio.get(c)
+        rows.append({"compute": c, "fit": fit_here, "curve_free_status": status[i, s],
+                     "curve_free": _value(np.exp(fv)) if status[i, s] != "outside" else None,
+                     "curve_free_ci": [_value(np.exp(flo)), _value(np.exp(fhi))],
+                     "disagree": bool(status[i, s] == "ok" and (fhi < lo or flo > hi)),
+                     "throughput_ratio": r,
+                     "wall_clock": None if r is None or fit_here["multiplier"] is None
+                     else fit_here["multiplier"] * r,
+                     "wall_clock_ci": None if r is None else [None if v is None else v * r for v in fit_here["ci"]]})
+    return rows
