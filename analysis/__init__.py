@@ -1,1 +1,1 @@
-"""Reading, comparing, plotting and sweeping training runs (log reading needs no torch)."""
+"""Reading runs back, comparing them, and the reports and figures of sweeps and ladders (log reading needs no torch)."""

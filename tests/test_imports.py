@@ -22,9 +22,6 @@ BELOW = {
     "sweep": {"errors", "stats", "activations", "data", "model", "training", "translation", "eval", "analysis",
               "train_gpt2", "train_translation"},
 }
-# one upward import, named: `python -m analysis.sweep`, the sweep's command before it moved, forwards to sweep/cli.py
-# for one release
-UPWARD = {("analysis/sweep.py", "sweep")}
 # what evaluations and exports may take from training/: reading checkpoints (and, to run under torchrun on
 # the device the trainers use, the process group and precision helpers), the in-loop evaluations' contract
 # (training/in_loop.py), never the loop
@@ -56,7 +53,7 @@ def violations(files):
             continue
         for name in imports(source):
             target = name.split(".")[0]
-            if target not in ROOMS or target == room or (rel.as_posix(), target) in UPWARD:
+            if target not in ROOMS or target == room:
                 continue
             if target not in BELOW[room]:
                 found.append(f"{rel} imports {name}: {room} may import only {sorted(BELOW[room])}")
