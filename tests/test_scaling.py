@@ -4,6 +4,7 @@ multipliers equal to their analytic values, a headline interval whose coverage u
 is nominal, a trend that does not fire on a constant multiplier, Holm's family-wise error under the complete null,
 a printed coverage that is the configuration's, a curve-free reading unbiased noise-free, an lr choice without a
 winner's curse, no extrapolation unless asked, the lr picker's rule."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -165,6 +166,15 @@ def test_printed_coverage_is_the_configurations_not_the_ladders_luck():
         printed.append(ladder_fit.fit_ladder(ladder, "gelu", n_sims=400)["calibration"]["coverage"])
     half_width = min((c["ci"][1] - c["ci"][0]) / 2 for c in printed)
     assert abs(printed[0]["rate"] - printed[1]["rate"]) <= half_width, printed
+
+
+def test_seed_sd_that_falls_by_rung_not_by_log_c_is_followed_where_the_seeds_measure_it():
+    """Seed sd falling evenly by rung (configuration b's 0.03 -> 0.006), not as a power of C: with 400 seeds a size
+    the noise model reads each size's own sd (within 6%), not a line in log C through them (22% high at the ends,
+    which over-covered b)."""
+    truth = dataclasses.replace(configurations()["b: seed sd falling 0.03 -> 0.006"], seeds=400)
+    sd = scaling.noise_model(truth.draw(1, 0), truth.log_c)[0][0]
+    assert sd == pytest.approx(truth.seed_sd, rel=0.06)
 
 
 def test_curve_free_multiplier_is_unbiased_noise_free_at_every_size():
