@@ -16,9 +16,10 @@ three forms of L = E + A C^-alpha:
     per_arm  E, A and alpha per arm (Hoffmann et al.'s floor per arm), from MIN_SIZES["per_arm"] sizes.
 
 Noise (noise_model): a run's deviation has a per-size sd (the seed variance pooled over the arms, its log shrunk
-towards a line in log C as far as the sizes' spread about the line says it misses) and is correlated between the cells of a seed, because at a seed every arm starts from the same shared
-weights and reads the same data order: a part common to the seed's arms and sizes, a part shared by its arms at one
-size, a part one arm's own at every size, each estimated from the seeds' pooled correlations. The means are fitted
+towards a line in log C as far as the sizes' spread about the line says it misses) and is correlated between the
+cells of a seed, because at a seed every arm starts from the same shared weights and reads the same data order: a
+part common to the seed's arms and sizes, a part shared by its arms at one size, a part one arm's own at every size,
+each estimated from the seeds' pooled correlations. The means are fitted
 by generalised least squares under that covariance (the seeds' random effect modelled rather than paired away: a
 pairing by seed would drop the shared parts but not an arm's own persistent one, and would cost the per-size
 weighting). Intervals: t intervals, the parameters' covariance (J' Sigma^-1 J)^-1 scaled by the whitened residual
