@@ -1,6 +1,8 @@
 """The calibration behind a ladder report's intervals at scale: the configurations of stats/ladder_noise.py (the
 CPU ladder's rungs, equal or falling seed noise, a seed effect shared by the arms and an arm's own persisting across
-sizes, two power-law terms, an arm exponent 1.1x the baseline's, three identical arms) and, with --sweep, the shared
+sizes, two power-law terms, an arm exponent 1.1x the baseline's, three identical arms), the lr stage (f: two
+identical arms at lrs picked at the smallest size, the optimum moving 2x; its rates also over the ladders whose
+tuning audit at the largest size is clean, and how often the picks differ) and, with --sweep, the shared
 and persistent fractions and the seeds varied; every ladder through the report's own estimator (estimate in
 stats/scaling.py, with the report's default options) by calibrate in stats/ladder_noise.py.
 
@@ -17,9 +19,10 @@ import time
 from pathlib import Path
 
 from stats import scaling
-from stats.ladder_noise import calibrate, configurations
+from stats.ladder_noise import calibrate, configurations, lr_stage
 
-RATES = ("coverage", "E_coverage", "alpha_coverage", "false_alarm", "family_wise")
+RATES = ("coverage", "E_coverage", "alpha_coverage", "false_alarm", "family_wise", "picks_differ", "audit_clean",
+         "coverage_audit_clean", "false_alarm_audit_clean", "family_wise_audit_clean")
 
 
 def sweep():
@@ -42,7 +45,7 @@ def main():
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     out = {}
-    for name, truth in {**configurations(), **(sweep() if args.sweep else {})}.items():
+    for name, truth in {**configurations(), **lr_stage(), **(sweep() if args.sweep else {})}.items():
         start = time.process_time()
         got = calibrate(truth, scaling.Options(confidence=args.level), args.sims, args.seed)
         got["cpu_s"] = time.process_time() - start

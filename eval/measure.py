@@ -6,9 +6,10 @@ propagation, massive activations and attention entropy (eval/internals.py), per 
     python -m eval.measure log/relu/model_19073.pt --data data/fineweb_edu --tokens 4096 --ppl 1,5
 
 Each checkpoint (a file, or a run directory: its newest) is measured on the first --tokens of the validation
-shard, and the same model at its initialisation (its config rebuilt at the run's seed) for what propagates and
-its exact zeros. It prints a table per checkpoint and writes measure.json (everything) and signal_propagation.png
-(every checkpoint, at init and trained, on one figure) into --out. Training records the one-batch measurements
+shard (PPL-p% calibrated on the first half of its sequences, judged with standard errors on the second), and the
+same model at its initialisation (its config rebuilt at the run's seed) for what propagates and its exact zeros.
+It prints a table per checkpoint and writes measure.json (everything) and signal_propagation.png (every
+checkpoint, at init and trained, on one figure) into --out. Training records the one-batch measurements
 (signal, massive activations, attention entropy, zeros, dead) at every evaluation (metrics.jsonl `measure`); the
 CETT scan (every threshold's CETT, O(tokens x hidden x d) a layer) and the PPL-p% search (a forward pass per
 step) are this command's only.
@@ -59,7 +60,9 @@ def measure_init(model, batches):
 def table(name, result):
     lines = [f"{name}: sparsity (model) zeros {result['model']['zeros']:.3f} dead {result['model']['dead']:.3f} "
              f"CETT@{result['cett_target']:g} {result['model']['cett']:.3f} top-k {result['model']['topk']:.3f}"
-             + "".join(f" | PPL-{p}% {v['sparsity']:.3f}" for p, v in result["ppl"].items()),
+             + "".join(f" | PPL-{p}% {v['sparsity']:.3f} +- {v['sparsity_se']:.3f} (perplexity x{v['ppl_ratio']:.4f} "
+                       f"+- {v['ppl_ratio_se']:.4f} on {v['sequences']['evaluation']} sequences not calibrated on)"
+                       for p, v in result["ppl"].items()),
              f"{'layer':>6} {'zeros':>6} {'dead':>6} {'CETT':>6} {'top-k':>6} {'sq mean':>9} {'variance':>9} "
              f"{'branch':>9} {'massive':>8} {'entropy':>8}"]
     for i, (name_l, s) in enumerate(result["layers"].items()):

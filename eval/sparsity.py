@@ -13,13 +13,19 @@ its contribution to the MLP's output is n_i = a_i W[:, i], of norm |a_i| ||W[:, 
 - PPL-p% sparsity (Luo, Song et al. 2024, "Sparsing Law", §3, the ProSparse line's measure): one CETT target for
   every layer, each layer's exact threshold for it calibrated on the untruncated activations, the target raised
   by bisection from 0 (the dense model, whose dropped neurons are its exact zeros) while the truncated model's
-  perplexity on held-out tokens stays within (1 + p/100) times the dense one; the sparsity of that model.
+  perplexity stays within (1 + p/100) times the dense one, on the first half of the held-out sequences; the
+  sparsity of that model and its perplexity over the dense one on the second half, each with its standard error
+  over those sequences.
 """
 import contextlib
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
+from scipy.stats import sem
+
+from errors import ConfigError
 
 BISECTIONS = 10  # of the PPL-p% search's CETT target in (0, 1): to 1/1024, each a held-out pass
 CHUNK_ELEMENTS = 1 << 21  # the CETT scan's working set per chunk of tokens (8 MB of float32: in cache)
@@ -129,56 +135,85 @@ def on_batch(model, x, autocast=contextlib.nullcontext()):
     return dense_sparsity(neurons)
 
 
+def sequences_of(batches):
+    """Each row of (x, y) batches as its own (1, T) sequence: the unit of PPL-p%'s split and standard errors."""
+    return [(x[i:i + 1], y[i:i + 1]) for x, y in batches for i in range(len(x))]
+
+
+def split(sequences):
+    """(calibration, evaluation): the first half of the sequences, to calibrate PPL-p%'s thresholds and target on,
+    and the rest, to judge them on. Contiguous halves: the shard's sequences are read in order, and interleaving
+    would put the two halves of a document on both sides."""
+    if len(sequences) < 4:
+        raise ConfigError(f"PPL-p% needs at least 4 sequences (2 to calibrate on, 2 to judge on, for a standard "
+                          f"error), got {len(sequences)}; measure more --tokens")
+    half = len(sequences) // 2
+    return sequences[:half], sequences[half:]
+
+
 @torch.no_grad()
-def mean_loss(model, batches, thresholds=None):
-    """Mean cross-entropy over `batches` ((x, y) pairs), with the neurons below `thresholds` dropped; also returns
-    the fraction of neurons dropped per layer."""
+def sequence_losses(model, sequences, thresholds=None):
+    """Each sequence's mean cross-entropy (S,) and the fraction of its neurons dropped (S,) (the mean over layers),
+    one sequence a forward, with the neurons below `thresholds` dropped; and the fraction dropped per layer."""
     store, losses = {}, []
     with captured(model, store, thresholds):
-        for x, y in batches:
+        for x, y in sequences:
             losses.append(model(x, y)[1].item())
-    dropped = {name: (torch.cat(parts) == 0).float().mean().item() for name, parts in store.items()}
-    return sum(losses) / len(losses), dropped
+    dropped = np.array([[(a == 0).float().mean().item() for a in parts] for parts in store.values()])
+    return np.array(losses), dropped.mean(axis=0), dict(zip(store, dropped.mean(axis=1).tolist()))
 
 
-def ppl_sparsity(model, batches, layers, p):
-    """PPL-p% sparsity: (the common CETT target, the mean fraction of neurons dropped, per layer), where the
-    truncated model's perplexity is within (1 + p/100) times the dense model's. `layers`: each layer's Curves on
-    the untruncated neurons. The search starts from the dense model, whose dropped neurons are its exact zeros
-    (target 0: a ReLU model reports at least those), and bisects the target; each step truncates every layer at
-    its exact largest threshold within the target and costs one held-out pass."""
-    dense, zeros = mean_loss(model, batches)
+def ppl_sparsity(model, calibration, evaluation, layers, p):
+    """PPL-p% sparsity, calibrated on one split of the sequences and judged on another (calibrated and judged on
+    the same tokens, a 1% budget measured 1.5-1.9% on fresh ones: the search fits their noise). `layers`: each
+    layer's Curves on the calibration sequences' untruncated neurons. The search starts from the dense model, whose
+    dropped neurons are its exact zeros (target 0: a ReLU model reports at least those), and bisects the common
+    CETT target while the truncated model's perplexity on the calibration sequences stays within (1 + p/100) times
+    the dense one; each step truncates every layer at its exact largest threshold within the target and costs one
+    pass. On the evaluation sequences, at the thresholds found: the perplexity ratio over the dense model and the
+    sparsity, each with its standard error over the sequences (a sequence's tokens share a document and its
+    context, so their losses and activations are correlated and a per-token error would be too small; the ratio's
+    by the delta method on the sequences' paired loss differences). Returns {"cett_target", "sparsity",
+    "sparsity_se", "ppl_ratio", "ppl_ratio_se", "layers" (the fraction dropped per layer), "sequences"}."""
+    dense = sequence_losses(model, calibration)[0].mean()
     goal = dense + math.log1p(p / 100)  # perplexity ratio -> loss difference
 
     def thresholds(target):
         return {n: cett_threshold(c, target)[0] for n, c in layers.items()}
-    lo, hi, best = 0.0, 1.0, zeros
+    lo, hi = 0.0, 1.0
     for _ in range(BISECTIONS):
         mid = (lo + hi) / 2
-        loss, dropped = mean_loss(model, batches, thresholds(mid))
-        if loss <= goal:
-            lo, best = mid, dropped
+        if sequence_losses(model, calibration, thresholds(mid))[0].mean() <= goal:
+            lo = mid
         else:
             hi = mid
-    return lo, sum(best.values()) / len(best), best
+    base = sequence_losses(model, evaluation)
+    loss, dropped, per_layer = sequence_losses(model, evaluation, thresholds(lo)) if lo > 0 else base
+    diff = loss - base[0]
+    ratio = math.exp(diff.mean())
+    return {"cett_target": lo, "sparsity": float(dropped.mean()), "sparsity_se": float(sem(dropped)),
+            "ppl_ratio": ratio, "ppl_ratio_se": float(ratio * sem(diff)), "layers": per_layer,
+            "sequences": {"calibration": len(calibration), "evaluation": len(evaluation)}}
 
 
 @torch.no_grad()
 def measure(model, batches, cett_target=0.2, ppl_p=(1.0,)):
-    """Every sparsity above per layer and for the model (the mean over layers), on `batches`: JSON-ready."""
+    """Every sparsity above per layer and for the model (the mean over layers), on `batches`: JSON-ready. CETT and
+    top-k on every token; PPL-p% calibrated on the first half of the sequences and judged on the second (split)."""
     model.eval()
+    sequences = sequences_of(batches)
+    calibration, evaluation = split(sequences)
     neurons = {}
     with captured(model, neurons):
-        for x, _ in batches:
+        for x, _ in sequences:
             model(x, head=False)
     layers = dense_sparsity(neurons)
-    exact = {name: curves(torch.cat(neurons[name]), proj.weight.detach().float()) for name, proj in mlp_neurons(model)}
+    weights = {name: proj.weight.detach().float() for name, proj in mlp_neurons(model)}
+    exact = {name: curves(torch.cat(neurons[name]), w) for name, w in weights.items()}
     for name, layer in exact.items():
         layers[name]["cett_eps"], layers[name]["cett"] = cett_threshold(layer, cett_target)
         layers[name]["topk"] = topk_sparsity(layer, cett_target)
     model_mean = {k: sum(v[k] for v in layers.values()) / len(layers) for k in ("zeros", "dead", "cett", "topk")}
-    ppl = {}
-    for p in ppl_p:
-        target, mean, per_layer = ppl_sparsity(model, batches, exact, p)
-        ppl[f"{p:g}"] = {"cett_target": target, "sparsity": mean, "layers": per_layer}
+    calibrated = {name: curves(torch.cat(neurons[name][:len(calibration)]), w) for name, w in weights.items()}
+    ppl = {f"{p:g}": ppl_sparsity(model, calibration, evaluation, calibrated, p) for p in ppl_p}
     return {"cett_target": cett_target, "layers": layers, "model": model_mean, "ppl": ppl}

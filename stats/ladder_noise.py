@@ -11,10 +11,12 @@ the same shared weights and reads the same data order:
     shared      the same for the arms of the seed at one size (the init they share there),
     persistent  one arm's own, the same at every size of the seed,
     the rest    each run's own.
+With an lr stage (LrStage) each arm runs at the lr its grid picked at the smallest size, and pays for its distance
+from an optimum that moves with size; the true multiplier stays the arms' at their optimal lrs.
 The calibration's unit is the ladder: its Monte-Carlo interval is the binomial (Clopper-Pearson) interval over the
 ladders, each counted once whatever its number of arms (its arms' verdicts are not independent draws).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import brentq
@@ -25,11 +27,57 @@ from stats.family import holm
 
 
 @dataclass(frozen=True)
+class LrStage:
+    """The lr stage inside a ladder's generating model. Each arm's lr is picked on a grid at the smallest rung, on
+    the grid's own seeds, by stats/lr_grid.py's rule (the grid point of the lowest mean loss), and run at every rung.
+    Off its optimum an arm pays curvature (log2 lr - log2 optimum)^2 nats at that rung; the optimum, the same for
+    every arm, falls by `shift` over the ladder (linearly in log C) and lies, at the smallest rung, anywhere in the
+    grid's middle step (uniform, drawn per ladder: where a grid falls on the optimum is luck). The grid's noise is
+    each rung's seed sd, independent between its runs. The tuning audit re-grids at the largest rung on fresh seeds
+    and flags an arm whose pick lies more than `audit` x from the vertex of the parabola through that grid's best
+    point and its neighbours (lr_grid's interpolation), or whose best point there is an edge or no minimum."""
+    grid: tuple = tuple(range(6))  # log2 lr, octave apart as configs/ladder_cpu.toml's 1e-3 ... 3.2e-2
+    # experiments/lr_transfer.md: gelu completep d4 w64 rises 0.16 and 0.17 nats one octave either side of its best
+    curvature: float = 0.17
+    shift: float = 2.0
+    seeds: int = 1
+    audit: float = 2.0
+
+    def draw(self, truth, n, rng):
+        """(penalty (n, K, S) each arm pays at each rung for its pick, whether the arms' picks differ (n,), whether
+        the audit flags any arm (n,))."""
+        k, s = len(truth.curves), len(truth.compute)
+        log_c = np.log(np.asarray(truth.compute, float))
+        grid = np.asarray(self.grid, float)
+        middle = len(grid) // 2
+        optimum = (rng.uniform(grid[middle - 1], grid[middle], (n, 1, 1))
+                   - np.log2(self.shift) * (log_c - log_c[0]) / (log_c[-1] - log_c[0]))  # (n, 1, S)
+        sd = truth.sd()
+
+        def grid_means(rung):  # (n, K, grid) each arm's mean over the grid's seeds; its curve's loss drops out
+            noise = rng.standard_normal((n, k, len(grid), self.seeds)).mean(axis=3) * sd[:, rung, None]
+            return self.curvature * (grid - optimum[:, :, rung, None]) ** 2 + noise
+
+        pick = grid[np.argmin(grid_means(0), axis=2)]  # (n, K)
+        top = grid_means(s - 1)
+        best = np.argmin(top, axis=2)
+        inner = np.clip(best, 1, len(grid) - 2)[..., None]
+        y0, y1, y2 = (np.take_along_axis(top, inner + d, axis=2)[..., 0] for d in (-1, 0, 1))
+        bend = y0 - 2 * y1 + y2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            vertex = grid[inner[..., 0]] + (grid[1] - grid[0]) * (y0 - y2) / (2 * bend)
+        flag = (best != inner[..., 0]) | (bend <= 0) | (np.abs(pick - vertex) > np.log2(self.audit))
+        return (self.curvature * (pick[:, :, None] - optimum) ** 2, (pick != pick[:, :1]).any(axis=1),
+                flag.any(axis=1))
+
+
+@dataclass(frozen=True)
 class LadderTruth:
     """A ladder's true losses and noise. compute: each rung's training FLOPs (the same for every arm); curves: per
     arm, the baseline first, (E, ((A, alpha), ...)) for L = E + sum A C^-alpha; seed_sd: one run's sd at each rung;
     seeds: runs per cell; common, shared, persistent: the fractions of the seed variance shared as the module says;
-    arm_scale: each arm's sd over the baseline's (None: all 1)."""
+    arm_scale: each arm's sd over the baseline's (None: all 1); lr: the lr stage (LrStage), None for lrs at each
+    arm's optimum at every rung."""
     compute: tuple
     curves: tuple
     seed_sd: tuple
@@ -38,6 +86,7 @@ class LadderTruth:
     shared: float = 0.0
     persistent: float = 0.0
     arm_scale: tuple | None = None
+    lr: LrStage | None = None
 
     @property
     def log_c(self):
@@ -47,8 +96,14 @@ class LadderTruth:
         e, terms = self.curves[arm]
         return e + sum(a * np.asarray(compute, float) ** -alpha for a, alpha in terms)
 
-    def draw(self, n, rng):
-        """n ladders' losses (n, K, S, seeds)."""
+    def sd(self):
+        """One run's sd (K, S) in each cell."""
+        scale = np.ones(len(self.curves)) if self.arm_scale is None else np.asarray(self.arm_scale, float)
+        return scale[:, None] * np.asarray(self.seed_sd, float)[None]
+
+    def draw(self, n, rng, lr_stage=False):
+        """n ladders' losses (n, K, S, seeds); with lr_stage, and {"differ", "flagged"} (n,): whether the arms'
+        lr picks differ and whether the tuning audit flags one (all False without an lr stage)."""
         k, s, r = len(self.curves), len(self.compute), self.seeds
         rng = np.random.default_rng(rng)
         own = 1 - self.common - self.shared - self.persistent
@@ -56,10 +111,13 @@ class LadderTruth:
              + np.sqrt(self.shared) * rng.standard_normal((n, 1, s, r))
              + np.sqrt(self.persistent) * rng.standard_normal((n, k, 1, r))
              + np.sqrt(own) * rng.standard_normal((n, k, s, r)))
-        scale = np.ones(k) if self.arm_scale is None else np.asarray(self.arm_scale, float)
-        sd = scale[:, None] * np.asarray(self.seed_sd, float)[None]
-        mean = np.array([self.loss(a, self.compute) for a in range(k)])
-        return mean[None, :, :, None] + sd[None, :, :, None] * z
+        mean = np.array([self.loss(a, self.compute) for a in range(k)])[None]
+        differ, flagged = np.zeros(n, bool), np.zeros(n, bool)
+        if self.lr is not None:
+            penalty, differ, flagged = self.lr.draw(self, n, rng)
+            mean = mean + penalty
+        losses = mean[..., None] + self.sd()[None, :, :, None] * z
+        return (losses, {"differ": differ, "flagged": flagged}) if lr_stage else losses
 
     def log_multiplier(self, compute):
         """Each other arm's true log m (K-1,) at `compute`: the baseline's compute reaching its loss there, over it
@@ -89,7 +147,11 @@ class LadderTruth:
                 + ("" if self.arm_scale is None else
                    f" times {', '.join(f'{v:.3g}' for v in self.arm_scale)} by arm")
                 + f", of which {self.common:.0%} common to a seed's arms and sizes, {self.shared:.0%} shared by its "
-                f"arms at a size, {self.persistent:.0%} one arm's own at every size")
+                f"arms at a size, {self.persistent:.0%} one arm's own at every size"
+                + ("" if self.lr is None else
+                   f"; each arm's lr picked on a {len(self.lr.grid)}-point octave grid at the smallest size "
+                   f"({self.lr.seeds} own seed{'s' if self.lr.seeds > 1 else ''}), the optimum falling "
+                   f"{self.lr.shift:g}x over the ladder, {self.lr.curvature:g} nats per octave^2 off it"))
 
 
 def truth_of(est, i, log_c, form, seeds):
@@ -121,24 +183,26 @@ def calibrate(truth, options, n, rng):
     counted), "E_coverage" and "alpha_coverage" (a truth of one term and one floor: the headline fit's E and the
     baseline's alpha), "false_alarm" (a truth of constant multipliers): share of trend verdicts fired, "family_wise" (a
     truth where no arm differs): share of ladders where Holm over the report's family (each size's pair paired by
-    seed, the headline multipliers, the trends) declares anything, "n", "assumptions"}."""
-    losses = truth.draw(n, rng)
+    seed, the headline multipliers, the trends) declares anything, "n", "assumptions"}; with an lr stage (the true m
+    is the arms' at their optimal lrs) also "picks_differ", "audit_clean" (the tuning audit flags no arm) and each
+    rate over the ladders whose audit is clean ("coverage_audit_clean", ...)."""
+    losses, lr = truth.draw(n, rng, lr_stage=True)
     est = scaling.estimate(losses, truth.log_c, options, forms=("shared", "trend"), report=False)
     head = est["headline"]
     low, high = scaling.interval(head["value"], head["se"], head["dof"], options.confidence)
     true = truth.log_multiplier(est["reference"])
-    out = {"coverage": rate(((low <= true) & (true <= high)).mean(axis=1)), "n": n,
-           "assumptions": truth.assumptions(), "headline_form": head["form"], "reference": est["reference"]}
+    hits = {"coverage": ((low <= true) & (true <= high)).mean(axis=1)}
+    out = {"n": n, "assumptions": truth.assumptions(), "headline_form": head["form"], "reference": est["reference"]}
     if all(len(terms) == 1 for _, terms in truth.curves) and len({e for e, _ in truth.curves}) == 1:
         f = est["fits"][head["form"]]  # one term and one floor: the fit's E and the baseline's alpha have a truth
         for name, (value, se), true in (("E", f["E"], truth.curves[0][0]), ("alpha", f["alpha"],
                                                                             truth.curves[0][1][0][1])):
             low, high = scaling.interval(value[:, 0], se[:, 0], f["dof"], options.confidence)
-            out[f"{name}_coverage"] = rate((low <= true) & (true <= high))
+            hits[f"{name}_coverage"] = (low <= true) & (true <= high)
     slope = est["slope"]
     if slope is not None and truth.constant:
         low, high = scaling.interval(slope["value"], slope["se"], slope["dof"], options.confidence)
-        out["false_alarm"] = rate(((low > 0) | (high < 0)).mean(axis=1))
+        hits["false_alarm"] = ((low > 0) | (high < 0)).mean(axis=1)
     if truth.constant and len({c for c in truth.curves}) == 1:
         base = np.broadcast_to(losses[:, :1], losses[:, 1:].shape)
         p = [ttest_rel(losses[:, 1:], base, axis=-1).pvalue.reshape(n, -1),
@@ -146,7 +210,13 @@ def calibrate(truth, options, n, rng):
         if slope is not None:
             p.append(scaling.p_value(slope["value"], slope["se"], slope["dof"]))
         adjusted = holm(np.nan_to_num(np.concatenate(p, axis=1), nan=1.0))
-        out["family_wise"] = rate((adjusted < 1 - options.confidence).any(axis=1))
+        hits["family_wise"] = (adjusted < 1 - options.confidence).any(axis=1)
+    out.update({key: rate(h) for key, h in hits.items()})
+    if truth.lr is not None:
+        clean = ~lr["flagged"]
+        out.update({"picks_differ": rate(lr["differ"]), "audit_clean": rate(clean)})
+        if clean.any():
+            out.update({f"{key}_audit_clean": rate(h[clean]) for key, h in hits.items()})
     return out
 
 
@@ -177,3 +247,14 @@ def configurations():
         "e: the arms' exponents 1.1x the baseline's": LadderTruth(compute, arms(three, ratio=1.1), flat),
         "null: three identical arms": LadderTruth(compute, arms((1.0, 1.0, 1.0)), flat),
     }
+
+
+LR_STAGE = "f: two identical arms, each at its lr picked at the smallest size, the optimum falling 2x over the ladder"
+
+
+def lr_stage():
+    """Configuration f, which the calibrated claim excludes (BENCHMARKS.md, "Ladder estimator calibration"): the
+    null's truth with two identical arms, each run at its lr picked on a one-seed grid at the smallest rung
+    (LrStage's defaults: the optimum falling 2x over the ladder)."""
+    null = configurations()["null: three identical arms"]
+    return {LR_STAGE: replace(null, curves=null.curves[:2], lr=LrStage())}

@@ -15,10 +15,11 @@ three forms of L = E + A C^-alpha:
              largest rung unless stated), comes from this fit where the ladder has the sizes for it.
     per_arm  E, A and alpha per arm (Hoffmann et al.'s floor per arm), from MIN_SIZES["per_arm"] sizes.
 
-Noise (noise_model): a run's deviation has a per-size sd (the seed variance pooled over the arms, its log a line in
-log C) and is correlated between the cells of a seed, because at a seed every arm starts from the same shared
-weights and reads the same data order: a part common to the seed's arms and sizes, a part shared by its arms at one
-size, a part one arm's own at every size, each estimated from the seeds' pooled correlations. The means are fitted
+Noise (noise_model): a run's deviation has a per-size sd (the seed variance pooled over the arms, its log shrunk
+towards a line in log C as far as the sizes' spread about the line says it misses) and is correlated between the
+cells of a seed, because at a seed every arm starts from the same shared weights and reads the same data order: a
+part common to the seed's arms and sizes, a part shared by its arms at one size, a part one arm's own at every size,
+each estimated from the seeds' pooled correlations. The means are fitted
 by generalised least squares under that covariance (the seeds' random effect modelled rather than paired away: a
 pairing by seed would drop the shared parts but not an arm's own persistent one, and would cost the per-size
 weighting). Intervals: t intervals, the parameters' covariance (J' Sigma^-1 J)^-1 scaled by the whitened residual
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import least_squares
-from scipy.special import digamma
+from scipy.special import digamma, polygamma
 from scipy.stats import t as student
 
 from errors import ConfigError
@@ -137,20 +138,15 @@ def noise_model(losses, log_c):
     """The seed noise of a batch of ladders' runs (B, K, S, seeds), as the fit and the calibration model it: (sd (B, S)
     of one run's loss at each size, fractions (B, 3) of its variance common to a seed's arms and sizes (its data
     order), shared by a seed's arms at one size (the init they share), and persisting across sizes for one arm and
-    seed). The sd: the seed variance pooled over the arms at each size, its log a line in log C (3 seeds estimate a
-    variance too roughly to weigh each size by its own) made unbiased for the log's chi-square bias. The fractions:
+    seed). The sd: the seed variance pooled over the arms at each size, smoothed by size_sd (3 seeds estimate a
+    variance too roughly to weigh each size by its own alone). The fractions:
     the standardised deviations' pooled correlations between cells that share a seed, clipped to a valid
     covariance. One seed: unit sd and no correlation (the residuals then give the scale alone)."""
     b, k, s, n = losses.shape
     if n < 2:
         return np.ones((b, s)), np.zeros((b, 3))
     dev = losses - losses.mean(axis=3, keepdims=True)
-    nu = k * (n - 1)
-    log_var = np.log(np.maximum((dev ** 2).sum(axis=(1, 3)) / nu, 1e-24)) - (digamma(nu / 2) - np.log(nu / 2))
-    xs = log_c.mean(axis=0) - log_c.mean()
-    xs = xs - xs.mean()
-    slope = (log_var * xs).sum(axis=1, keepdims=True) / (xs ** 2).sum()
-    sd = np.exp((log_var.mean(axis=1, keepdims=True) + slope * xs) / 2)
+    sd = size_sd((dev ** 2).sum(axis=(1, 3)) / (k * (n - 1)), k * (n - 1), log_c.mean(axis=0))
     z = (dev / sd[:, None, :, None]).reshape(b, k * s, n)
     cov = np.einsum("bin,bjn->bij", z, z) / (n - 1)
     same_arm, same_size = _cell_masks(k, s)
@@ -167,6 +163,24 @@ def noise_model(losses, log_c):
     persistent = pooled(same_arm & ~same_size) - common
     fractions = np.clip(np.stack([common, shared, persistent], axis=1), 0, 1)
     return sd, fractions * np.minimum(1, MAX_CORRELATED / np.maximum(fractions.sum(axis=1), 1e-12))[:, None]
+
+
+def size_sd(variance, nu, log_c):
+    """The seed sd (B, S) at each size from the pooled variances (B, S) on nu degrees of freedom each: their logs
+    (made unbiased for the log's chi-square bias) shrunk towards a line in log C by empirical Bayes. A log variance
+    from nu degrees of freedom has the known sampling variance trigamma(nu / 2); the sizes' spread about the line
+    beyond it (tau^2, by moments over S - 2 degrees of freedom) is how far the line misses, and each size keeps
+    tau^2 / (tau^2 + trigamma) of its own deviation. A line alone weighed the ends of a ladder whose sd falls
+    evenly by rung (not by log C) 22% too noisy and covered 0.971; each size on its own, from 6 degrees of
+    freedom, makes the weights noisy (BENCHMARKS.md, "Ladder estimator calibration")."""
+    log_var = np.log(np.maximum(variance, 1e-24)) - (digamma(nu / 2) - np.log(nu / 2))
+    xs = log_c - log_c.mean()
+    slope = (log_var * xs).sum(axis=1, keepdims=True) / (xs ** 2).sum()
+    line = log_var.mean(axis=1, keepdims=True) + slope * xs
+    sampling = polygamma(1, nu / 2)
+    spread = ((log_var - line) ** 2).sum(axis=1, keepdims=True) / (len(xs) - 2) - sampling if len(xs) > 2 else 0.0
+    tau2 = np.maximum(spread, 0.0)
+    return np.exp((line + tau2 / (tau2 + sampling) * (log_var - line)) / 2)
 
 
 def _cell_masks(k, s):

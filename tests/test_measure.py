@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from errors import ConfigError
 from eval import internals, sparsity
 from stats.significance import paired
 from eval.measure import main as measure_main
@@ -60,10 +61,9 @@ def test_cett_threshold_is_the_largest_feasible_where_cett_is_not_monotone():
     assert sparsity.topk_sparsity(layer, 0.2) == 1 - k / 16
 
 
-def test_ppl_sparsity_starts_at_the_exact_zeros_and_grows_strictly_with_p():
+def relu_model_that_needs_its_mlps():
     """A ReLU model whose loss needs its MLPs: every c_proj column along the target token's embedding, so each
-    neuron dropped lowers the target's logit. p -> 0 keeps only the exact zeros dropped (about half), each larger p
-    drops strictly more, and the truncated model keeps its perplexity budget."""
+    neuron dropped lowers the target's logit; and 8 sequences of 16 tokens (target token 0)."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY, act="relu"), seed=0).eval()
     target = model.transformer.wte.weight[0].detach()
@@ -71,22 +71,59 @@ def test_ppl_sparsity_starts_at_the_exact_zeros_and_grows_strictly_with_p():
         for block in model.transformer.h:
             block.mlp.c_proj.weight.copy_(0.1 * torch.outer(target / target.norm(), torch.ones(64)))
     x = torch.randint(0, 64, (8, 16))
-    batches = [(x[:4], torch.zeros_like(x[:4])), (x[4:], torch.zeros_like(x[4:]))]
+    return model, [(x[:4], torch.zeros_like(x[:4])), (x[4:], torch.zeros_like(x[4:]))]
+
+
+def calibration_curves(model, calibration):
     neurons = {}
     with sparsity.captured(model, neurons), torch.no_grad():
-        for x, _ in batches:
+        for x, _ in calibration:
             model(x, head=False)
-    zeros = sum(layer["zeros"] for layer in sparsity.dense_sparsity(neurons).values()) / 2
-    layers = {n: sparsity.curves(torch.cat(a), model.transformer.h[int(n[2:])].mlp.c_proj.weight.detach())
-              for n, a in neurons.items()}
-    dense, _ = sparsity.mean_loss(model, batches)
-    assert dense < sparsity.mean_loss(model, batches, {n: math.inf for n in layers})[0] - 0.2  # the MLPs matter
-    found = {p: sparsity.ppl_sparsity(model, batches, layers, p) for p in (0.0, 1e-6, 0.1, 1.0, 10.0)}
-    assert 0.4 < zeros < 0.6 and found[0.0][1] == found[1e-6][1] == zeros
-    assert zeros < found[0.1][1] < found[1.0][1] < found[10.0][1] < 1
-    for p, (target_cett, _, _) in found.items():
-        thresholds = {n: sparsity.cett_threshold(layer, target_cett)[0] for n, layer in layers.items()}
-        assert sparsity.mean_loss(model, batches, thresholds)[0] <= dense + math.log1p(p / 100)
+    return {n: sparsity.curves(torch.cat(a), model.transformer.h[int(n[2:])].mlp.c_proj.weight.detach())
+            for n, a in neurons.items()}
+
+
+def test_ppl_sparsity_starts_at_the_exact_zeros_and_grows_strictly_with_p():
+    """p -> 0 keeps only the exact zeros dropped (about half), each larger p drops strictly more, and the
+    truncated model keeps its perplexity budget on the sequences it was calibrated on."""
+    model, batches = relu_model_that_needs_its_mlps()
+    calibration, evaluation = sparsity.split(sparsity.sequences_of(batches))
+    layers = calibration_curves(model, calibration)
+    dense = sparsity.sequence_losses(model, calibration)[0].mean()
+    cut = sparsity.sequence_losses(model, calibration, {n: math.inf for n in layers})[0].mean()
+    assert dense < cut - 0.2  # the MLPs matter
+    zeros = sparsity.sequence_losses(model, evaluation)[1].mean()
+    found = {p: sparsity.ppl_sparsity(model, calibration, evaluation, layers, p) for p in (0.0, 1e-6, 0.1, 1.0, 10)}
+    assert 0.4 < zeros < 0.6 and found[0.0]["sparsity"] == found[1e-6]["sparsity"] == zeros
+    assert zeros < found[0.1]["sparsity"] < found[1.0]["sparsity"] < found[10]["sparsity"] < 1
+    for p, got in found.items():
+        thresholds = {n: sparsity.cett_threshold(layer, got["cett_target"])[0] for n, layer in layers.items()}
+        assert sparsity.sequence_losses(model, calibration, thresholds)[0].mean() <= dense + math.log1p(p / 100)
+
+
+def test_ppl_sparsity_is_calibrated_on_one_half_and_judged_with_standard_errors_on_the_other():
+    """The target is the calibration sequences' alone (other evaluation sequences leave it as it is); the ratio and
+    sparsity reported are the evaluation sequences', with standard errors over those sequences (scipy's sem of
+    their paired loss differences, by the delta method, and of their sparsities); fewer than 4 sequences cannot
+    be split."""
+    model, batches = relu_model_that_needs_its_mlps()
+    calibration, evaluation = sparsity.split(sparsity.sequences_of(batches))
+    assert len(calibration) == len(evaluation) == 4
+    layers = calibration_curves(model, calibration)
+    got = sparsity.ppl_sparsity(model, calibration, evaluation, layers, 5.0)
+    other = sparsity.ppl_sparsity(model, calibration, evaluation[:2] + calibration[:2], layers, 5.0)
+    assert other["cett_target"] == got["cett_target"] > 0 and other["ppl_ratio"] != got["ppl_ratio"]
+    thresholds = {n: sparsity.cett_threshold(layer, got["cett_target"])[0] for n, layer in layers.items()}
+    loss, dropped, _ = sparsity.sequence_losses(model, evaluation, thresholds)
+    diff = loss - sparsity.sequence_losses(model, evaluation)[0]
+    assert got["ppl_ratio"] == pytest.approx(math.exp(diff.mean()))
+    assert got["ppl_ratio_se"] > 0
+    assert got["ppl_ratio_se"] == pytest.approx(math.exp(diff.mean()) * diff.std(ddof=1) / 2)
+    assert got["sparsity_se"] > 0 and got["sparsity_se"] == pytest.approx(dropped.std(ddof=1) / 2)
+    assert got["sparsity"] == pytest.approx(dropped.mean())
+    assert got["sequences"] == {"calibration": 4, "evaluation": 4}
+    with pytest.raises(ConfigError, match="at least 4 sequences"):
+        sparsity.split(sparsity.sequences_of(batches)[:3])
 
 
 def test_signal_propagation_of_known_growth():
