@@ -21,12 +21,11 @@ RUNS = {
     "activation_speed": (["--device", "cpu", "--acts", "gelu", "--rows", "8", "--rounds", "1", "--warmup", "1"],
                          r"\ngelu +[\d.]+ \(1\.00\)"),
     "checkpoint_io": (["--smoke", "--rounds", "1", "--dir", "{root}"], r"\nread_checkpoint_file +[\d.]+ s"),
-    "coord_check": (["--smoke", "--out", "{root}/coord_check"],
-                    r"\ncompletep: max/min over widths 32-64 and depths 2-4: \|x\| [\d.]+x"),
+    "coord_check": (["--smoke", "--params", "completep", "--out", "{root}/coord_check"],
+                    r"(?m)^completep: max/min over widths 32-64 and depths 2-4: \|x\| [\d.]+x"),
     "contender_memory": (["--acts", "gelu,aglu", "--batch-size", "2"], r"\naglu .*\nalive after the run: 0\.00 MiB"),
     "generation": (["--device", "cpu", "--n-layer", "1", "--n-embd", "32", "--prompt-tokens", "4", "--new-tokens",
                     "4", "--rounds", "1"], r'\n\{"device": "cpu".*"same_tokens": true'),
-    "gpu_check": (["--smoke", "--only", "loss_chunks", "--out", "{root}/gpu_check"], r"\| loss_chunks \| PASS \|"),
     "hellaswag": (["--limit", "4", "--n-layer", "1", "--n-embd", "32", "--modes", "eager", "--device", "cpu",
                    "--data", "{root}/hellaswag.jsonl"], r'\neager \{.*"completion": \{"acc"'),
     "hellaswag_items": (["--items", "40"], r'"items": 40,'),
@@ -58,6 +57,8 @@ RUNS = {
     "translation_init_loss": (["--d-model", "16", "--layers", "1", "--vocab", "50", "--batch", "2", "--length", "4"],
                               r"\n\| deepnorm \| tied \| torchscale \| [\d.]+ \|"),
 }
+# scripts another test starts as `python bench/SCRIPT.py` already, with arguments that run all of it
+STARTED_BY = {"gpu_check": "tests/test_gpu_check.py"}
 GPT2_BPE = {"hellaswag"}  # the scripts that tokenize with GPT-2's BPE: tiktoken online, or ../shared's offline cache
 LEAK = re.compile(r"nanobind: leaked|leaked (type|function|instance)")
 
@@ -110,7 +111,9 @@ def started(tmp_path_factory):
 
 
 def test_every_script_has_a_run():
-    assert scripts() == sorted(RUNS)
+    assert scripts() == sorted([*RUNS, *STARTED_BY])
+    for script, test in STARTED_BY.items():
+        assert f"bench/{script}.py" in (ROOT / test).read_text(), (script, test)
 
 
 @pytest.mark.long

@@ -31,6 +31,7 @@ def test_cpu_part_passes_and_lists_what_it_skipped(tmp_path):
     result = subprocess.run([sys.executable, "bench/gpu_check.py", "--out", str(tmp_path)], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "leaked" not in result.stderr, result.stderr  # nothing at exit (tests/test_bench_scripts.py's promise)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     results = report["results"]
     assert results["kernels"]["status"] == "PASS"
