@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FORK_PER_RUN = r"""
-import importlib, json, os, runpy, signal, sys
+import gc, importlib, json, os, runpy, signal, sys
 runs, preload, limit, finalize = json.loads(sys.argv[1])
 for module in preload:
     importlib.import_module(module)
+gc.freeze()
 for n, (target, args) in enumerate(runs):
     pid = os.fork()
     if pid == 0:
