@@ -35,8 +35,9 @@ every lr and size, each run in OUT_DIR/{label}_{size}_lr{lr}_seed{seed}; its rep
 (each arm's lr and how it was chosen, compute multiplier fitted and curve-free, trend, the interval's measured
 coverage, every verdict under Holm, the tuning audit), read from the runs' run.json, whatever their directories'
 names (an arm named by the plan's variant whose options its runs hold). With `lr_size` the grid runs at one size
-first; a pick at its edge stops the plan there unless --allow-edge-lr. Its report's options: --target (none by default: no extrapolation unless --extrapolate), --reference (the headline's compute,
-default the largest rung), --level, --resamples, --resample-seed.
+first; a pick at its edge stops the plan there unless --allow-edge-lr. Its report's options: --target (none by
+default: no extrapolation unless --extrapolate), --reference (the headline's compute, default the largest rung),
+--level, --resamples, --resample-seed.
 
 --control (or `control = true` / `control = "LABEL"` in a plan) adds an A/A control: the baseline again as
 BASELINE_aa with the same seeds, hence the same data order, but torch's RNG (init, dropout) seeded with

@@ -24,7 +24,8 @@ Sizes are ordered by their compute, n_layer x n_embd^2 x max_steps (the blocks' 
 lr_size and lr_seeds below the largest size, a tuning audit follows the grid: every arm again at the largest size, on
 the first of lr_seeds, at 4 lrs around its pick (stats/lr_grid.py's audit_lrs); the report flags an arm whose pick
 lies more than 2x from the audit's vertex. A pick at the grid's edge stops the plan before the other sizes run (the
-optimum may lie outside the grid): extend lrs, or pass --allow-edge-lr to run the ladder at it.
+optimum may lie outside the grid): extend lrs (in a new --out-dir), or pass --allow-edge-lr to run the ladder at
+it.
 
 Runs: arms x sizes x seeds (x lrs). What an lr sets is the trainer's to say (its optim section's `swept_lr`): the
 GPT trainer's max_lr, with min_lr scaled at the config's min_lr / max_lr (the cosine schedule keeps its shape), the

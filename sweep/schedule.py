@@ -119,8 +119,8 @@ class AfterGrid:
                     f"{a}'s best lr {p['best_lr']:g} at size {ladder.lr_size} is the grid's "
                     f"{'lowest' if p['edge'] == 'low' else 'highest'}" for a, p in edges)
                     + ": the optimum may lie outside the grid. Extend lrs " + " and ".join(sorted(
-                        {'downward' if p['edge'] == 'low' else 'upward' for _, p in edges})) + " and rerun the same "
-                    "command (finished runs are kept), or pass --allow-edge-lr to run the ladder at the edge")
+                        {'downward' if p['edge'] == 'low' else 'upward' for _, p in edges})) + " and rerun with a new "
+                    "--out-dir, or pass --allow-edge-lr to run the ladder at the edge")
             best = {label: p["best_lr"] for label, p in picks.items()}
         except ConfigError as e:
             if self.token:

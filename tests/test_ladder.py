@@ -298,19 +298,22 @@ def test_throughput_is_looked_up_by_the_arm_and_a_missing_one_said(tmp_path):
     assert speeds["ratio"] == {} and speeds["missing"] == ["gelu+norm=rmsnorm"]
 
 
-@pytest.mark.parametrize("plan, config, tokens_per_param", [
-    ("configs/ladder_cpu.toml", dict(vocab_size=256, block_size=128), 5),
-    ("configs/ladder_gpu.toml", dict(vocab_size=50304, block_size=1024), 20)])
-def test_shipped_ladder_plans_follow_their_tokens_per_parameter(plan, config, tokens_per_param):
-    """Each size's max_steps = ceil(tokens per parameter x N / tokens per step), N outside the embeddings."""
+@pytest.mark.parametrize("plan, config, steps", [
+    ("configs/ladder_cpu.toml", dict(vocab_size=256, block_size=128), lambda n: math.ceil(0.75 * n ** 0.55)),
+    ("configs/ladder_gpu.toml", dict(vocab_size=50304, block_size=1024), lambda n: math.ceil(20 * n / 2 ** 19))])
+def test_shipped_ladder_plans_follow_their_budget_rule(plan, config, steps):
+    """Each size's max_steps by its plan's stated rule of N, the parameters outside the embeddings; under completep,
+    the grid at the smallest size (the base) and the audit at the largest."""
     _, ladder = cli.parse_args(["--plan", plan, "--out-dir", "x"])
-    tokens_per_step = {"configs/ladder_cpu.toml": 1024, "configs/ladder_gpu.toml": 2 ** 19}[plan]
     for size, opts in ladder.size_options.items():
         shape = {k: int(option(opts, f"--{k.replace('_', '-')}")) for k in ("n_layer", "n_embd", "n_head")}
         with torch.device("meta"):
             n = GPT(GPTConfig(**config, **shape), seed=0).param_counts()["non_embedding"]
-        assert int(option(opts, "--max-steps")) == math.ceil(tokens_per_param * n / tokens_per_step), size
-    assert ladder.ladder.lr_size in ladder.size_options and len(ladder.ladder.lrs) >= 3 and len(ladder.variants) >= 3
+        assert int(option(opts, "--max-steps")) == steps(n), size
+    sizes = list(ladder.size_options)
+    assert (ladder.ladder.lr_size, ladder.ladder.audit_size) == (sizes[0], sizes[-1])
+    assert all(option(opts, "--param") == "completep" for _, opts, _ in ladder.variants)
+    assert len(ladder.ladder.lrs) >= 3 and len(ladder.variants) >= 3
 
 
 def test_lrs_set_each_trainers_own_lr_options():
