@@ -2,8 +2,10 @@
 read off the baseline's points), the trend, and every verdict under one error control.
 
 Every number comes from the runs' own run.json and metrics.jsonl, never from directory names, so runs made by hand
-or on other machines report alike: the arm is the model options besides the shape (act, act_kwargs, norm, ...: an
-option that differs between runs is named in the label, e.g. gelu+norm=rmsnorm) and the init seed offset, the size
+or on other machines report alike: the arm is the plan's variant whose options the run's config holds (the most
+specific one: gelu_cp's act gelu and param completep over gelu_sp's act gelu), else the model options besides the
+shape (act, act_kwargs, norm, ...: an option that differs between runs is named in the label, e.g.
+gelu+norm=rmsnorm) and the init seed offset, the size
 is (n_layer, n_embd, n_head), the lr run.json's `lr` (what the sweep set), the seed run.seed, the loss the final val loss of a
 finished run and the compute the `flops` of its last eval record (model.py's flops_per_token times the tokens).
 
@@ -11,7 +13,10 @@ The lr: stats/lr_grid.py picks each arm's best lr on a size's grid; lr_grid.png 
 plan's lr_seeds the grid ran on its own seeds, and the arms are compared on the others only: the pick's luck never
 favours the arm it picked for. Without them the pick was made on the compared runs, and every comparison at that size
 is marked "exploratory" (the winner's curse: an arm with a flat lr curve gains most from picking the luckiest point).
-The grid's own pairs are always exploratory. Several sizes: stats/ladder_fit.py gives the estimator's numbers
+The grid's own pairs are always exploratory. The tuning
+audit (the plan's audit_size, on the first of lr_seeds): each arm's pick against the vertex of its own small grid at
+the largest size (stats/lr_grid.py's audit); every multiplier and trend sentence names the lrs, where and on which
+seeds they were picked, and the audit's result. Several sizes: stats/ladder_fit.py gives the estimator's numbers
 (estimate in stats/scaling.py: each arm's multiplier at the largest rung with its interval, the ladder average, the
 curve-free multiplier at every size, the trend) and its coverage measured on ladders drawn from the configuration
 this ladder implies; this module only formats them; scaling.png. Verdicts (the per-size pairs, the multipliers, the
@@ -51,9 +56,33 @@ def run_dirs(out):
                   ((p / "log.txt").is_file() or (p / "metrics.jsonl").is_file()))
 
 
+def plan_of(out):
+    """The sweep's sweep_plan.json, {} without one (runs made by hand)."""
+    path = Path(out) / "sweep_plan.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _option_text(value):
+    """A config value as a plan's trainer option writes it (sweep/plan.py's options)."""
+    return json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)
+
+
+def variant_of(run, variants):
+    """The label of the plan's most specific variant (the most options) whose every option the run's config holds;
+    None when none does, or two equally specific do."""
+    matches = sorted((len(opts), label) for label, opts in variants.items()
+                     if all(run.setting(flag[2:].replace("-", "_")) is not None
+                            and _option_text(run.setting(flag[2:].replace("-", "_"))) == value
+                            for flag, value in zip(opts[::2], opts[1::2])))
+    if not matches or (len(matches) > 1 and matches[-1][0] == matches[-2][0]):
+        return None
+    return matches[-1][1]
+
+
 def read_points(out):
     """([{arm, size, lr, seed, loss, compute, path}] of the finished runs with a run.json, [unfinished paths])."""
     points, unfinished, identities = [], [], []
+    variants = plan_of(out).get("variants") or {}
     for path in run_dirs(out):
         run = load_run(path)
         if run.config is None:
@@ -68,14 +97,14 @@ def read_points(out):
         flops = [r["flops"] for r in read_metrics(path / "metrics.jsonl") if r.get("kind") == "eval" and "flops" in r] \
             if (path / "metrics.jsonl").is_file() else []
         identities.append(identity)
-        points.append({"size": tuple(model.get(k) for k in SHAPE), "lr": run.lr,
+        points.append({"variant": variant_of(run, variants), "size": tuple(model.get(k) for k in SHAPE), "lr": run.lr,
                        "seed": run.setting("seed"), "loss": summary(run)["final_val"],
                        "compute": flops[-1] if flops else None, "path": path.name, "vocab": model.get("vocab_size")})
     varying = [k for k in dict.fromkeys(k for i in identities for k in i)
                if k != "act" and len({json.dumps(i.get(k), sort_keys=True) for i in identities}) > 1]
     for point, identity in zip(points, identities):
-        point["arm"] = str(identity.get("act")) + "".join(f"+{k}={_text(identity[k])}" for k in varying
-                                                     if k in identity)
+        point["arm"] = point.pop("variant") or str(identity.get("act")) + "".join(
+            f"+{k}={_text(identity[k])}" for k in varying if k in identity)
     return points, unfinished
 
 
@@ -177,16 +206,25 @@ class LadderRuns:
     lr_seeds: set
     points: list  # the compared runs' points
     grid_runs: int  # how many runs the lr grid's own seeds have
+    audit_size: tuple | None = None  # where the tuning audit ran (the plan's audit_size)
+    audit: dict | None = None  # its runs {arm: {lr: {seed: point}}}
 
     def at(self, size, arm, lr):
         """{seed: point} of one arm at one size and lr, or None."""
         return self.by_size[size].get(arm, {}).get(lr)
 
 
+def shape_of(options):
+    """(n_layer, n_embd, n_head) of a size's trainer options, as sweep_plan.json records them."""
+    return tuple(int(options[options.index(f"--{k.replace('_', '-')}") + 1]) for k in SHAPE)
+
+
 def read_ladder(out, points, baseline):
-    """The LadderRuns of a ladder's points: the lr grid's seeds apart, the baseline checked, the sizes by compute."""
-    plan = json.loads((out / "sweep_plan.json").read_text()) if (out / "sweep_plan.json").is_file() else {}
-    lr_seeds = set((plan.get("ladder") or {}).get("lr_seeds") or [])
+    """The LadderRuns of a ladder's points: the lr grid's seeds apart (its tuning audit too), the baseline checked,
+    the sizes by compute."""
+    plan = plan_of(out)
+    ladder = plan.get("ladder") or {}
+    lr_seeds = set(ladder.get("lr_seeds") or [])
     grid_points = [p for p in points if p["seed"] in lr_seeds]
     points = [p for p in points if p["seed"] not in lr_seeds]
     arms = sorted({p["arm"] for p in points})
@@ -196,17 +234,21 @@ def read_ladder(out, points, baseline):
                           "--baseline")
     arms = [baseline] + [a for a in arms if a != baseline]
     by_size, grid_by_size = by_size_arm_lr(points), by_size_arm_lr(grid_points)
+    audit_size = shape_of(ladder["sizes"][ladder["audit_size"]]) if ladder.get("audit_size") else None
+    audit = grid_by_size.pop(audit_size, {}) if audit_size else None
     compute_of = {s: _mean([p for p in points if p["size"] == s and p["compute"] is not None] or [{"compute": 0}],
                            "compute") for s in by_size}
     sizes = sorted(by_size, key=lambda s: (compute_of[s], tuple(x or 0 for x in s)))  # by compute
-    return LadderRuns(arms, baseline, sizes, by_size, grid_by_size, lr_seeds, points, len(grid_points))
+    return LadderRuns(arms, baseline, sizes, by_size, grid_by_size, lr_seeds, points, len(grid_points), audit_size,
+                      audit)
 
 
 def runs_section(out, ladder, unfinished):
     """The report's head: what was read, and each arm's mean loss and compute at each size and lr."""
     arms, sizes, by_size, grid_runs = ladder.arms, ladder.sizes, ladder.by_size, ladder.grid_runs
     md = [f"# Ladder {out}", "", f"Runs read from their own run.json and metrics.jsonl: {len(ladder.points)} compared"
-          + (f" and {grid_runs} of the lr grid (seeds {', '.join(map(str, sorted(ladder.lr_seeds)))})"
+          + (f" and {grid_runs} of the lr grid{' and its tuning audit' if ladder.audit else ''} (seeds "
+             f"{', '.join(map(str, sorted(ladder.lr_seeds)))})"
              if grid_runs else "")
           + f", arms {', '.join(arms)} (baseline {ladder.baseline}), sizes by compute "
           f"{', '.join(map(size_label, sizes))}.", ""]
@@ -269,7 +311,59 @@ def lr_choices(ladder, result, chosen):
         ran = (f"{lrs[0][1]:g} at every size" if len({lr for _, lr in lrs}) == 1 else
                ", ".join(f"{lr:g} at {size_label(s)}" for s, lr in lrs)) if lrs else "no run"
         result["lr_choice"][a] = f"{ran} ({how})"
+        result["lr_basis"][a] = (ran, how)
     return ["## Each arm's lr", "", *[f"- {a}: {text}." for a, text in result["lr_choice"].items()], ""]
+
+
+def audit_section(ladder, result):
+    """The tuning audit into result["audit"] (None without one): each arm's pick against the vertex of its own grid
+    at the audit's size (stats/lr_grid.py's audit); its markdown."""
+    if ladder.audit_size is None:
+        result["audit"] = None
+        return []
+    where, arms, missing = size_label(ladder.audit_size), {}, []
+    for a in ladder.arms:
+        grid = {lr: {seed: p["loss"] for seed, p in seeds.items()} for lr, seeds in ladder.audit.get(a, {}).items()}
+        picked = next(iter(result["best_lr"].get(a, {}).values()), None)
+        if picked is None or len(grid) < len(lr_grid.AUDIT_STEPS):
+            missing.append(a)
+            continue
+        arms[a] = lr_grid.audit(a, picked, grid)
+    seeds = sorted({seed for a in arms.values() for seed in a["seeds"]})
+    flagged = [a for a, x in arms.items() if x["flagged"]]
+    text = (f"the tuning audit at {where} (seed {', '.join(map(str, seeds)) or '-'}) " +
+            ("is incomplete: no finished audit grid for " + ", ".join(missing) if missing else
+             "flags " + ", ".join(f"{a} ({_audit_words(arms[a])})" for a in flagged) if flagged else
+             f"is clean: every arm's pick within {lr_grid.AUDIT_FACTOR:g}x of its vertex there"))
+    result["audit"] = {"size": where, "seeds": seeds, "arms": arms, "flagged": flagged, "missing": missing,
+                       "text": text}
+    lines = [f"- {a}: picked {x['picked']:g}; at {where} {_audit_words(x)}"
+             + (": **flagged**." if x["flagged"] else f": within {lr_grid.AUDIT_FACTOR:g}x.") for a, x in arms.items()]
+    return ["## Tuning audit", "", f"Each arm again at {where}, on the grid's seed {', '.join(map(str, seeds))}, at 4 "
+            f"lrs around its pick (each half a grid step and one and a half from it); the audit's vertex is the "
+            f"parabola of the rule above. An arm whose pick lies more than {lr_grid.AUDIT_FACTOR:g}x from its vertex, "
+            "or whose audit is lowest at its edge, is flagged: its lr did not carry over to that size, and the ladder "
+            "compares it off its optimum there.", "", *lines, "", f"Result: {text}.", ""]
+
+
+def _audit_words(x):
+    """How far one arm's audit vertex lies from its pick, in words."""
+    if x["edge"]:
+        return (f"its lowest loss is at the audit's {'lowest' if x['edge'] == 'low' else 'highest'} lr "
+                f"{x['best_lr']:g}, {x['best_lr'] / x['picked']:.3g}x the pick: the vertex lies beyond")
+    if x["vertex"] is None:
+        return f"no vertex (the losses around its best audit lr {x['best_lr']:g} are not convex)"
+    return (f"its vertex is {x['vertex']:.3g}, {x['factor']:.2f}x "
+            f"{'above' if x['vertex'] > x['picked'] else 'below'} the pick")
+
+
+def basis(result, baseline, arm):
+    """What a multiplier or trend of `arm` over the baseline rests on: the lrs, where and on which seeds they were
+    picked, and the tuning audit's result."""
+    (ran_b, how_b), (ran_a, how_a) = result["lr_basis"][baseline], result["lr_basis"][arm]
+    how = f", both {how_b}" if how_b == how_a else f" ({baseline} {how_b}; {arm} {how_a})"
+    audit = result["audit"]["text"] if result.get("audit") else "no tuning audit (the plan has none)"
+    return f"at lrs {baseline} {ran_b} and {arm} {ran_a}{how}; {audit}"
 
 
 def size_pairs(ladder, result, chosen, cursed, family):
@@ -340,7 +434,7 @@ def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family
         if m["trend"]:
             family.append(("trend", f"{a}'s trend", m["trend"]["p"], m["trend"]))
     adjust([(p, where) for _, _, p, where in family])
-    md += fit_section(fit, complete, speeds, opts)
+    md += fit_section(fit, complete, speeds, opts, {a: basis(result, ladder.baseline, a) for a in ladder.arms[1:]})
     plot_scaling(fit, out / "scaling.png")
     result.update(fit=fit, wall_clock=fit["throughput_source"] or "not measured")
     return md + ["![loss and multiplier against compute](scaling.png)", ""]
@@ -350,10 +444,10 @@ def _report(out, points, unfinished, baseline, throughput, opts):
     ladder = read_ladder(out, points, baseline)
     result = {"baseline": ladder.baseline, "arms": ladder.arms, "sizes": [size_label(s) for s in ladder.sizes],
               "unfinished": unfinished, "level": opts["level"], "lr_grid": {}, "best_lr": {}, "lr_choice": {},
-              "pairs": {}}
+              "pairs": {}, "lr_basis": {}}
     md = runs_section(out, ladder, unfinished)
     lr_md, chosen, cursed = lr_sections(out, ladder, result)
-    md += lr_md + lr_choices(ladder, result, chosen)
+    md += lr_md + lr_choices(ladder, result, chosen) + audit_section(ladder, result)
     family = []  # the report's verdicts, one Holm family: (kind, name, p, the dict its adjusted p is written into)
     pair_rows = size_pairs(ladder, result, chosen, cursed, family)
     md += fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family)
@@ -397,7 +491,7 @@ def calibration_sentence(fit, opts):
             "calibrated claim.")
 
 
-def fit_section(fit, sizes, speeds, opts):
+def fit_section(fit, sizes, speeds, opts, bases):
     level, base = f"{fit['confidence']:.0%}", fit["baseline"]
     md = ["## Compute multiplier", "", f"Fit: {fit['form_text']}; {level} intervals: {fit['interval']}.", "",
           calibration_sentence(fit, opts), ""]
@@ -418,7 +512,7 @@ def fit_section(fit, sizes, speeds, opts):
         md.append(f"- {a}: {base} needs {h['multiplier']:.3g}x the compute to reach {a}'s loss at "
                   f"{h['compute']:.3g} FLOPs ({level} interval {_ci(*h['ci'])}, the {h['form']} fit"
                   f"{_holm(h, opts['level'])}); ladder average, assumes constant m: {avg['multiplier']:.3g} "
-                  f"{_ci(*avg['ci'])}.")
+                  f"{_ci(*avg['ci'])}; {bases[a]}.")
         if m.get("per_seed"):
             ps = m["per_seed"]
             spread = "-" if ps["spread_over_model"] is None else f"{ps['spread_over_model']:.3g}"
@@ -431,7 +525,7 @@ def fit_section(fit, sizes, speeds, opts):
             t = m["trend"]
             md.append(f"- {a}'s trend: slope of log m on log C {t['slope']:+.3g} {_ci(*t['ci'], fmt='{:+.3g}')} "
                       f"(alpha_{a} / alpha_{base} - 1, the trend fit; > 0: the gain grows with compute"
-                      f"{_holm(t, opts['level'])}).")
+                      f"{_holm(t, opts['level'])}); {bases[a]}.")
         if m["target"]:
             t, name = m["target"], fit["target"]["name"]
             word = "EXTRAPOLATION (beyond what the ladder supports, asked for by --extrapolate)" \

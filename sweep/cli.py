@@ -33,9 +33,11 @@ checkpoint (--auto-resume), so rerunning the same command after a crash finishes
 A ladder (sweep/plan.py): `lrs = [...]` (or --lrs) and [sizes.NAME] tables in a plan run every arm at
 every lr and size, each run in OUT_DIR/{label}_{size}_lr{lr}_seed{seed}; its report is analysis/ladder_report.py's
 (each arm's lr and how it was chosen, compute multiplier fitted and curve-free, trend, the interval's measured
-coverage, every verdict under Holm), read from the runs' run.json, whatever their directories' names. Its
-options: --target (none by default: no extrapolation unless --extrapolate), --reference (the headline's compute,
-default the largest rung), --level, --resamples, --resample-seed.
+coverage, every verdict under Holm, the tuning audit), read from the runs' run.json, whatever their directories'
+names (an arm named by the plan's variant whose options its runs hold). With `lr_size` the grid runs at one size
+first; a pick at its edge stops the plan there unless --allow-edge-lr. Its report's options: --target (none by
+default: no extrapolation unless --extrapolate), --reference (the headline's compute, default the largest rung),
+--level, --resamples, --resample-seed.
 
 --control (or `control = true` / `control = "LABEL"` in a plan) adds an A/A control: the baseline again as
 BASELINE_aa with the same seeds, hence the same data order, but torch's RNG (init, dropout) seeded with
@@ -103,6 +105,9 @@ def parser():
                    help="where the runs execute (default: the plan's [launcher] kind, else sequential): one after "
                         "another, side by side on this machine (submitit's local executor), or SLURM jobs")
     p.add_argument("--dry-run", action="store_true", help="print the cost and the runs, then stop")
+    p.add_argument("--allow-edge-lr", action="store_true",
+                   help="run a ladder's sizes at a pick on its lr grid's edge (by default that stops the plan, "
+                        "naming the arm and which way to extend lrs)")
     p.add_argument("--status", metavar="DIR", help="every run of the sweep in DIR: state, job, last logged step")
     p.add_argument("--report-only", metavar="DIR", help="only read the runs in DIR and write the report")
     p.add_argument("--throughput", action="append", metavar="FILE",

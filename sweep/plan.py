@@ -11,11 +11,21 @@ Beside those, a plan file may name a ladder:
     lr_seeds = [11, 12]        # optional: the grid on these seeds, disjoint from `seeds`; then every size, lr_size
                                # too, runs each arm at its picked lr on `seeds`: the lr is chosen on other runs than
                                # the ones compared, so the choice's luck (a winner's curse) cannot favour an arm
+    param = "completep"        # optional: every run's parametrization (model.py PARAMETRIZATIONS), with
+    base_width = 64            # base_width and base_depth (else the config's): the lr then transfers across sizes,
+    base_depth = 2             # so the grid runs at the smallest size (lr_size defaults to it; another is refused)
     [sizes.s1]                 # a model size (GPT-2 trainer): n_layer, n_embd, n_head and its budget, max_steps
     n_layer = 2
     n_embd = 64
     n_head = 2
     max_steps = 400
+
+Sizes are ordered by their compute, n_layer x n_embd^2 x max_steps (the blocks' parameters times the tokens). With
+lr_size and lr_seeds below the largest size, a tuning audit follows the grid: every arm again at the largest size, on
+the first of lr_seeds, at 4 lrs around its pick (stats/lr_grid.py's audit_lrs); the report flags an arm whose pick
+lies more than 2x from the audit's vertex. A pick at the grid's edge stops the plan before the other sizes run (the
+optimum may lie outside the grid): extend lrs (in a new --out-dir), or pass --allow-edge-lr to run the ladder at
+it.
 
 Runs: arms x sizes x seeds (x lrs). What an lr sets is the trainer's to say (its optim section's `swept_lr`): the
 GPT trainer's max_lr, with min_lr scaled at the config's min_lr / max_lr (the cosine schedule keeps its shape), the
@@ -47,6 +57,8 @@ RESERVED = {"--act", "--seed", "--out-dir", "--out_dir", "--resume", "--auto-res
 CONTROL_INIT_SEED_OFFSET = 1_000_000
 LABEL = re.compile(r"[A-Za-z0-9.+-][A-Za-z0-9_.+-]*")
 PLAN_KEYS = ("trainer", "config", "seeds", "control", "variants", "corpora", "launcher")
+PARAM_KEYS = ("param", "base_width", "base_depth")  # the plan's parametrization, for every variant
+TRANSFERRING = ("mup", "completep")  # parametrizations whose lr transfers across sizes (model.py)
 SHAPE_KEYS = ("n_layer", "n_embd", "n_head")
 SIZE_KEYS = (*SHAPE_KEYS, "max_steps")
 LADDER_KEYS = ("lrs", "lr_size", "lr_seeds", "sizes")
@@ -64,6 +76,7 @@ class Ladder:
     sizes: dict  # name -> its table; {None: {}}: the config's size
     lr_size: str | None
     lr_seeds: list | None = None  # the grid's own seeds (None: the sweep's seeds, the choice then made on them)
+    audit_size: str | None = None  # where the tuning audit re-grids every arm (the largest size), on lr_seeds[0]
 
 
 class PlanFile(NamedTuple):
@@ -98,6 +111,7 @@ class Plan:
     overrides: list  # trainer options after the sweep's own, for every run
     dry_run: bool = False
     throughput: list | None = None  # bench/train_step.py --json files for the cost line
+    allow_edge_lr: bool = False  # run the ladder at a pick on the grid's edge instead of stopping
 
     @property
     def labels(self):
@@ -145,17 +159,24 @@ def read_file(path, lrs=None):
         plan = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read --plan {path}: {e}") from None
-    unknown = set(plan) - {*PLAN_KEYS, *LADDER_KEYS}
+    unknown = set(plan) - {*PLAN_KEYS, *PARAM_KEYS, *LADDER_KEYS}
     if unknown or not isinstance(plan.get("variants"), dict) or not plan["variants"]:
         raise ConfigError(f"--plan {path}: expected keys trainer, config, seeds, optional control, [variants.LABEL] "
                           f"tables and optional [corpora.NAME] tables{f'; unknown {sorted(unknown)}' if unknown else ''}")
+    param = {k: plan[k] for k in PARAM_KEYS if k in plan}
+    if param and "param" not in param:
+        raise ConfigError(f"--plan {path}: {', '.join(param)} without param; name the parametrization (param = "
+                          "\"completep\")")
     variants = []
     for label, table in plan["variants"].items():
         table = dict(table)
         baseline = table.pop("baseline", None)
         if baseline is not None and baseline not in plan["variants"]:
             raise ConfigError(f"--plan {path}: variant {label} has baseline {baseline!r}, which is not a variant")
-        variants.append(Variant(label, options(table), baseline))
+        if param and (both := [k for k in PARAM_KEYS if k in table]):
+            raise ConfigError(f"--plan {path}: variant {label} sets {', '.join(both)}, which the plan's param sets "
+                              "for every variant; set it in one place")
+        variants.append(Variant(label, options({**table, **param}), baseline))
     corpora = [(name, options(table)) for name, table in plan.get("corpora", {}).items()]
     control = plan.get("control", False)
     if not isinstance(control, (bool, str)):
@@ -185,13 +206,26 @@ def read_ladder(plan, where, lrs=None):
     if lr_size is not None and (lr_size not in (sizes or {}) or lrs is None or len(lrs) < 2):
         raise ConfigError(f"{where}: lr_size {lr_size!r} must name one of the [sizes.NAME] tables and needs lrs "
                           "(at least 2)")
+    if plan.get("param") in TRANSFERRING and sizes and len(sizes) > 1 and lrs is not None and len(lrs) > 1:
+        smallest = min(sizes, key=lambda name: size_compute(sizes[name]))
+        if lr_size not in (None, smallest):
+            raise ConfigError(f"{where}: param {plan['param']} transfers the lr across sizes, so its grid runs at the "
+                              f"smallest size, {smallest}, not {lr_size!r}; leave lr_size out (the tuning audit checks "
+                              "the pick at the largest)")
+        lr_size = smallest
     lr_seeds = plan.get("lr_seeds")
     if lr_seeds is not None and (lr_size is None or not isinstance(lr_seeds, list) or not lr_seeds
                                  or not all(isinstance(s, int) for s in lr_seeds)
                                  or set(lr_seeds) & set(plan.get("seeds") or [])):
         raise ConfigError(f"{where}: lr_seeds must be a list of integers disjoint from seeds, with lr_size, "
                           f"got {lr_seeds!r}")
-    return Ladder(lrs or [None], sizes or {None: {}}, lr_size, lr_seeds)
+    largest = max(sizes, key=lambda name: size_compute(sizes[name])) if lr_seeds else None
+    return Ladder(lrs or [None], sizes or {None: {}}, lr_size, lr_seeds, largest if largest != lr_size else None)
+
+
+def size_compute(table):
+    """A size's compute, up to a constant: its blocks' parameters (12 n_layer n_embd^2) times its tokens."""
+    return table["n_layer"] * table["n_embd"] ** 2 * table["max_steps"]
 
 
 def check_sizes(sizes, where):
@@ -269,7 +303,7 @@ def from_args(args, overrides):
     baseline = args.baseline or variants[0].label
     variants, control = with_control(variants, baseline, control)
     return Plan(trainer, TRAINERS[trainer], config, seeds, variants, corpora, baseline, control, ladder, sizes, ratios,
-                resources, args.nproc_per_node, overrides, args.dry_run, args.throughput)
+                resources, args.nproc_per_node, overrides, args.dry_run, args.throughput, args.allow_edge_lr)
 
 
 def check_options(variants, corpora, overrides):
@@ -316,6 +350,13 @@ def check_runs(trainer, config, variants, corpora, sizes, overrides):
                                                      *overrides])
                 except ConfigError as e:
                     raise ConfigError(f"{where}: {e}") from None
+                if trainer == "gpt2":  # a parametrization it knows, with the base it scales from
+                    from model import size_multipliers
+
+                    try:
+                        size_multipliers(model.model)
+                    except ConfigError as e:
+                        raise ConfigError(f"{where}: {e}") from None
                 width = getattr(model.model, WIDTH[trainer])
                 if width % model.model.n_head:
                     raise ConfigError(f"{where}: n_head {model.model.n_head} does not divide {WIDTH[trainer]} {width}: "
@@ -358,8 +399,8 @@ def with_control(variants, baseline, control):
                                      baseline), *variants[at:]], label
 
 
-def best_lr(label, grid_dirs):
-    """The grid's best lr of one arm by stats/lr_grid.py's rule, from its finished runs {lr: {seed: dir}}."""
+def grid_pick(label, grid_dirs):
+    """stats/lr_grid.py's pick of one arm (its best lr, its edge), from its finished grid runs {lr: {seed: dir}}."""
     grid = {}
     for lr, seeds in grid_dirs.items():
         for seed, path in seeds.items():
@@ -368,4 +409,4 @@ def best_lr(label, grid_dirs):
             except RunError as e:
                 raise ConfigError(f"the lr grid's run {path} cannot be read ({e}); rerun the sweep") from None
             grid.setdefault(lr, {})[seed] = math.inf if loss is None else loss
-    return pick(label, grid)["best_lr"]
+    return pick(label, grid)

@@ -2,8 +2,9 @@
 
 Runs go seed by seed (every variant's seed 1, then seed 2 ...), so that a sweep stopped early still pairs every
 variant with its baseline; a ladder's, size by size within a seed. A ladder whose lr grid is at one size (lr_size)
-runs that grid first, then every other size at each arm's best lr of the grid (AfterGrid: on SLURM a job that
-waits for the grid's jobs, so one submission runs the whole ladder). A run whose final evaluation is
+runs that grid first, then every other size at each arm's best lr of the grid and the tuning audit at the largest size
+(AfterGrid: on SLURM a job that waits for the grid's jobs, so one submission runs the whole ladder); a pick at the
+grid's edge stops it there, unless the plan allows it (--allow-edge-lr). A run whose final evaluation is
 logged is skipped; an unfinished one continues from its newest checkpoint (--auto-resume). A variant's later seeds
 run the activation kernels' path its first seed decided (the trainer's --kernels-from). OUT/sweep_plan.json records
 what the directory's sweep runs, so that the same directory never mixes two sweeps' runs.
@@ -19,7 +20,8 @@ from analysis.runs import finished
 from errors import ConfigError
 from sweep import launchers, status
 from sweep.cost import bench_rates, cost_text, run_rates
-from sweep.plan import Plan, best_lr, run_dir
+from stats.lr_grid import audit_lrs
+from sweep.plan import Plan, grid_pick, run_dir
 
 
 def train_argv(plan, variant_options, seed, path, overrides):
@@ -42,7 +44,7 @@ def run_sweep(plan, out, corpus_options=()):
         # the other sizes (with lr_seeds, every size) run at each arm's best lr of the whole grid, known once every
         # grid run finished; their FLOPs do not depend on it
         phases = [ladder_jobs(plan, grid_sizes, lrs, grid_seeds(plan)),
-                  ladder_jobs(plan, rest, {label: [None] for label in lrs})]
+                  ladder_jobs(plan, rest, {label: [None] for label in lrs}) + audit_jobs(plan, {})]
     sizes = list(ladder.sizes) if ladder else [None]
     runs = sorted(((size, [*opts, *overrides]) for phase in phases for _, opts, _, size, _ in phase),
                   key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
@@ -53,8 +55,9 @@ def run_sweep(plan, out, corpus_options=()):
         for label, opts, seed, size, lr in phases[0]:
             path = run_dir(out, label, seed, size, lr)
             print(f"{path}: {' '.join(train_argv(plan, opts, seed, path, overrides))}")
-        for label, _, seed, size, _ in [job for phase in phases[1:] for job in phase]:
-            print(f"{label} size {size} seed {seed}: after the lr grid, at {label}'s best lr")
+        for label, _, seed, size, lr in [job for phase in phases[1:] for job in phase]:
+            print(f"{label} size {size} seed {seed}: after the lr grid, " + (
+                f"the tuning audit at {lr} {label}'s best lr" if lr else f"at {label}'s best lr"))
         return []
     write_plan(plan, overrides, out)
     queued = launch(plan, overrides, out, phases[0])
@@ -78,14 +81,16 @@ def run_sweep(plan, out, corpus_options=()):
         raise
     write_after_grid(out, job_id=job_id)
     tqdm.write(f"job {job_id}: once the lr grid's jobs ({', '.join(after)}) end, picks each arm's lr and submits "
-               f"sizes {', '.join(rest)}")
+               f"sizes {', '.join(rest)}" + (f" and the tuning audit at {ladder.audit_size}" if ladder.audit_size
+                                             else ""))
     return queued
 
 
 @dataclass(frozen=True)
 class AfterGrid:
     """A ladder's runs after its lr grid: each arm's best lr of the finished grid (stats/lr_grid.py's rule), then
-    every size of `sizes` at it. On a scheduler this is a job of its own, started when the grid's jobs end, so that
+    every size of `sizes` at it and the tuning audit; a pick at the grid's edge stops here with a line saying what to
+    do, unless the plan allows it. On a scheduler this is a job of its own, started when the grid's jobs end, so that
     the pick reads the finished grid; OUT/after_grid.json records it (the sweep's status reads it), and only the job
     whose token it names goes on (a rerun of the submit command may have submitted a newer one)."""
     plan: Plan
@@ -108,7 +113,15 @@ class AfterGrid:
             if unfinished:
                 raise ConfigError(f"the lr grid has {len(unfinished)} unfinished run(s) ({', '.join(unfinished[:4])}"
                                   f"{' ...' if len(unfinished) > 4 else ''}); rerun the sweep to finish it")
-            best = {label: best_lr(label, dirs) for label, dirs in grid.items()}
+            picks = {label: grid_pick(label, dirs) for label, dirs in grid.items()}
+            if (edges := [(a, p) for a, p in picks.items() if p["edge"]]) and not plan.allow_edge_lr:
+                raise ConfigError("; ".join(
+                    f"{a}'s best lr {p['best_lr']:g} at size {ladder.lr_size} is the grid's "
+                    f"{'lowest' if p['edge'] == 'low' else 'highest'}" for a, p in edges)
+                    + ": the optimum may lie outside the grid. Extend lrs " + " and ".join(sorted(
+                        {'downward' if p['edge'] == 'low' else 'upward' for _, p in edges})) + " and rerun with a new "
+                    "--out-dir, or pass --allow-edge-lr to run the ladder at the edge")
+            best = {label: p["best_lr"] for label, p in picks.items()}
         except ConfigError as e:
             if self.token:
                 write_after_grid(out, state="failed", error=str(e))
@@ -116,7 +129,8 @@ class AfterGrid:
         tqdm.write(f"best lr at size {ladder.lr_size}: " + ", ".join(f"{a} {lr:g}" for a, lr in best.items()))
         if self.token:
             write_after_grid(out, state="ended", best=best)
-        return launch(plan, self.overrides, out, ladder_jobs(plan, self.sizes, {a: [lr] for a, lr in best.items()}))
+        return launch(plan, self.overrides, out, ladder_jobs(plan, self.sizes, {a: [lr] for a, lr in best.items()})
+                      + audit_jobs(plan, best))
 
 
 def read_after_grid(out):
@@ -138,7 +152,8 @@ def sbatch_text(plan, out, phases):
         if todo:  # else this command picks the lrs itself
             blocks.append(("job after the lr grid (picks each arm's lr, submits the array below)",
                            launchers.script_lines(launchers.after_parameters(parameters, ["GRID_JOB_ID"]), folder, 1)))
-        blocks.append((f"job array of {len(phases[1])} runs (the other sizes, at each arm's lr)",
+        audit = f", the tuning audit at {plan.ladder.audit_size}" if plan.ladder.audit_size else ""
+        blocks.append((f"job array of {len(phases[1])} runs (the other sizes, at each arm's lr{audit})",
                        launchers.script_lines(parameters, folder, len(phases[1]))))
     return "\n".join(f"{title}:\n" + "\n".join(f"  {line}" for line in lines) for title, lines in blocks)
 
@@ -158,7 +173,8 @@ def write_plan(plan, overrides, out):
     record = {"trainer": plan.trainer, "config": plan.config, "overrides": overrides,
               "nproc_per_node": plan.nproc_per_node, "variants": {label: opts for label, opts, _ in plan.variants},
               "ladder": ladder and {"sizes": plan.size_options, "lrs": ladder.lrs, "lr_size": ladder.lr_size,
-                                    **({"lr_seeds": ladder.lr_seeds} if ladder.lr_seeds else {})}}
+                                    **({"lr_seeds": ladder.lr_seeds} if ladder.lr_seeds else {}),
+                                    **({"audit_size": ladder.audit_size} if ladder.audit_size else {})}}
     kept = ("trainer", "config", "overrides", "nproc_per_node", "ladder")
     if plan_path.exists():  # the same variant in the same directory must mean the same run
         old = {"trainer": "gpt2", **json.loads(plan_path.read_text())}
@@ -183,6 +199,21 @@ def ladder_jobs(plan, sizes, lrs, seeds=None):
     a ladder stopped early still has every arm and size on its first seeds."""
     return [(label, [*opts, *plan.size_options[size], *plan.lr_options(lr)], seed, size, lr)
             for seed in seeds or plan.seeds for size in sizes for label, opts, _ in plan.variants for lr in lrs[label]]
+
+
+def audit_jobs(plan, best):
+    """The tuning audit's runs: every arm at the largest size on the grid's first seed, at the 4 lrs around its best
+    lr (stats/lr_grid.py's audit_lrs). best: {arm: its best lr}; {} before the grid has picked: then each job's lr is
+    its factor of the pick ("0.354x"), for the dry run's words, and its options hold no lr (its FLOPs need none)."""
+    ladder = plan.ladder
+    if not ladder.audit_size:
+        return []
+    if not best:
+        factors = [f"{f:g}x" for f in audit_lrs(1, ladder.lrs)]
+        return [(label, [*opts, *plan.size_options[ladder.audit_size]], ladder.lr_seeds[0], ladder.audit_size, f)
+                for label, opts, _ in plan.variants for f in factors]
+    return ladder_jobs(plan, [ladder.audit_size], {a: audit_lrs(best[a], ladder.lrs) for a in plan.labels},
+                       ladder.lr_seeds[:1])
 
 
 def launch(plan, overrides, out, jobs):

@@ -24,7 +24,8 @@ NOTE_WIDTH = 200
 
 
 def planned_runs(plan, out):
-    """The names of the plan's run directories; a ladder's runs after its lr grid as patterns (lr not known yet)."""
+    """The names of the plan's run directories; a ladder's runs after its lr grid (the tuning audit's too) as patterns
+    (lr not known yet)."""
     names = []
     ladder = plan.ladder
     if ladder and ladder.lr_seeds:  # the grid on its own seeds, then every size on the compared ones
@@ -37,6 +38,10 @@ def planned_runs(plan, out):
                 for lr in (ladder.lrs if ladder and grid else [None]):
                     name = run_dir(out, label, seed, size, lr).name
                     names.append(name if grid else name.replace(f"_seed{seed}", f"_lr*_seed{seed}"))
+    if ladder and ladder.audit_size:  # the tuning audit: 4 lrs per arm around its pick, known after the grid
+        seed = ladder.lr_seeds[0]
+        names += [run_dir(out, label, seed, ladder.audit_size).name.replace(f"_seed{seed}", f"_lr*_seed{seed}")
+                  for label in plan.labels]
     return names
 
 

@@ -20,11 +20,12 @@ from test_sweep import launches, without_plots
 from training.runlog import RunLog
 
 
-def ladder_run(path, act, shape, lr, seed, loss, flops_per_token, max_steps=10, tokens_per_step=64):
-    """A finished run as the GPT trainer writes it: its config, and eval records with their cumulative flops."""
+def ladder_run(path, act, shape, lr, seed, loss, flops_per_token, max_steps=10, tokens_per_step=64, **model):
+    """A finished run as the GPT trainer writes it: its config (model: further model options), and eval records with
+    their cumulative flops."""
     log = RunLog(path)
     n_layer, n_embd, n_head = shape
-    log.write_run_info({"model": {"act": act, "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head},
+    log.write_run_info({"model": {"act": act, "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head, **model},
                         "optim": {"max_steps": max_steps, "max_lr": lr, "total_batch_size": tokens_per_step},
                         "run": {"seed": seed}}, {"flops_per_token": flops_per_token})
     for step in (0, max_steps):
@@ -77,7 +78,8 @@ def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path
 
     (tmp_path / "plan.toml").write_text(PLAN)
     launches(monkeypatch, fake)
-    argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--eval-interval", "5"]
+    argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--eval-interval", "5",
+            "--allow-edge-lr"]
     with pytest.raises(SystemExit, match="relu size a lr 0.002 seed 1 stopped"):
         cli.main(argv)
     first = len(calls)
@@ -99,26 +101,48 @@ def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path
     assert calls == []
 
 
-def test_lr_seeds_pick_on_their_own_runs_and_every_size_is_compared_on_the_others(tmp_path, monkeypatch):
+def test_lr_seeds_pick_on_their_own_runs_an_edge_pick_stops_and_the_audit_flags_an_lr_that_moved(tmp_path,
+                                                                                                 monkeypatch):
+    """The plan's param reaches every run (grid, sizes, audit); the grid at the smallest size on lr_seeds; relu's pick
+    at the grid's top edge stops the plan until --allow-edge-lr; every size then runs on the other seeds, and the
+    audit at the largest size (4 lrs around each pick, seed 7) flags relu, whose optimum there is 3x its pick, and
+    not gelu, whose optimum is 1.3x its pick."""
     calls = []
+    moved = {"gelu": 1.3, "relu": 3.0}  # each arm's optimum at size b over its optimum at size a
 
     def fake(cmd, stdout=None, stderr=None):
         calls.append(cmd)
         act, lr, seed = option(cmd, "--act"), float(option(cmd, "--max-lr")), int(option(cmd, "--seed"))
         shape = tuple(int(option(cmd, f"--{k}")) for k in ("n-layer", "n-embd", "n-head"))
-        loss = 4.0 - shape[0] / 10 + math.log(lr / BEST[act]) ** 2 + seed / 100
-        ladder_run(Path(option(cmd, "--out-dir")), act, shape, lr, seed, loss, 1000 * shape[0])
+        best = BEST[act] * (moved[act] if shape[0] == 2 else 1)
+        loss = 4.0 - shape[0] / 10 + math.log(lr / best) ** 2 + seed / 100
+        ladder_run(Path(option(cmd, "--out-dir")), act, shape, lr, seed, loss, 1000 * shape[0],
+                   param=option(cmd, "--param"), base_width=int(option(cmd, "--base-width")))
         return subprocess.CompletedProcess(cmd, 0)
 
-    (tmp_path / "plan.toml").write_text(PLAN.replace('lr_size = "a"', 'lr_size = "a"\nlr_seeds = [7]'))
+    (tmp_path / "plan.toml").write_text(PLAN.replace('lr_size = "a"', 'lr_seeds = [7]\nparam = "completep"\n'
+                                                                       'base_width = 32\nbase_depth = 1'))
     launches(monkeypatch, fake)
-    cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
+    argv = ["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")]
+    with pytest.raises(SystemExit, match="relu's best lr 0.004 at size a is the grid's highest: the optimum may lie "
+                                         "outside the grid. Extend lrs upward .* or pass --allow-edge-lr"):
+        cli.main(argv)
+    assert len(calls) == 6
+    cli.main(argv + ["--allow-edge-lr"])
+    assert all(option(c, "--param") == "completep" and option(c, "--base-depth") == "1" for c in calls)
     runs = [(option(c, "--act"), option(c, "--n-layer"), option(c, "--max-lr"), option(c, "--seed")) for c in calls]
     grid = [(a, "1", f"{lr:g}", "7") for a in ("gelu", "relu") for lr in (1e-3, 2e-3, 4e-3)]
-    assert runs == grid + [(a, n, f"{BEST[a]:g}", str(s)) for s in (1, 2) for n in ("1", "2") for a in ("gelu", "relu")]
+    audit = [(a, "2", f"{BEST[a] * f:.3g}", "7") for a in ("gelu", "relu") for f in (2 ** -1.5, 2 ** -0.5, 2 ** 0.5,
+                                                                                        2 ** 1.5)]
+    assert runs == grid + [(a, n, f"{BEST[a]:g}", str(s)) for s in (1, 2) for n in ("1", "2")
+                           for a in ("gelu", "relu")] + audit
+    result = json.loads((tmp_path / "s" / "sweep.json").read_text())
     text = (tmp_path / "s" / "sweep.md").read_text()
     assert "gelu: 0.002 at every size (picked on the grid at L1-d32-h2 on seeds 7, compared on the others)" in text
-    assert "exploratory" not in json.dumps(json.loads((tmp_path / "s" / "sweep.json").read_text())["family"])
+    assert "exploratory" not in json.dumps(result["family"])
+    assert result["audit"]["flagged"] == ["relu"] and result["audit"]["arms"]["gelu"]["factor"] == pytest.approx(1.3)
+    assert ("Result: the tuning audit at L2-d32-h2 (seed 7) flags relu (its lowest loss is at the audit's highest lr "
+            "0.0113, 2.82x the pick: the vertex lies beyond).") in text
 
 
 @pytest.mark.parametrize("change, message", [
@@ -193,6 +217,9 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path):
     assert "bench/train_step.py on Test CPU" in text and "Coverage measured: " in text
     # the lr was picked on the compared seeds: that size's pair is exploratory, outside the Holm family
     assert "picked at L1-d32-h2 on the compared seeds themselves" in text
+    # every multiplier and trend sentence names the lrs, where and on which seeds they were picked, and the audit
+    assert text.count("at lrs gelu 0.003 at every size and relu2 0.003 at every size, both picked at L1-d32-h2 on the "
+                      "compared seeds themselves (its comparisons there: exploratory); no tuning audit") == 2
     # and so are the fit's multiplier and trend, which span that size: the calibration does not simulate the pick
     assert result["pairs"]["L1-d32-h2"]["relu2"]["exploratory"] and [f["claim"] for f in result["family"]] == [
         "relu2 - gelu at L4-d64-h4", "relu2 - gelu at L2-d32-h2", "relu2 - gelu at L2-d64-h2"]
@@ -271,19 +298,22 @@ def test_throughput_is_looked_up_by_the_arm_and_a_missing_one_said(tmp_path):
     assert speeds["ratio"] == {} and speeds["missing"] == ["gelu+norm=rmsnorm"]
 
 
-@pytest.mark.parametrize("plan, config, tokens_per_param", [
-    ("configs/ladder_cpu.toml", dict(vocab_size=256, block_size=128), 5),
-    ("configs/ladder_gpu.toml", dict(vocab_size=50304, block_size=1024), 20)])
-def test_shipped_ladder_plans_follow_their_tokens_per_parameter(plan, config, tokens_per_param):
-    """Each size's max_steps = ceil(tokens per parameter x N / tokens per step), N outside the embeddings."""
+@pytest.mark.parametrize("plan, config, steps", [
+    ("configs/ladder_cpu.toml", dict(vocab_size=256, block_size=128), lambda n: math.ceil(0.75 * n ** 0.55)),
+    ("configs/ladder_gpu.toml", dict(vocab_size=50304, block_size=1024), lambda n: math.ceil(20 * n / 2 ** 19))])
+def test_shipped_ladder_plans_follow_their_budget_rule(plan, config, steps):
+    """Each size's max_steps by its plan's stated rule of N, the parameters outside the embeddings; under completep,
+    the grid at the smallest size (the base) and the audit at the largest."""
     _, ladder = cli.parse_args(["--plan", plan, "--out-dir", "x"])
-    tokens_per_step = {"configs/ladder_cpu.toml": 1024, "configs/ladder_gpu.toml": 2 ** 19}[plan]
     for size, opts in ladder.size_options.items():
         shape = {k: int(option(opts, f"--{k.replace('_', '-')}")) for k in ("n_layer", "n_embd", "n_head")}
         with torch.device("meta"):
             n = GPT(GPTConfig(**config, **shape), seed=0).param_counts()["non_embedding"]
-        assert int(option(opts, "--max-steps")) == math.ceil(tokens_per_param * n / tokens_per_step), size
-    assert ladder.ladder.lr_size in ladder.size_options and len(ladder.ladder.lrs) >= 3 and len(ladder.variants) >= 3
+        assert int(option(opts, "--max-steps")) == steps(n), size
+    sizes = list(ladder.size_options)
+    assert (ladder.ladder.lr_size, ladder.ladder.audit_size) == (sizes[0], sizes[-1])
+    assert all(option(opts, "--param") == "completep" for _, opts, _ in ladder.variants)
+    assert len(ladder.ladder.lrs) >= 3 and len(ladder.variants) >= 3
 
 
 def test_lrs_set_each_trainers_own_lr_options():
@@ -308,6 +338,18 @@ def test_a_runs_lr_is_the_one_run_json_states_and_older_runs_read_their_trainers
         RunLog(tmp_path / name).write_run_info({"model": {"act": "relu"}, "optim": optim}, {}, lr=lr)
         (tmp_path / name / "log.txt").write_text("0 val 3.0\n")
     assert [load_run(tmp_path / name).lr for name in runs] == [1e-3, 5e-4, 2e-3]
+
+
+def test_variants_that_share_an_activation_are_arms_by_their_plans_labels(tmp_path):
+    """gelu_sp and gelu_cp differ in param alone: each run is its plan's most specific variant, and the plan's
+    baseline gelu_sp is an arm."""
+    variants = {"gelu_sp": ["--act", "gelu"], "gelu_cp": ["--act", "gelu", "--param", "completep"]}
+    (tmp_path / "sweep_plan.json").write_text(json.dumps({"baseline": "gelu_sp", "variants": variants}))
+    for name, param in (("sp", "sp"), ("cp", "completep")):
+        ladder_run(tmp_path / name, "gelu", (1, 32, 2), 1e-3, 1, 3.0, 10, param=param)
+    points, _ = ladder_report.read_points(tmp_path)
+    assert [p["arm"] for p in points] == ["gelu_cp", "gelu_sp"]
+    assert ladder_report.read_ladder(tmp_path, points, None).arms == ["gelu_sp", "gelu_cp"]
 
 
 def test_arm_labels_name_the_model_options_that_differ(tmp_path):

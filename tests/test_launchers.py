@@ -393,6 +393,7 @@ def test_a_ladder_submitted_once_reaches_its_report(tmp_path, monkeypatch):
     monkeypatch.setattr(ladder_report, "plot_scaling", lambda *a, **k: None)
     monkeypatch.setattr(ladder_report, "plot_lr_grid", lambda *a, **k: None)
     argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, LADDER_PLAN, run="all")
+    argv.append("--allow-edge-lr")  # the job after the grid runs size b at the grid's edge (its 2 lrs tie: 1e-3)
     cli.main(argv)
     out = tmp_path / "s"
     deadline = time.time() + 120
