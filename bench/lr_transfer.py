@@ -3,6 +3,7 @@ lrs) and gives each cell's (arm, param, shape) optimum lr, the drift of the opti
 widths, and one overlay figure per axis (experiments/lr_transfer.md).
 
     python bench/lr_transfer.py runs/lr_transfer --out experiments     # table and drift on stdout, 2 PNGs, a JSON
+    python bench/lr_transfer.py runs/lr_transfer_gated --out experiments --name lr_transfer_gated   # other files
     python bench/lr_transfer.py --smoke --out log/lr_transfer_smoke    # seconds: synthetic curves of known optima
 
 A cell's optimum: the vertex of a parabola in log2 lr fitted to the final val loss at the grid's lowest point and up to
@@ -127,8 +128,8 @@ def table(cells, result, cell_seeds):
     return "\n".join(lines)
 
 
-def plot(cells, result, out):
-    """lr_transfer_{axis}.png: loss against lr, a curve per shape, a panel per (param, arm); returns the paths."""
+def plot(cells, result, out, name="lr_transfer"):
+    """{name}_{axis}.png: loss against lr, a curve per shape, a panel per (param, arm); returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: works on headless machines
@@ -166,7 +167,7 @@ def plot(cells, result, out):
                      f"{BASE_WIDTH if axis == 'depth' else BASE_DEPTH}); completep base width {BASE_WIDTH}, "
                      f"depth {BASE_DEPTH}", fontsize=10)
         fig.tight_layout()
-        path = Path(out) / f"lr_transfer_{axis}.png"
+        path = Path(out) / f"{name}_{axis}.png"
         fig.savefig(path, dpi=90)
         plt.close(fig)
         paths.append(path)
@@ -201,7 +202,8 @@ def smoke():
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", nargs="?", help="the sweep's --out-dir")
-    p.add_argument("--out", default="experiments", help="the PNGs' and lr_transfer.json's folder")
+    p.add_argument("--out", default="experiments", help="the PNGs' and the JSON's folder")
+    p.add_argument("--name", default="lr_transfer", help="the files' stem: NAME_depth.png, NAME_width.png, NAME.json")
     p.add_argument("--seeds", help="comma-separated: only these seeds' runs (default: every seed finished)")
     p.add_argument("--smoke", action="store_true", help="synthetic curves of known optima instead of runs")
     args = p.parse_args()
@@ -215,14 +217,14 @@ def main():
         result = analyse(cells)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     print(table(cells, result, cell_seeds))
-    for path in plot(cells, result, args.out):
+    for path in plot(cells, result, args.out, args.name):
         print(f"wrote {path}")
     record = {"optima": [{"act": k[0], "param": k[1], "n_layer": k[2], "n_embd": k[3], "seeds": cell_seeds[k], **o,
                           "losses": {f"{lr:g}": loss for lr, loss in sorted(cells[k].items())}}
                          for k, o in result["optima"].items()],
               "drift": [{"axis": axis, "act": act, "param": param, **d}
                         for axis, groups in result["drift"].items() for (act, param), d in groups.items()]}
-    (Path(args.out) / "lr_transfer.json").write_text(json.dumps(record, indent=1))
+    (Path(args.out) / f"{args.name}.json").write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":
