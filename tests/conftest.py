@@ -5,7 +5,6 @@ the CPU. It has to happen here: triton reads TRITON_INTERPRET once, when it is f
 tl.sum, tl.sigmoid, ... then), and test modules collected earlier import it through torch._dynamo."""
 import dataclasses
 import functools
-import gc
 import json
 import os
 import random
@@ -26,18 +25,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-
-
-def pytest_collection_finish(session):
-    """Every test module, torch and transformers are imported now, and stay: frozen out of the cyclic collector, a
-    collection during a test walks that test's objects, not the ~million loaded with them (~4% of the suite's CPU)."""
-    gc.freeze()
-
-
-def pytest_unconfigure(config):
-    """Thawed for the interpreter's exit, whose collection frees them: nanobind (Triton's bindings) prints "leaked"
-    for every one of its objects still alive then."""
-    gc.unfreeze()
 
 
 def pytest_collection_modifyitems(items):
