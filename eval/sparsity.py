@@ -23,7 +23,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from scipy.stats import sem
 
 from errors import ConfigError
 
@@ -191,6 +190,8 @@ def ppl_sparsity(model, calibration, evaluation, layers, p):
     loss, dropped, per_layer = sequence_losses(model, evaluation, thresholds(lo)) if lo > 0 else base
     diff = loss - base[0]
     ratio = math.exp(diff.mean())
+    from scipy.stats import sem  # here, not at the top: train_gpt2.py imports this file, and scipy.stats costs every
+    # trainer process ~0.6 CPU-s to import
     return {"cett_target": lo, "sparsity": float(dropped.mean()), "sparsity_se": float(sem(dropped)),
             "ppl_ratio": ratio, "ppl_ratio_se": float(ratio * sem(diff)), "layers": per_layer,
             "sequences": {"calibration": len(calibration), "evaluation": len(evaluation)}}

@@ -129,3 +129,33 @@ def test_no_import_cycle_inside_stats_analysis_and_sweep():
     graphs = {room: module_graph(room) for room in ("stats", "analysis", "sweep")}
     assert {"cli", "plan", "schedule", "launchers", "status", "cost", "__main__"} <= set(graphs["sweep"])
     assert {room: cycle(graph) for room, graph in graphs.items()} == {"stats": None, "analysis": None, "sweep": None}
+
+
+def top_level_imports(path):
+    """The modules a file imports when it is imported: its module-level import statements (not those inside
+    functions, which wait until the function runs)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            yield from [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+
+
+def test_a_trainer_process_starts_without_scipy_or_matplotlib():
+    """Every trainer process (a torchrun worker, each restart, each sweep run) pays for what its imports import:
+    scipy.stats ~0.6 CPU-s and matplotlib ~0.3 wait inside the functions that use them (the reports, PPL-p%)."""
+    seen, todo, outside = set(), ["train_gpt2", "train_translation"], set()
+    while todo:
+        name = todo.pop()
+        path = next((p for p in (ROOT / f"{name.replace('.', '/')}.py", ROOT / name.replace(".", "/") / "__init__.py")
+                     if p.is_file()), None)
+        if path is None or name in seen:
+            continue
+        seen.add(name)
+        for imported in top_level_imports(path):
+            if imported.split(".")[0] in ROOMS | {"errors"}:
+                todo.append(imported)
+            else:
+                outside.add(imported.split(".")[0])
+    assert "model" in seen and "training.loop" in seen, sorted(seen)
+    assert not outside & {"scipy", "matplotlib"}, sorted(seen)
