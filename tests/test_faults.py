@@ -67,51 +67,28 @@ def assert_same_weights(a, b):
 @pytest.mark.long
 @pytest.mark.xdist_group("two_rank_runs")
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc (Linux)")
-def test_elastic_restart_after_a_lost_worker_equals_an_uninterrupted_run(tmp_path, two_rank_runs):
-    """kill -9 of one worker: torchrun restarts both, the group re-forms (each attempt in its own store prefix),
-    training resumes from the newest checkpoint and ends with the weights of a run that was never interrupted
-    (tests/two_rank_runs.py's "elastic": the same 2 ranks and arguments)."""
+def test_a_worker_lost_on_two_torchrun_nodes_resumes_to_the_uninterrupted_end(tmp_path, two_rank_runs):
+    """docs/fault_tolerance.md's multi-node recipe (c10d rendezvous, --max-restarts, a fresh store per round) as two
+    1-process nodes on 127.0.0.1, one worker killed by kill -9: both agents restart their worker, the group re-forms,
+    training resumes from the newest checkpoint and ends with the weights of 2 ranks that were never interrupted
+    (tests/two_rank_runs.py's "elastic": the same arguments, dropout included, so each rank's RNG must resume too)."""
     data, straight = two_rank_runs / "gpt_data", two_rank_runs / "elastic"
-    launcher = ["--standalone", "--nproc_per_node", "2", "--max-restarts", "1"]
-    proc = torchrun(args(data, tmp_path / "killed", **GPT_RUNS["elastic"]), tmp_path / "killed.log", *launcher)
-    wait_for(lambda: (tmp_path / "killed" / "model_00004.pt").exists(), proc, "a checkpoint at step 4")
-    os.kill(worker_pid(proc.pid, rank=1), signal.SIGKILL)
-    assert proc.wait(timeout=300) == 0, (tmp_path / "killed.log").read_text()
-    log = (tmp_path / "killed.log").read_text()
-    restart = re.search(r"^restart 1: resuming model_(\d{5})\.pt at step (\d+)$", log, re.M)
-    assert restart and int(restart[1]) == int(restart[2]), log
-    assert 4 <= int(restart[2]) < 40, "the kill came after the end: nothing was tested"
-    assert "[rank0]: Traceback" not in log  # the survivor ends its attempt with one line (lost a peer)
-    assert train_losses(tmp_path / "killed") == train_losses(straight)
-    assert_same_weights(final_weights(straight, 40), final_weights(tmp_path / "killed", 40))
-
-
-@pytest.mark.long
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc (Linux)")
-def test_two_torchrun_nodes_on_loopback_equal_one_process_through_a_restart(tmp_path):
-    """docs/fault_tolerance.md's multi-node recipe (c10d rendezvous, --max-restarts, a fresh store per round),
-    as two 1-process nodes on 127.0.0.1, one worker killed mid-run: the result equals one process that never stopped."""
-    data = write_corpus(tmp_path / "data")
-    extra = dict(max_steps=40, eval_interval=20, checkpoint_interval=2, auto_resume="true")
-    train_in_process(args(data, tmp_path / "single", **extra))  # 1 process: B=4 x 2 micro-steps
     endpoint = f"127.0.0.1:{free_port()}"
-    nodes = [torchrun(args(data, tmp_path / "nodes", **extra), tmp_path / f"node{rank}.log", "--nnodes", "2",
-                      "--nproc_per_node", "1", "--node-rank", str(rank), "--rdzv-backend", "c10d",
+    nodes = [torchrun(args(data, tmp_path / "nodes", **GPT_RUNS["elastic"]), tmp_path / f"node{rank}.log", "--nnodes",
+                      "2", "--nproc_per_node", "1", "--node-rank", str(rank), "--rdzv-backend", "c10d",
                       "--rdzv-endpoint", endpoint, "--rdzv-id", "loopback", "--max-restarts", "1",
                       env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}) for rank in (0, 1)]
     wait_for(lambda: (tmp_path / "nodes" / "model_00004.pt").exists(), nodes[0], "a checkpoint at step 4")
     os.kill(next(filter(None, (worker_pid(node.pid, rank=1) for node in nodes))), signal.SIGKILL)
     for rank, node in enumerate(nodes):
         assert node.wait(timeout=300) == 0, (tmp_path / f"node{rank}.log").read_text()
-    logs = (tmp_path / "node0.log").read_text() + (tmp_path / "node1.log").read_text()
-    restart = re.search(r"^restart 1: resuming model_\d{5}\.pt at step (\d+)$", logs, re.M)
-    assert "world 2" in logs and restart and 4 <= int(restart[1]) < 40, logs
-    single, nodes = train_losses(tmp_path / "single"), train_losses(tmp_path / "nodes")
-    for got, want in zip(nodes, single):  # train losses, then validation losses
-        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
-    a, b = final_weights(tmp_path / "single", 40), final_weights(tmp_path / "nodes", 40)
-    for key in a:
-        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)
+    survivor, logs = (tmp_path / "node0.log").read_text(), (tmp_path / "node1.log").read_text()
+    restart = re.search(r"^restart 1: resuming model_(\d{5})\.pt at step (\d+)$", survivor + logs, re.M)
+    assert "world 2" in survivor and restart and int(restart[1]) == int(restart[2]), survivor + logs
+    assert 4 <= int(restart[2]) < 40, "the kill came after the end: nothing was tested"
+    assert "[rank0]: Traceback" not in survivor  # the survivor ends its attempt with one line (lost a peer)
+    assert train_losses(tmp_path / "nodes") == train_losses(straight)
+    assert_same_weights(final_weights(straight, 40), final_weights(tmp_path / "nodes", 40))
 
 
 def test_several_nodes_with_restarts_need_a_fresh_store_per_round(monkeypatch):
