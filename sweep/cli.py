@@ -61,7 +61,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from analysis.ladder_report import is_ladder, ladder_report
+from analysis.ladder_points import is_ladder
+from analysis.ladder_report import ladder_report
 from analysis.sweep_report import report
 from errors import ConfigError
 from sweep import launchers, status

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis import ladder_report
+from analysis import ladder_points, ladder_report
 from analysis.runs import load_run
 from sweep import cli, schedule
 from stats import scaling
@@ -347,7 +347,7 @@ def test_variants_that_share_an_activation_are_arms_by_their_plans_labels(tmp_pa
     (tmp_path / "sweep_plan.json").write_text(json.dumps({"baseline": "gelu_sp", "variants": variants}))
     for name, param in (("sp", "sp"), ("cp", "completep")):
         ladder_run(tmp_path / name, "gelu", (1, 32, 2), 1e-3, 1, 3.0, 10, param=param)
-    points, _ = ladder_report.read_points(tmp_path)
+    points, _ = ladder_points.read_points(tmp_path)
     assert [p["arm"] for p in points] == ["gelu_cp", "gelu_sp"]
     assert ladder_report.read_ladder(tmp_path, points, None).arms == ["gelu_sp", "gelu_cp"]
 
@@ -358,6 +358,6 @@ def test_arm_labels_name_the_model_options_that_differ(tmp_path):
         info = json.loads((tmp_path / name / "run.json").read_text())
         info["config"]["model"].update({"norm": "layernorm", "act_kwargs": {}, **model})
         (tmp_path / name / "run.json").write_text(json.dumps(info))
-    assert [p["arm"] for p in ladder_report.read_points(tmp_path)[0]] == [
+    assert [p["arm"] for p in ladder_points.read_points(tmp_path)[0]] == [
         "gelu+norm=layernorm+act_kwargs={}", "gelu+norm=rmsnorm+act_kwargs={}",
         'gelu+norm=layernorm+act_kwargs={"impl":"torch"}']
