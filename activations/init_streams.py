@@ -25,6 +25,8 @@ def init_parameters(model, seed, init):
     `init_parameter(attr, generator)` method (an activation with a random init: AGLU's kappa and lam) draws its
     parameter itself, so a model's rule covers only its own layers."""
     for name, parameter in model.named_parameters():
+        if parameter.is_meta:  # a model built on the meta device (a plan's count of FLOPs) holds nothing to draw
+            continue
         owner, _, attr = name.rpartition(".")
         module = model.get_submodule(owner)
         generator = parameter_generator(seed, name)

@@ -81,7 +81,7 @@ def step(fn, module, x, grad):
     return torch.autograd.grad(out, [x, *module.parameters()], grad)
 
 
-def bench_device(device, rows, dtype, rounds, warmup, impls, names):
+def bench_device(device, rows, dtype, rounds, warmup, impls, names, backend="inductor"):
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     x = torch.randn(rows, WIDTH, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn(rows, WIDTH, device=device, dtype=dtype)
@@ -90,7 +90,7 @@ def bench_device(device, rows, dtype, rounds, warmup, impls, names):
         module = build(name, impl).to(device)
         cases[(name, impl, "eager")] = (module, module)
         compiled = build(name, impl).to(device)
-        cases[(name, impl, "compiled")] = (torch.compile(compiled), compiled)
+        cases[(name, impl, "compiled")] = (torch.compile(compiled, backend=backend), compiled)
     for fn, module in cases.values():  # warm-up, and compilation, outside the timings
         for _ in range(warmup):
             step(fn, module, x, grad)
@@ -148,6 +148,8 @@ def main():
                    "torch on cpu, torch,triton on cuda with Triton (triton on cpu needs TRITON_INTERPRET=1)")
     p.add_argument("--acts", help="comma-separated activations (default: one name per registered class); gelu, "
                    "the base of every ratio, always runs")
+    p.add_argument("--backend", default="inductor", help="the compiled column's compiler (aot_eager generates no code: "
+                   "a smoke run's, its timings no measure)")
     p.add_argument("--json", metavar="OUT", help="write the results here")
     args = p.parse_args()
     asked = [a for a in (args.acts or "").split(",") if a and a != "gelu"]
@@ -163,6 +165,7 @@ def main():
         "torch": torch.__version__,
         "cpu": cpu_model(),
         "threads": torch.get_num_threads(),
+        "backend": args.backend,
         "loadavg_before": os.getloadavg()[0],
         "runs": [],
     }
@@ -170,7 +173,7 @@ def main():
         rows = args.rows or (65536 if device == "cuda" else 2048)
         dtype = getattr(torch, args.dtype or ("bfloat16" if device == "cuda" else "float32"))
         impls = args.impl.split(",") if args.impl else ["torch"] + (["triton"] if device == "cuda" and kernels else [])
-        results = bench_device(device, rows, dtype, args.rounds, args.warmup, impls, names)
+        results = bench_device(device, rows, dtype, args.rounds, args.warmup, impls, names, args.backend)
         name = device if device == "cpu" else torch.cuda.get_device_name()
         print_table(name, rows, dtype, results)
         report["runs"].append({"device": device, "device_name": name, "rows": rows, "dtype": str(dtype),

@@ -3,11 +3,14 @@
 Also switches Triton's interpreter on when there is no GPU, so tests/test_kernels.py runs the kernels on
 the CPU. It has to happen here: triton reads TRITON_INTERPRET once, when it is first imported (it decorates
 tl.sum, tl.sigmoid, ... then), and test modules collected earlier import it through torch._dynamo."""
+import atexit
 import dataclasses
 import functools
+import gc
 import json
 import os
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 
 
 def pytest_collection_modifyitems(items):
@@ -138,3 +142,32 @@ def write_items_file(path, labels, pred_norm, scorings=("completion",), step=5):
 def write_items():
     """write(path, labels, pred_norm, scorings, step) -> write_items_file."""
     return write_items_file
+
+
+def pytest_collection_finish():
+    """An xdist worker holds ~800k objects once it has collected (torch, scipy, transformers, ...), and the tests make
+    few reference cycles: Python's full collections walked them all, ~45 times a suite (11.5 CPU-s over the two
+    workers of `-n auto` on 2 cores; 5.3 frozen, with full collections 10x rarer). Workers only: a frozen object is
+    never freed, so the process leaves without the interpreter's teardown (pytest_sessionfinish)."""
+    if XDIST_WORKER:
+        gc.freeze()
+        gc.set_threshold(700, 10, 100)  # the third: gen-1 collections per full one (default 10)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish():
+    """An xdist worker's end, after it has sent its results: pytest's unraisable-exception check runs five full
+    collections over the heap that torch, dynamo, transformers and Triton leave (~0.5 s each), then the interpreter's
+    teardown collects it again (~2 s): ~4.5 s of the suite's wall time. One collection does the check's work (a
+    __del__ that raises still reports); the survivors are frozen, so the check's collections skip them, and the
+    worker leaves without the teardown, in which Triton's bindings would report the frozen objects as leaked."""
+    if XDIST_WORKER:
+        gc.collect()
+        gc.freeze()
+        atexit.register(_leave_without_teardown)
+
+
+def _leave_without_teardown():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

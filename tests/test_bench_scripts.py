@@ -18,7 +18,8 @@ TST2014 = "shared/assets/iwslt/iwslt17_dev_test/IWSLT17.TED.tst2014.de-en"  # un
 TINY_GPT = '{"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64, "block_size": 16}'
 # script -> (its arguments, a pattern its stdout holds: the table's or the JSON's). {root}: the fixture's folder.
 RUNS = {
-    "activation_speed": (["--device", "cpu", "--acts", "gelu", "--rows", "8", "--rounds", "1", "--warmup", "1"],
+    "activation_speed": (["--device", "cpu", "--acts", "gelu", "--rows", "8", "--rounds", "1", "--warmup", "1",
+                          "--backend", "aot_eager"],
                          r"\ngelu +[\d.]+ \(1\.00\)"),
     "checkpoint_io": (["--smoke", "--rounds", "1", "--dir", "{root}"], r"\nread_checkpoint_file +[\d.]+ s"),
     "coord_check": (["--smoke", "--params", "completep", "--out", "{root}/coord_check"],

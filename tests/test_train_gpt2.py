@@ -279,12 +279,14 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
 @pytest.mark.long
 @pytest.mark.xdist_group("inductor")  # with the other inductor tests: see tests/test_activations.py
 def test_compiled_training_keeps_evaluating(tmp_path):
-    """build-nanogpt had to switch compile off because evaluation broke it; here eval runs on the compiled model."""
+    """build-nanogpt had to switch compile off because evaluation broke it; here eval runs on the compiled model. The
+    compiled run takes the chunked LM head + loss (--loss-chunks), so inductor's code for it is checked against the
+    plain path's losses too."""
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
     # One layer: inductor compiles every kernel with a C++ compiler (the test's cost: ~20 kernels, not 25).
     small = dict(max_steps=3, eval_interval=1, act="aglu", n_layer=1)
     try:
-        train_in_process(args(data, tmp_path / "c", compile="true", **small))
+        train_in_process(args(data, tmp_path / "c", compile="true", loss_chunks=2, **small))
     finally:
         torch._dynamo.reset()  # leave no compiled graphs behind for later tests
     train_in_process(args(data, tmp_path / "e", compile="false", **small))
