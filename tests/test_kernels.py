@@ -295,10 +295,11 @@ def test_ddp_gradients(tmp_path):
         dist.destroy_process_group()
 
 
-# A100 and H100/H200, where the project's speed is measured. Blackwell (sm_100, sm_120) is counted by `python
-# bench/kernel_instructions.py 80 90 100 120` (BENCHMARKS.md: no spills there either), not here: each arch is 36
-# more compiles (~7 CPU-s)
-REQUIRED_ARCHS = (80, 90)
+# H100/H200, where the project's speed is measured, and the worst case of the archs counted: its cubins take the
+# most registers (154 at most, sm_80's 150) and as many instructions per element (within 0.7). A100 and Blackwell
+# (sm_80, sm_100, sm_120) are counted by `python bench/kernel_instructions.py 80 90 100 120` (BENCHMARKS.md: no
+# spills there either), not here: each arch is 36 more compiles (~6 CPU-s)
+REQUIRED_ARCHS = (90,)
 # SASS instructions per element (bench/kernel_instructions.py) of each kernel, (forward, backward), any variant,
 # on sm_80 and sm_90 in bf16 and fp32. a84bf53's issued 52-55 and 101-106 for AGLU/APA (precise log1p and log,
 # exp with denormal guards, four divisions per element), up to 19 and 30 for NSwish, 47 for its statistics pass,
@@ -312,7 +313,7 @@ MAX_PER_ELEMENT = {"_apa_kernel": (27, 49), "_anact_kernel": (12, 23), "_anact_s
 @pytest.fixture(scope="module")
 def compiled_variants(tmp_path_factory):
     """bench/kernel_instructions.py --json: every kernel variant (each constexpr combination, bf16 and fp32)
-    compiled to cubin with no GPU for sm_80 and sm_90, with each cubin's
+    compiled to cubin with no GPU for REQUIRED_ARCHS, with each cubin's
     resource usage and SASS count; a skip when this Triton bundles no ptxas or cuobjdump."""
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -348,7 +349,7 @@ def test_every_kernel_variant_compiles_without_spills(compiled_variants):
 @pytest.mark.xdist_group("kernel_compile")
 def test_instructions_per_element_within_bounds(compiled_variants):
     """Each kernel issues no more SASS instructions per element than its bound, forward and backward, for the
-    A100 and H100/H200 (the kernels' speed on a GPU comes from this count: bench/kernel_instructions.py)."""
+    H100/H200 (the kernels' speed on a GPU comes from this count: bench/kernel_instructions.py)."""
     compiled = compiled_variants
     over = [(r["arch"], r["kernel"], r["dtype"], {k: r[k] for k in ("GATED", "SWISH", "BACKWARD", "BLOCK") if k in r},
              r["per_element"], MAX_PER_ELEMENT[r["kernel"]][bool(r.get("BACKWARD"))])
