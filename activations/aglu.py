@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from activations.impl import check_impl, kernels, use_kernels
+from activations.impl import check_impl, loaded_kernels, use_kernels
 from errors import ConfigError
 
 LAM_MIN = 1e-4  # the authors' clamp keeping lam > 0; below it lam gets no gradient (like torch.clamp)
@@ -127,7 +127,7 @@ class APA(nn.Module):
 
     def forward(self, z):
         if self.kappa.dim() == 0 and use_kernels(self, z):
-            return kernels.apa(z, self.kappa, self.lam, LAM_MIN, self.gated)
+            return loaded_kernels().apa(z, self.kappa, self.lam, LAM_MIN, self.gated)
         return _APAFunction.apply(z, self.kappa, self.lam, self.gated)
 
     def telemetry(self):

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from activations.aglu import _output, _up
-from activations.impl import check_impl, kernels, use_kernels
+from activations.impl import check_impl, loaded_kernels, use_kernels
 from errors import ConfigError
 
 
@@ -170,7 +170,7 @@ class _NormalizedActivation(nn.Module):
         return lam_n + self.beta * torch.tanh(self.alpha)
 
     def forward(self, x):
-        if use_kernels(self, x) and not (self.per_instance and x.shape[-1] > kernels.MAX_ROW):
+        if use_kernels(self, x) and not (self.per_instance and x.shape[-1] > loaded_kernels().MAX_ROW):
             return self._forward_kernels(x)
         act = _ACTS[self.kind][0]
         with torch.no_grad():
@@ -187,6 +187,7 @@ class _NormalizedActivation(nn.Module):
 
     def _forward_kernels(self, x):
         """forward() with kernels.py: the same statistics, pending sums and scale."""
+        kernels = loaded_kernels()
         swish = self.kind == "swish"
         if self.per_instance:
             return kernels.anact_rows(x, self.beta * torch.tanh(self.alpha), self.eps, swish)

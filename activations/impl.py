@@ -15,10 +15,25 @@ import importlib
 
 from errors import ConfigError
 
-try:  # Triton is optional; imported by name so that code copied without kernels.py (an export) runs too
-    kernels = importlib.import_module("activations.kernels")
-except ImportError:  # no Triton: the PyTorch path everywhere
-    kernels = None
+
+NOT_LOADED = "not loaded"
+kernels = NOT_LOADED  # activations/kernels.py once loaded_kernels() has run, None without Triton
+
+
+def loaded_kernels():
+    """activations/kernels.py, imported at its first use, or None without Triton (the PyTorch path everywhere).
+    Importing Triton costs a process ~0.2 CPU-s: a CPU run, which never takes the kernels, does not pay it. Imported
+    by name so that code copied without kernels.py (an export) runs too. A plain global, so that dynamo traces a
+    forward that reads it without a graph break (the activations load it when built with impl="triton", the
+    policy before it trusts a kernel for impl="auto"); a test sets `kernels` to None, as without Triton."""
+    global kernels
+    if kernels is NOT_LOADED:
+        try:
+            kernels = importlib.import_module("activations.kernels")
+        except ImportError:
+            kernels = None
+    return kernels
+
 
 IMPLS = ("auto", "triton", "torch")
 KERNEL_DEVICES = ("cuda",)  # device types where "auto" considers the kernels; tests add "cpu" (the interpreter)
@@ -33,6 +48,8 @@ def family(module):
 def check_impl(impl):
     if impl not in IMPLS:
         raise ConfigError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl == "triton":
+        loaded_kernels()  # now, not in a forward that dynamo traces
     return impl
 
 
@@ -50,11 +67,15 @@ def use_kernels(module, x):
     if impl == "torch" or x.numel() == 0:
         return False
     if impl == "auto":
-        if kernels is None or x.device.type not in KERNEL_DEVICES or x.dtype not in kernels.DTYPES:
+        if x.device.type not in KERNEL_DEVICES:
+            return False
+        kernels = loaded_kernels()
+        if kernels is None or x.dtype not in kernels.DTYPES:
             return False
         # only a decision table: a kernel never proven on this GPU must not run in this process (a bad one leaves
         # a sticky CUDA error that no fallback survives), so proving it is policy.py's, in a child process
         return TRUSTED.get((family(module), str(x.device), x.dtype), False)
+    kernels = loaded_kernels()
     if kernels is None:
         raise RuntimeError("impl='triton' needs Triton (pip install triton); use impl='auto' or 'torch'")
     if not (x.is_cuda or kernels.INTERPRETED):

@@ -216,6 +216,6 @@ def blocker(platform):
     if platform.capability is not None and platform.capability < (7, 0):
         return f"{platform.name} is {platform.sm}; Triton needs compute capability 7.0 or newer"
     # the platform's own Triton (a described GPU has one or not), then whether our kernels import on this machine
-    if platform.triton is None or impl.kernels is None:
+    if platform.triton is None or impl.loaded_kernels() is None:
         return "Triton is not installed"
     return None

@@ -26,7 +26,7 @@ import time
 import torch
 
 import activations
-from activations.impl import kernels
+from activations.impl import loaded_kernels
 
 WIDTH = 3072  # GPT-2 small MLP hidden size, 4 * 768
 
@@ -172,7 +172,7 @@ def main():
     for device in devices:
         rows = args.rows or (65536 if device == "cuda" else 2048)
         dtype = getattr(torch, args.dtype or ("bfloat16" if device == "cuda" else "float32"))
-        impls = args.impl.split(",") if args.impl else ["torch"] + (["triton"] if device == "cuda" and kernels else [])
+        impls = args.impl.split(",") if args.impl else ["torch"] + (["triton"] if device == "cuda" and loaded_kernels() else [])
         results = bench_device(device, rows, dtype, args.rounds, args.warmup, impls, names, args.backend)
         name = device if device == "cpu" else torch.cuda.get_device_name()
         print_table(name, rows, dtype, results)

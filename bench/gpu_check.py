@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import activations  # noqa: E402
 from activations import policy, selfcheck  # noqa: E402
-from activations.impl import kernels  # noqa: E402
+from activations.impl import loaded_kernels  # noqa: E402
 from bench.check_runner import (Skip, bounded_section, left, release, run, section_child, skipped,  # noqa: E402
                                 table)
 from errors import DistributedError  # noqa: E402
@@ -128,7 +128,7 @@ def run_dtypes(platform):
 
 
 def check_kernels(ctx):
-    if kernels is None:
+    if loaded_kernels() is None:
         raise Skip("Triton is not installed: impl='auto' uses the PyTorch path")
     failures, fig = {}, {}
     dtypes = run_dtypes(ctx.platform)
@@ -456,7 +456,7 @@ def environment(device, stack):
         env["gpus"] = torch.cuda.device_count()
         env["memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
     else:
-        env["interpreted_kernels"] = bool(kernels is not None and kernels.INTERPRETED)
+        env["interpreted_kernels"] = bool(loaded_kernels() is not None and loaded_kernels().INTERPRETED)
     return env
 
 

@@ -36,7 +36,7 @@ def main(argv=None):
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--families", default="aglu,nswish", help="comma-separated parametric activations")
     args = p.parse_args(argv)
-    if impl.kernels is None:
+    if impl.loaded_kernels() is None:
         raise SystemExit("Triton is not installed: there are no kernels to decide about")
     cuda = args.device == "cuda"
     shape, dtype = ((65536, 3072), torch.bfloat16) if cuda else ((64, 256), torch.float32)

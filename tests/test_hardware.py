@@ -67,7 +67,7 @@ def test_kernels_follow_the_platform():
     assert "compute capability 7.0" in selfcheck.blocker(P100)
     assert selfcheck.blocker(MAC) == "not a CUDA device (mps)"
     assert selfcheck.blocker(NO_TRITON) == "Triton is not installed"
-    if impl.kernels is not None:
+    if impl.loaded_kernels() is not None:
         assert selfcheck.blocker(H100) is None and selfcheck.blocker(V100) is None
 
 

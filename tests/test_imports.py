@@ -1,6 +1,9 @@
 """Imports point down (README, "The code"): a folder imports only the folders below it, so a reader can follow
 any module to the bottom without meeting the trainer that uses it, and the loop never depends on a model."""
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,3 +162,15 @@ def test_a_trainer_process_starts_without_scipy_or_matplotlib():
                 outside.add(imported.split(".")[0])
     assert "model" in seen and "training.loop" in seen, sorted(seen)
     assert not outside & {"scipy", "matplotlib"}, sorted(seen)
+
+
+def test_a_cpu_model_never_imports_triton():
+    """activations/kernels.py (and Triton, ~0.2 CPU-s a process) is imported when a kernel may run: on a CUDA device,
+    or asked for by impl="triton"; an evaluation, a sample or an export on the CPU runs without it."""
+    script = ("import sys, torch; from model import GPT, GPTConfig; from activations import build; "
+              "m = GPT(GPTConfig(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=16, act='aglu'), seed=0); "
+              "m(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))[1].backward(); "
+              "build('nswish')(torch.randn(4, 8)).sum().backward(); print(sorted(m for m in sys.modules if m.split('.')[0] == 'triton' or m == 'activations.kernels'))")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)

@@ -6,6 +6,7 @@ device and says, in one line each, what it chose and why. The Platform is plain 
 """
 import ctypes
 import dataclasses
+import importlib.metadata
 import importlib.util
 from dataclasses import dataclass, replace
 
@@ -31,10 +32,16 @@ class Platform:
         return f"sm_{self.capability[0]}{self.capability[1]}" if self.capability else self.device_type
 
 
-def triton_version():
-    """Triton's version when it imports, else None."""
+def triton_version(imports=True):
+    """Triton's version when it is installed and (imports) imports, else None. Without the import (a record; a
+    platform that never runs Triton code, such as a CPU's) the package's metadata: the import costs ~0.2 CPU-s."""
     if importlib.util.find_spec("triton") is None:
         return None
+    if not imports:
+        try:
+            return importlib.metadata.version("triton")
+        except importlib.metadata.PackageNotFoundError:  # a triton another distribution installs (pytorch-triton)
+            pass
     try:
         import triton
     except ImportError:  # installed but broken (a driver/ABI mismatch): as good as missing
@@ -45,7 +52,7 @@ def triton_version():
 def detect(device):
     """The Platform of torch device `device` (a string or torch.device)."""
     device = torch.device(device)
-    triton = triton_version()
+    triton = triton_version(imports=device.type == "cuda")
     if device.type == "cuda":
         return Platform("cuda", torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device),
                         torch.cuda.is_bf16_supported(including_emulation=False), triton)

@@ -65,7 +65,7 @@ def record_source(out_dir, start_step, root=ROOT):
 def environment(dist_info):
     """What can change a result besides the config: versions, world size, device (the trainer adds its decisions,
     gradient accumulation and the source)."""
-    env = {"python": sys.version.split()[0], "torch": torch.__version__, "triton": hardware.triton_version(),
+    env = {"python": sys.version.split()[0], "torch": torch.__version__, "triton": hardware.triton_version(imports=False),
            "cuda": torch.version.cuda, "platform": platform.platform(), "hostname": platform.node(),
            "argv": sys.argv, "world_size": dist_info.world_size, "device": dist_info.device,
            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
