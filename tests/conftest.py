@@ -1,8 +1,8 @@
 """Fixtures shared by the evaluation tests: the real GPT-2 tokenizer (offline cache) and tiny checkpoints.
 
 Also switches Triton's interpreter on when there is no GPU, so tests/test_kernels.py runs the kernels on
-the CPU. It has to happen here: triton reads TRITON_INTERPRET once, when it is first imported (it decorates
-tl.sum, tl.sigmoid, ... then), and test modules collected earlier import it through torch._dynamo."""
+the CPU. It has to happen here (pytest_configure): triton reads TRITON_INTERPRET once, when it is first imported
+(it decorates tl.sum, tl.sigmoid, ... then), and test modules collected earlier import it through torch._dynamo."""
 import atexit
 import dataclasses
 import functools
@@ -14,12 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from two_rank_runs import two_rank_runs  # noqa: F401 (a fixture: defined once here, one job per worker)
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 # The subprocesses the tests start (trainers, torchrun workers, probes) run tiny models too.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Inductor proves the CPU's vector ISA (AVX512 here) by compiling probe programs with g++ before its first kernel:
@@ -29,6 +26,17 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+
+
+def pytest_configure(config):
+    """Triton's interpreter where there is no GPU, before any test module is collected. Not in an xdist controller:
+    it runs no test, and torch's import (~1.3 CPU-s) would delay the start of its workers."""
+    if getattr(config.option, "numprocesses", None) and not XDIST_WORKER:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(items):
@@ -42,6 +50,8 @@ def one_thread():
     """Tiny models: one thread is faster and bit-reproducible. Two threads per test under pytest-xdist (one
     worker per core) spin against the other worker: test_tiny_model_learns_to_reverse took 8 CPU-s alone and
     42 CPU-s inside the suite when an earlier test had left 2 threads set."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -73,6 +83,8 @@ def tiny_checkpoint(directory, act="gelu", seed=0, step=7, **overrides):
 
     Weights are scaled up from GPT-2's init so the random model has confident, distinct predictions
     (at std 0.02 every ending scores almost the same and comparisons would be weak)."""
+    import torch
+
     from training.checkpoint import save_checkpoint
     from model import GPT, GPTConfig
 
