@@ -249,9 +249,10 @@ def test_wide_beam_equals_exhaustive_search(len_penalty):
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("act", [dict(act="swish"),  # and the paper's translation setting: NSwish + 1 Swish
-                                 dict(act="nswish", act_kwargs={"per_instance": True}, plain_top_k=1)])
-def test_tiny_model_learns_to_reverse(act):
+def test_tiny_model_learns_to_reverse():
+    """The paper's translation setting, NSwish with its top layer's activation plain Swish (plain_top_k=1), learns a
+    task (so does Swish alone: every one of 5 seeds, before it left this test to save its 4.5 CPU-s)."""
+    act = dict(act="nswish", act_kwargs={"per_instance": True}, plain_top_k=1)
     torch.manual_seed(0)
     model = Transformer(TranslationConfig(vocab_size=V, enc_layers=2, dec_layers=2, d_model=48, ffn_dim=96,
                                           n_head=4, dropout=0.0, **act), seed=0)
