@@ -259,8 +259,8 @@ def select(model, shape, platform, device, dtype, compiled, dist_info=None, reco
         reason, ms, source = blocked, None, "platform"
         if name is None:
             reason = "channelwise parameters always take the PyTorch path"
-        elif blocked is None and name.endswith("/per_instance") and shape[1] > impl.loaded_kernels().MAX_ROW:
-            reason = f"rows of {shape[1]} exceed the per-instance kernel's {impl.loaded_kernels().MAX_ROW}"
+        elif blocked is None and name.endswith("/per_instance") and shape[1] > (rows := impl.loaded_kernels().MAX_ROW):
+            reason = f"rows of {shape[1]} exceed the per-instance kernel's {rows}"
         if reason is None:
             reason, ms, source = _local(name, modules[0], key, recorded.get(name), where, probe_args, master)
             if reason is not None and not master:  # rank 0 prints the decision; this rank says why it voted no

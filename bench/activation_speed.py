@@ -172,7 +172,8 @@ def main():
     for device in devices:
         rows = args.rows or (65536 if device == "cuda" else 2048)
         dtype = getattr(torch, args.dtype or ("bfloat16" if device == "cuda" else "float32"))
-        impls = args.impl.split(",") if args.impl else ["torch"] + (["triton"] if device == "cuda" and loaded_kernels() else [])
+        triton = ["triton"] if device == "cuda" and loaded_kernels() else []
+        impls = args.impl.split(",") if args.impl else ["torch", *triton]
         results = bench_device(device, rows, dtype, args.rounds, args.warmup, impls, names, args.backend)
         name = device if device == "cpu" else torch.cuda.get_device_name()
         print_table(name, rows, dtype, results)

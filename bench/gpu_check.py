@@ -456,7 +456,7 @@ def environment(device, stack):
         env["gpus"] = torch.cuda.device_count()
         env["memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
     else:
-        env["interpreted_kernels"] = bool(loaded_kernels() is not None and loaded_kernels().INTERPRETED)
+        env["interpreted_kernels"] = bool(getattr(loaded_kernels(), "INTERPRETED", False))
     return env
 
 
