@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: works on headless machines
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import LogLocator, NullFormatter
 
 
 def plot_scaling(result, out):
@@ -54,6 +55,9 @@ def plot_scaling(result, out):
     mult_ax.set_yscale("log")
     for ax in (loss_ax, mult_ax):
         ax.set_xscale("log")
+        # a ladder spans one or two decades: matplotlib then labels the minor ticks too, and their labels overlap
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 3.0)))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("training compute C (FLOPs)")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
