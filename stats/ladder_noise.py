@@ -36,7 +36,7 @@ class LrStage:
     each rung's seed sd, independent between its runs. The tuning audit re-grids at the largest rung on fresh seeds
     and flags an arm whose pick lies more than `audit` x from the vertex of the parabola through that grid's best
     point and its neighbours (lr_grid's interpolation), or whose best point there is an edge or no minimum."""
-    grid: tuple = tuple(range(6))  # log2 lr, octave apart as configs/ladder_cpu.toml's 1e-3 ... 3.2e-2
+    grid: tuple = tuple(range(6))  # log2 lr, an octave apart as configs/ladder_cpu.toml's grid
     # experiments/lr_transfer.md: gelu completep d4 w64 rises 0.16 and 0.17 nats one octave either side of its best
     curvature: float = 0.17
     shift: float = 2.0
@@ -222,9 +222,10 @@ def calibrate(truth, options, n, rng):
 
 def configurations():
     """The configurations the tests (2,000 ladders each) and bench/scaling_coverage.py calibrate: the CPU
-    ladder's rungs (experiments/cpu_ladder.md: 6 sizes x 3 seeds x 3 arms, gelu's widest gap first), its loss scale
-    (E 1.0, alpha 0.2, the baseline's loss 2.2 above E at the ladder's centre), the arms' multipliers 1, 0.8 and 0.6
-    at the centre; "null": three identical arms (Holm's family-wise error)."""
+    ladder's rungs (the 2026-11-26 depth ladder, in experiments/cpu_ladder.md's history: 6 sizes x 3 seeds x 3
+    arms, gelu's widest gap first), its loss scale (E 1.0, alpha 0.2, the baseline's loss 2.2 above E at the
+    ladder's centre), the arms' multipliers 1, 0.8 and 0.6 at the centre; "null": three identical arms (Holm's
+    family-wise error)."""
     compute = (1.13e10, 3.84e10, 8.15e10, 1.41e11, 2.15e11, 3.06e11)
     centre = float(np.sqrt(compute[0] * compute[-1]))
     alpha = 0.2

@@ -299,7 +299,7 @@ def test_throughput_is_looked_up_by_the_arm_and_a_missing_one_said(tmp_path):
 
 
 @pytest.mark.parametrize("plan, config, steps", [
-    ("configs/ladder_cpu.toml", dict(vocab_size=256, block_size=128), lambda n: math.ceil(2 * n ** 0.52)),
+    ("configs/ladder_cpu.toml", dict(vocab_size=256, block_size=128), lambda n: math.ceil(20 * n / 1024)),
     ("configs/ladder_gpu.toml", dict(vocab_size=50304, block_size=1024), lambda n: math.ceil(20 * n / 2 ** 19))])
 def test_shipped_ladder_plans_follow_their_budget_rule(plan, config, steps):
     """Each size's max_steps by its plan's stated rule of N, the parameters outside the embeddings; under completep,
