@@ -410,7 +410,10 @@ def fit_section(fit, sizes, speeds, opts, bases):
             continue
         params = "; ".join(f"{a} E {_parameter(v['E'])}, alpha {_parameter(v['alpha'])}"
                            for a, v in f["params"].items())
-        md.append(f"- {f['text']} ({f['dof']} residual degrees of freedom): {params}.")
+        effect = (f"each size off the curve by {f['size_effect_sd']:.3g} nats (sd) shared by its arms, so E and "
+                  f"alpha on {f['level_dof']} degrees of freedom" if f["size_effect_sd"] > 0
+                  else "no size off the curve beyond its seeds' noise")
+        md.append(f"- {f['text']} ({f['dof']} residual degrees of freedom; {effect}): {params}.")
     md.append("")
     for a, m in fit["multipliers"].items():
         h, avg = m["headline"], m["average"]

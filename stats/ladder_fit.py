@@ -75,9 +75,11 @@ def forms_of(est, arms, level):
                                                           f"{scaling.MIN_SIZES[form]})"}
             continue
         f = est["fits"][form]
-        forms[form] = {"identified": True, "text": text, "dof": f["dof"], "params": {
-            a: {"E": _parameter(f["E"][0][0, j], f["E"][1][0, j], f["dof"], level, (0.0, floor)),
-                "alpha": _parameter(f["alpha"][0][0, j], f["alpha"][1][0, j], f["dof"], level, (0.0, 5.0))}
+        dof = int(f["level_dof"][0])
+        forms[form] = {"identified": True, "text": text, "dof": f["dof"], "level_dof": dof,
+                       "size_effect_sd": float(f["size_effect_sd"][0]), "params": {
+            a: {"E": _parameter(f["E"][0][0, j], f["E"][1][0, j], dof, level, (0.0, floor)),
+                "alpha": _parameter(f["alpha"][0][0, j], f["alpha"][1][0, j], dof, level, (0.0, 5.0))}
             for j, a in enumerate(arms)}}
     return forms
 
@@ -108,8 +110,9 @@ def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapo
                         "fractions": dict(zip(("common", "shared", "persistent"),
                                               (float(v) for v in est["fractions"][0])))},
               "interval": "generalised least squares under the noise model (per-size seed sd, a seed's cells "
-                          "correlated), t interval with the residual variance (seed noise and lack of fit), delta "
-                          "method for the multipliers and the slope",
+                          "correlated, each size's own deviation from the curve shared by its arms, its variance by "
+                          "moments), t interval with the residual variance (Hartung-Knapp), delta method for the "
+                          "multipliers and the slope",
               "throughput_source": (throughput or {}).get("source")}
     truth = truth_of(est, 0, log_c, head["form"], n)
     result["calibration"] = {**calibrate(truth, options, n_sims, rng), "seed": rng}

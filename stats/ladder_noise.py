@@ -11,6 +11,8 @@ the same shared weights and reads the same data order:
     shared      the same for the arms of the seed at one size (the init they share there),
     persistent  one arm's own, the same at every size of the seed,
     the rest    each run's own.
+Each rung may sit off the curves by its own normal deviation (size_effect_sd), the same for every arm and seed
+there: a rung's shape, not its seeds (configuration g).
 With an lr stage (LrStage) each arm runs at the lr its grid picked at the smallest size, and pays for its distance
 from an optimum that moves with size; the true multiplier stays the arms' at their optimal lrs.
 The calibration's unit is the ladder: its Monte-Carlo interval is the binomial (Clopper-Pearson) interval over the
@@ -77,7 +79,8 @@ class LadderTruth:
     arm, the baseline first, (E, ((A, alpha), ...)) for L = E + sum A C^-alpha; seed_sd: one run's sd at each rung;
     seeds: runs per cell; common, shared, persistent: the fractions of the seed variance shared as the module says;
     arm_scale: each arm's sd over the baseline's (None: all 1); lr: the lr stage (LrStage), None for lrs at each
-    arm's optimum at every rung."""
+    arm's optimum at every rung; size_effect_sd: the sd of each rung's own deviation from the curves, the same for
+    every arm and seed there (a rung's shape: its depth, width and steps), drawn anew per ladder."""
     compute: tuple
     curves: tuple
     seed_sd: tuple
@@ -87,6 +90,7 @@ class LadderTruth:
     persistent: float = 0.0
     arm_scale: tuple | None = None
     lr: LrStage | None = None
+    size_effect_sd: float = 0.0
 
     @property
     def log_c(self):
@@ -112,6 +116,8 @@ class LadderTruth:
              + np.sqrt(self.persistent) * rng.standard_normal((n, k, 1, r))
              + np.sqrt(own) * rng.standard_normal((n, k, s, r)))
         mean = np.array([self.loss(a, self.compute) for a in range(k)])[None]
+        if self.size_effect_sd > 0:
+            mean = mean + self.size_effect_sd * rng.standard_normal((n, 1, s))
         differ, flagged = np.zeros(n, bool), np.zeros(n, bool)
         if self.lr is not None:
             penalty, differ, flagged = self.lr.draw(self, n, rng)
@@ -148,6 +154,8 @@ class LadderTruth:
                    f" times {', '.join(f'{v:.3g}' for v in self.arm_scale)} by arm")
                 + f", of which {self.common:.0%} common to a seed's arms and sizes, {self.shared:.0%} shared by its "
                 f"arms at a size, {self.persistent:.0%} one arm's own at every size"
+                + ("" if not self.size_effect_sd else
+                   f"; each size off the curves by a normal deviation of sd {self.size_effect_sd:.3g} its arms share")
                 + ("" if self.lr is None else
                    f"; each arm's lr picked on a {len(self.lr.grid)}-point octave grid at the smallest size "
                    f"({self.lr.seeds} own seed{'s' if self.lr.seeds > 1 else ''}), the optimum falling "
@@ -156,7 +164,8 @@ class LadderTruth:
 
 def truth_of(est, i, log_c, form, seeds):
     """The LadderTruth an estimate's ladder i implies: its fit in `form` as the curves, its noise model as the
-    noise (the configuration the report states its coverage for); with one seed, which measures no noise, the
+    noise and the fit's size effect as the rungs' own deviations (the configuration the report states its coverage
+    for); with one seed, which measures no noise, the
     fit's residuals give its sd."""
     f = est["fits"][form]
     e_idx, al, _, _ = scaling.layout(form, log_c.shape[0])
@@ -165,7 +174,8 @@ def truth_of(est, i, log_c, form, seeds):
     common, shared, persistent = (float(v) for v in est["fractions"][i])
     return LadderTruth(tuple(float(c) for c in np.exp(log_c.mean(axis=0))), curves,
                        tuple(float(v) * (float(f["residual_scale"][i]) if seeds == 1 else 1.0)
-                             for v in est["sd"][i]), seeds, common, shared, persistent)
+                             for v in est["sd"][i]), seeds, common, shared, persistent,
+                       size_effect_sd=float(f["size_effect_sd"][i]))
 
 
 def rate(hits):
@@ -197,7 +207,7 @@ def calibrate(truth, options, n, rng):
         f = est["fits"][head["form"]]  # one term and one floor: the fit's E and the baseline's alpha have a truth
         for name, (value, se), true in (("E", f["E"], truth.curves[0][0]), ("alpha", f["alpha"],
                                                                             truth.curves[0][1][0][1])):
-            low, high = scaling.interval(value[:, 0], se[:, 0], f["dof"], options.confidence)
+            low, high = scaling.interval(value[:, 0], se[:, 0], f["level_dof"], options.confidence)
             hits[f"{name}_coverage"] = (low <= true) & (true <= high)
     slope = est["slope"]
     if slope is not None and truth.constant:
@@ -224,8 +234,9 @@ def configurations():
     """The configurations the tests (2,000 ladders each) and bench/scaling_coverage.py calibrate: the CPU
     ladder's rungs (the 2026-11-26 depth ladder, in experiments/cpu_ladder.md's history: 6 sizes x 3 seeds x 3
     arms, gelu's widest gap first), its loss scale (E 1.0, alpha 0.2, the baseline's loss 2.2 above E at the
-    ladder's centre), the arms' multipliers 1, 0.8 and 0.6 at the centre; "null": three identical arms (Holm's
-    family-wise error)."""
+    ladder's centre), the arms' multipliers 1, 0.8 and 0.6 at the centre; g: its sizes off the curves as a real
+    ladder's shapes put them (sd 0.02, the seed sd of one run); "null": three identical arms (Holm's family-wise
+    error)."""
     compute = (1.13e10, 3.84e10, 8.15e10, 1.41e11, 2.15e11, 3.06e11)
     centre = float(np.sqrt(compute[0] * compute[-1]))
     alpha = 0.2
@@ -246,6 +257,8 @@ def configurations():
             LadderTruth(compute, arms(three), flat, shared=0.5, persistent=0.15),
         "d: two power-law terms": LadderTruth(compute, arms(three, second=(50.0, 0.12)), flat),
         "e: the arms' exponents 1.1x the baseline's": LadderTruth(compute, arms(three, ratio=1.1), flat),
+        "g: each size off the curves by sd 0.02, shared by its arms": LadderTruth(compute, arms(three), flat,
+                                                                                 size_effect_sd=0.02),
         "null: three identical arms": LadderTruth(compute, arms((1.0, 1.0, 1.0)), flat),
     }
 

@@ -19,12 +19,18 @@ Noise (noise_model): a run's deviation has a per-size sd (the seed variance pool
 towards a line in log C as far as the sizes' spread about the line says it misses) and is correlated between the
 cells of a seed, because at a seed every arm starts from the same shared weights and reads the same data order: a
 part common to the seed's arms and sizes, a part shared by its arms at one size, a part one arm's own at every size,
-each estimated from the seeds' pooled correlations. The means are fitted
-by generalised least squares under that covariance (the seeds' random effect modelled rather than paired away: a
-pairing by seed would drop the shared parts but not an arm's own persistent one, and would cost the per-size
-weighting). Intervals: t intervals, the parameters' covariance (J' Sigma^-1 J)^-1 scaled by the whitened residual
-variance over N - p degrees of freedom, so a curve that misses its points widens every interval; the delta method
-for log m and the slope. docs/comparing_runs.md says why this weighting and not another.
+each estimated from the seeds' pooled correlations. Besides the seeds, each size sits off the smooth law by its
+own amount, the same for every arm there (its shape: depth, width, heads and steps change from rung to rung), which
+no number of seeds shrinks: a random effect of the sizes, its variance by moments from the residuals
+(fit, size_effect_variance). The means are fitted by generalised least squares under that covariance (the seeds'
+random effect modelled rather than paired away: a pairing by seed would drop the shared parts but not an arm's own
+persistent one, and would cost the per-size weighting). Intervals: t intervals, the parameters' covariance
+(J' Sigma^-1 J)^-1 scaled by the whitened residual variance over N - p degrees of freedom (Hartung and Knapp), so a
+curve that still misses its points widens every interval; the delta method for log m and the slope; E and alpha,
+which the sizes' shared deviations move, on S - 3 degrees of freedom where a size effect is found. On the CPU
+ladder a residual variance 8x the seed noise's, the size effect unmodelled, scaled the comparison's intervals too
+and left them 2.2-3.3x wide by the sizes chosen; the size effect moves the curve, not the arms' comparison
+(1.3-1.6x: experiments/cpu_ladder.md). docs/comparing_runs.md says why this weighting and not another.
 """
 import math
 from dataclasses import dataclass
@@ -48,6 +54,7 @@ MIN_SIZES = {"shared": 3, "trend": 4, "per_arm": 5}
 GPT2_124M_10B = ("GPT-2 124M at 10B tokens", 855_383_040 * 19_073 * 2 ** 19, 50_304)
 MAX_CORRELATED = 0.9  # the most of the seed variance the noise model lets be shared between cells: a covariance
 # with all of it shared would be singular, and 3 seeds never measure a correlation that close to 1
+SIZE_EFFECT_LIMIT = 1e6  # the largest size-effect variance fit allows, over the mean seed variance of a cell mean
 PER_SEED_FLAG = 1.5  # the seeds' own fits spread over the model's sd by more than this: the noise model misses some
 
 
@@ -200,14 +207,53 @@ def mean_covariance(sd, fractions, k, n_seeds):
     return corr * cell_sd[:, :, None] * cell_sd[:, None, :] / n_seeds
 
 
-def fit(y, x, form, cov_means):
+def _solve(flat, x, idx, whiten, start, lower, upper):
+    """One ladder's generalised least-squares parameters: its means `flat` (K*S,) whitened by `whiten` (the inverse
+    Cholesky factor of their covariance), Levenberg-Marquardt from `start` first (fast), redone by the trust-region
+    reflective method inside the bounds only where the free optimum leaves them."""
+    def residual(t):
+        return whiten @ (_curve(t[None], x, idx)[0][0].ravel() - flat)
+
+    def jacobian(t):
+        return whiten @ _model(t[None], x, idx)[1][0]
+
+    free = least_squares(residual, start, jac=jacobian, method="lm", xtol=1e-10, ftol=1e-10).x
+    return free if np.all((free >= lower) & (free <= upper)) else least_squares(
+        residual, start, jac=jacobian, bounds=(lower, upper), xtol=1e-10, ftol=1e-10).x
+
+
+def _whitened(theta, y, x, idx, whiten):
+    """Whitened residuals (B, K*S) and Jacobian (B, K*S, p) at parameters theta (B, p)."""
+    fitted, jac = _model(theta, x, idx)
+    r = np.einsum("bij,bj->bi", whiten, (fitted - y).reshape(len(y), -1))
+    return r, np.einsum("bij,bjp->bip", whiten, jac)
+
+
+def size_effect_variance(r, jac, whiten, k, s):
+    """The variance (B,) of a size's own deviation from the curve, shared by the arms there, by moments
+    (DerSimonian and Laird's estimator, in its meta-regression form): the whitened residual sum of squares Q has
+    expectation N - p + tau^2 tr(P Z Z') under the seed noise plus such deviations, P the residual projection of the
+    generalised least-squares fit and Z the cells' size indicators, so tau^2 = max(0, (Q - (N - p)) / tr(P Z Z'))."""
+    z = np.einsum("bij,jl->bil", whiten, np.tile(np.eye(s), (k, 1)))  # whitened size indicators (B, K*S, S)
+    hat_z = jac @ np.linalg.pinv(np.einsum("bnp,bnq->bpq", jac, jac)) @ np.einsum("bnp,bnl->bpl", jac, z)
+    trace = ((z - hat_z) * z).sum(axis=(1, 2))
+    dof = r.shape[1] - jac.shape[2]
+    return np.maximum(((r ** 2).sum(axis=1) - dof) / np.maximum(trace, 1e-300), 0.0)
+
+
+def fit(y, x, form, cov_means, size_effect=True):
     """Generalised least-squares fits of a batch of ladders' means y (B, K, S) at centred log C x (K, S) in one
-    form, one scipy.optimize.least_squares per ladder (analytic Jacobian; Levenberg-Marquardt, or the trust-region
-    reflective method where the free optimum leaves the bounds): (theta (B, p), covariance (B, p, p), residual
-    degrees of freedom). cov_means (B, K*S, K*S): the means' covariance under the noise model (mean_covariance);
-    the residuals are whitened by it, and their variance over N - p degrees of freedom scales the parameters'
-    covariance, so a curve that misses the points widens every interval. A parameter held at its bound keeps its
-    column in J: its interval is then the one the data alone would give."""
+    form, one scipy.optimize.least_squares per ladder (analytic Jacobian): (theta (B, p), covariance (B, p, p),
+    residual degrees of freedom, the size effect's variance (B,)). cov_means (B, K*S, K*S): the means' covariance
+    under the seed noise (mean_covariance).
+    The size effect: a ladder's sizes differ in shape (depth, width, heads, steps), and each size's loss sits off
+    the smooth law by an amount its arms share; seeds do not see it and do not shrink it. With size_effect it is a
+    random effect of variance tau^2 (size_effect_variance, by moments from the first fit's residuals) added to cov_means
+    for every pair of cells at one size, and the means are fitted again under that covariance: what the arms share
+    at a size then moves the curve's level, not the comparison between the arms. The parameters' covariance is
+    (J' Sigma^-1 J)^-1 times the whitened residual variance over N - p degrees of freedom (Hartung and Knapp's
+    scaling), so a curve that still misses its points widens every interval. A parameter held at its bound keeps
+    its column in J: its interval is then the one the data alone would give."""
     idx = layout(form, y.shape[1])
     e_idx, al, _, p = idx
     b, k, s = y.shape
@@ -221,23 +267,22 @@ def fit(y, x, form, cov_means):
     flat = y.reshape(b, -1)
     theta = np.clip(_start(y, x, idx, form), lower, np.where(np.isfinite(upper), upper * (1 - 1e-6), upper))
     for i in range(b):
-        def residual(t, i=i):
-            return whiten[i] @ (_curve(t[None], x, idx)[0][0].ravel() - flat[i])
-
-        def jacobian(t, i=i):
-            return whiten[i] @ _model(t[None], x, idx)[1][0]
-
-        # Levenberg-Marquardt first (fast); only a fit that leaves the bounds is redone inside them
-        free = least_squares(residual, theta[i], jac=jacobian, method="lm", xtol=1e-10, ftol=1e-10).x
-        theta[i] = free if np.all((free >= lower[i]) & (free <= upper[i])) else least_squares(
-            residual, theta[i], jac=jacobian, bounds=(lower[i], upper[i]), xtol=1e-10, ftol=1e-10).x
-    fitted, jac = _model(theta, x, idx)
-    r = np.einsum("bij,bj->bi", whiten, fitted.reshape(b, -1) - flat)
-    jac = np.einsum("bij,bjp->bip", whiten, jac)
+        theta[i] = _solve(flat[i], x, idx, whiten[i], theta[i], lower[i], upper[i])
+    r, jac = _whitened(theta, y, x, idx, whiten)
+    tau2 = size_effect_variance(r, jac, whiten, k, s) if size_effect else np.zeros(b)
+    # at most 1e6 times the seed variance: beyond it the covariance is singular in floating point (seeds that agree to
+    # the last digit, a ladder drawn without noise)
+    tau2 = np.minimum(tau2, SIZE_EFFECT_LIMIT * np.einsum("bii->b", cov_means) / (k * s))
+    if (again := np.flatnonzero(tau2 > 0)).size:
+        same_size = _cell_masks(k, s)[1]
+        whiten[again] = np.linalg.inv(np.linalg.cholesky(cov_means[again] + tau2[again, None, None] * same_size))
+        for i in again:
+            theta[i] = _solve(flat[i], x, idx, whiten[i], theta[i], lower[i], upper[i])
+        r[again], jac[again] = _whitened(theta[again], y[again], x, idx, whiten[again])
     dof = k * s - p
     sigma2 = (r ** 2).sum(axis=1) / max(dof, 1)
     cov = np.linalg.pinv(np.einsum("bnp,bnq->bpq", jac, jac)) * sigma2[:, None, None]
-    return theta, cov, dof
+    return theta, cov, dof, tau2
 
 
 def _delta(value, grad, cov):
@@ -321,8 +366,10 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
     "per_seed": each seed's own ladder fitted alike, its headline log m (B, seeds, K-1) and the seeds' spread over
     the model's (the sd of one seed's log m the headline's se implies), flagged over PER_SEED_FLAG, and
     "curve_free": stats/curve_free.py's reading (value, low, high (B, 3, K-1, S), status (B, K-1, S)) along the
-    headline fit's baseline curve; and "fits": {form: theta, cov, dof, E and alpha (value, se) per arm, A, and the
-    residuals' sd over the noise model's (residual_scale)}."""
+    headline fit's baseline curve; and "fits": {form: theta, cov, dof, E and alpha (value, se) per arm, A, the
+    residuals' sd over the seed noise model's (residual_scale) and the sd of a size's own deviation from the curve
+    (size_effect_sd, 0 where the residuals ask for none; fit's size effect) and the degrees of freedom of E's and
+    alpha's intervals (level_dof, B)}."""
     b, k, s, n = losses.shape
     centre = float(log_c.mean())
     x = log_c - centre
@@ -335,14 +382,19 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
     for form in forms:
         if s < MIN_SIZES[form] or k * s <= layout(form, k)[3]:
             continue
-        theta, cov, dof = fit(means, x, form, cov_means)
+        theta, cov, dof, size_var = fit(means, x, form, cov_means)
         e_idx, al, la, _ = layout(form, k)
         se = np.sqrt(np.maximum(np.einsum("bpp->bp", cov), 0))
         whitened = np.linalg.solve(np.linalg.cholesky(cov_means),
                                    (_curve(theta, x, layout(form, k))[0] - means).reshape(b, -1, 1))[..., 0]
         out["fits"][form] = {"theta": theta, "cov": cov, "dof": dof, "E": (theta[:, e_idx], se[:, e_idx]),
                              "alpha": (theta[:, al], se[:, al]), "A": np.exp(theta[:, la] + theta[:, al] * centre),
-                             "residual_scale": np.sqrt((whitened ** 2).sum(axis=1) / max(dof, 1))}
+                             "residual_scale": np.sqrt((whitened ** 2).sum(axis=1) / max(dof, 1)),
+                             "size_effect_sd": np.sqrt(size_var),
+                             # E and the exponents are the curve's level and bend, read between the sizes: with a
+                             # size effect, from S size means less these 3 (the intervals of configuration g in
+                             # stats/ladder_noise.py held E and alpha 0.89 and 0.90 of the time on N - p, 0.94 here)
+                             "level_dof": np.where(size_var > 0, max(min(dof, s - 3), 1), dof)}
     # An arm's own seed effect that persists across sizes moves its whole curve: the residuals cannot see it, only
     # the seeds can, through K (seeds - 1) degrees of freedom; where the noise model finds one, the intervals that
     # compare arms take their t quantile from those (with the fit's N - p, 30% of the seed variance in it covered
@@ -378,7 +430,7 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
                              "status": np.array([r[1] for r in readings])}
     if report and n > 1:
         one = losses.transpose(0, 3, 1, 2).reshape(b * n, k, s)
-        theta, cov, _ = fit(one, x, head, np.repeat(cov_means * n, n, axis=0))
+        theta, cov, _, _ = fit(one, x, head, np.repeat(cov_means * n, n, axis=0))
         value = log_multiplier(theta, cov, head, k, np.array([ref - centre]))[0][..., 0].reshape(b, n, k - 1)
         implied = out["headline"]["se"] * math.sqrt(n)
         with np.errstate(divide="ignore", invalid="ignore"):
