@@ -178,6 +178,12 @@ def lr_sections(out, ladder, result):
                  for a, g in grid_by_size.get(s, {}).items()} if s in grid_by_size else own
         if all(len(g) == 1 for g in grids.values()):
             continue
+        if single := [a for a, g in grids.items() if len(g) == 1]:
+            several = next(a for a, g in grids.items() if len(g) > 1)
+            raise ConfigError(f"at {size_label(s)} {several} ran at {len(grids[several])} lrs "
+                              f"({', '.join(f'{lr:g}' for lr in sorted(grids[several]))}) and {', '.join(single)} at "
+                              "one: a size is a grid (every arm at several lrs) or a ladder point (every arm at one); "
+                              "move the runs of an earlier pick out of this directory")
         compared = lr_grid.compare(grids, ladder.baseline)
         result["lr_grid"][size_label(s)] = compared
         for a, lr in compared["best_lr"].items():

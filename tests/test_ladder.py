@@ -229,6 +229,16 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path):
     assert "relu2 at GPT-2 124M at 10B tokens (8.55e+18 FLOPs), EXTRAPOLATION" in text
 
 
+def test_a_size_where_one_arm_ran_at_two_lrs_is_a_one_line_error_naming_them(tmp_path):
+    """The runs of an earlier pick left beside the new one (gelu at 3e-3 and 9e-3 at a ladder point, relu2 at 3e-3):
+    not a grid, and the report says which size, which arm and which lrs, not that relu2's grid is too small."""
+    write_ladder(tmp_path, grid=False)
+    for seed in NOISE:
+        ladder_run(tmp_path / f"stale{seed}", "gelu", SHAPES[1], 9e-3, seed, 3.0, 10 ** 6)
+    with pytest.raises(SystemExit, match=r"at L2-d32-h2 gelu ran at 2 lrs \(0.003, 0.009\) and relu2 at one"):
+        cli.main(["--report-only", str(tmp_path), "--resamples", "20"])
+
+
 def test_a_ladder_of_equal_seeds_and_an_aa_control_is_reported(tmp_path):
     """Every seed equal (at the L2-d64-h2 point their numpy mean exceeds their maximum by a rounding step, which once
     crashed the figure), and an A/A
