@@ -197,7 +197,11 @@ def calibrate(truth, options, n, rng):
     is the arms' at their optimal lrs) also "picks_differ", "audit_clean" (the tuning audit flags no arm) and each
     rate over the ladders whose audit is clean ("coverage_audit_clean", ...)."""
     losses, lr = truth.draw(n, rng, lr_stage=True)
-    est = scaling.estimate(losses, truth.log_c, options, forms=("shared", "trend"), report=False)
+    # the headline's form only: no rate below reads the shared fit's ladder average (the trend's where the sizes
+    # identify it, as in the report)
+    k, sizes = len(truth.curves), len(truth.compute)
+    head = "trend" if sizes >= scaling.MIN_SIZES["trend"] and k * sizes > scaling.layout("trend", k)[3] else "shared"
+    est = scaling.estimate(losses, truth.log_c, options, forms=(head,), report=False)
     head = est["headline"]
     low, high = scaling.interval(head["value"], head["se"], head["dof"], options.confidence)
     true = truth.log_multiplier(est["reference"])

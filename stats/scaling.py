@@ -358,7 +358,8 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
     and from the fits:
       "headline": each other arm's log m (B, K-1) at the reference compute, from the trend fit (m may change with
                   compute), or from the shared fit where the ladder has too few sizes for the trend ("form" says);
-      "average":  the shared fit's one log m (the ladder average, assuming m constant);
+      "average":  the shared fit's one log m (the ladder average, assuming m constant; None without the shared
+                  form in `forms`);
       "slope":    the trend's slope of log m on log C (alpha_X / alpha_base - 1), None without a trend fit;
       "at_sizes": the headline fit's log m (B, K-1, S) at each of the arm's sizes;
     each a dict of value, se and dof (broadcasting against them), "along": (log m, se, dof) of the headline fit at
@@ -403,9 +404,11 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
         return np.where(fractions[:, 2] > 0, min(form_dof, k * (n - 1)), form_dof)[:, None] if n > 1 else \
             np.full((b, 1), form_dof)
 
-    shared = out["fits"]["shared"]
-    value, se = log_multiplier(shared["theta"], shared["cov"], "shared", k, np.array([0.0]))
-    out["average"] = {"value": value[..., 0], "se": se[..., 0], "dof": arm_dof(shared["dof"])}
+    out["average"] = None
+    if "shared" in out["fits"]:
+        shared = out["fits"]["shared"]
+        value, se = log_multiplier(shared["theta"], shared["cov"], "shared", k, np.array([0.0]))
+        out["average"] = {"value": value[..., 0], "se": se[..., 0], "dof": arm_dof(shared["dof"])}
     head = "trend" if "trend" in out["fits"] else "shared"
     f = out["fits"][head]
     value, se = log_multiplier(f["theta"], f["cov"], head, k, np.concatenate([[ref - centre], x[0]]))
