@@ -9,6 +9,7 @@ stats/scaling.py, with the report's default options) by calibrate in stats/ladde
 
     python bench/scaling_coverage.py                      # 4000 ladders per configuration, seed 0
     python bench/scaling_coverage.py --sims 20000 --sweep --json out.json
+    python bench/scaling_coverage.py --no-size-effect     # the estimator before the sizes' random effect
 
 Each rate is printed with its 95% Monte-Carlo interval over the ladders (tests/test_scaling.py runs 2,000 of each
 configuration; BENCHMARKS.md has these runs).
@@ -44,11 +45,15 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sweep", action="store_true", help="also the shared and persistent fractions and the seeds")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--no-size-effect", action="store_true",
+                   help="the estimator before the sizes' random effect (the residual variance alone scales every "
+                        "interval), for comparison")
     args = p.parse_args()
     out = {}
     for name, truth in {**configurations(), **lr_stage(), **(sweep() if args.sweep else {})}.items():
         start = time.process_time()
-        got = calibrate(truth, scaling.Options(confidence=args.level), args.sims, args.seed)
+        got = calibrate(truth, scaling.Options(confidence=args.level, size_effect=not args.no_size_effect),
+                        args.sims, args.seed)
         got["cpu_s"] = time.process_time() - start
         out[name] = got
         rates = ", ".join(f"{key.replace('_', ' ')} {got[key]['rate']:.4f} [{got[key]['ci'][0]:.4f}, "

@@ -346,9 +346,12 @@ def p_value(value, se, dof):
 class Options:
     """What a ladder's estimate depends on besides its runs; the report, the calibration, the bench and the tests
     pass the same. reference: the compute (FLOPs) at which the headline multiplier is read, None for the ladder's
-    largest rung (where its gain matters most and the curve is still measured)."""
+    largest rung (where its gain matters most and the curve is still measured). size_effect: fit's random effect of
+    the sizes (False: the estimator before it, the residual variance alone scaling every interval; for the bench's
+    comparison, not for reports)."""
     confidence: float = 0.95
     reference: float | None = None
+    size_effect: bool = True
 
 
 def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
@@ -383,7 +386,7 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
     for form in forms:
         if s < MIN_SIZES[form] or k * s <= layout(form, k)[3]:
             continue
-        theta, cov, dof, size_var = fit(means, x, form, cov_means)
+        theta, cov, dof, size_var = fit(means, x, form, cov_means, options.size_effect)
         e_idx, al, la, _ = layout(form, k)
         se = np.sqrt(np.maximum(np.einsum("bpp->bp", cov), 0))
         whitened = np.linalg.solve(np.linalg.cholesky(cov_means),
@@ -393,8 +396,8 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
                              "residual_scale": np.sqrt((whitened ** 2).sum(axis=1) / max(dof, 1)),
                              "size_effect_sd": np.sqrt(size_var),
                              # E and the exponents are the curve's level and bend, read between the sizes: with a
-                             # size effect, from S size means less these 3 (the intervals of configuration g in
-                             # stats/ladder_noise.py held E and alpha 0.89 and 0.90 of the time on N - p, 0.94 here)
+                             # size effect, from S size means less these 3 (configuration g in stats/ladder_noise.py:
+                             # BENCHMARKS.md, "Ladder estimator calibration with the sizes' own deviations")
                              "level_dof": np.where(size_var > 0, max(min(dof, s - 3), 1), dof)}
     # An arm's own seed effect that persists across sizes moves its whole curve: the residuals cannot see it, only
     # the seeds can, through K (seeds - 1) degrees of freedom; where the noise model finds one, the intervals that
@@ -433,7 +436,7 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
                              "status": np.array([r[1] for r in readings])}
     if report and n > 1:
         one = losses.transpose(0, 3, 1, 2).reshape(b * n, k, s)
-        theta, cov, _, _ = fit(one, x, head, np.repeat(cov_means * n, n, axis=0))
+        theta, cov, _, _ = fit(one, x, head, np.repeat(cov_means * n, n, axis=0), options.size_effect)
         value = log_multiplier(theta, cov, head, k, np.array([ref - centre]))[0][..., 0].reshape(b, n, k - 1)
         implied = out["headline"]["se"] * math.sqrt(n)
         with np.errstate(divide="ignore", invalid="ignore"):
