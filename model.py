@@ -58,6 +58,7 @@ class GPTConfig:
     param: str = "sp"  # the parametrization (model.py PARAMETRIZATIONS): sp (GPT-2's), mup or completep
     base_width: int = 0  # mup, completep: the n_embd the hyperparameters were tuned at (m_width = n_embd / base_width)
     base_depth: int = 0  # completep: the n_layer they were tuned at (m_depth = n_layer / base_depth)
+    pos_emb: str = "learned"  # GPT-2's learned wpe, or rope (rotary, POSITIONS): no wpe, q and k rotated by position
 
 
 # How init, forward and AdamW scale with the model's size under GPTConfig.param, against the base model (base_width,
@@ -151,6 +152,22 @@ def norm_layer(config):
     return NORMS[config.norm](config)
 
 
+POSITIONS = ("learned", "rope")
+ROPE_BASE = 10000.0
+
+
+def rotate(x, start):
+    """RoPE (Su et al. 2021, eq. 34, GPT-NeoX's half split): each pair (x_i, x_{i + d/2}) of a head's q or k at
+    position t turned by the angle t base^(-2i/d), so that q_t . k_s depends on t - s alone. x: (B, heads, T, d)
+    at positions start, ..., start + T - 1; the angles in float32 (bfloat16's 8 bits would blur positions > 256)."""
+    d = x.size(-1)
+    inv_freq = ROPE_BASE ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    angles = torch.arange(start, start + x.size(-2), device=x.device, dtype=torch.float32)[:, None] * inv_freq
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    first, second = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, backends=None):
         super().__init__()
@@ -164,11 +181,15 @@ class CausalSelfAttention(nn.Module):
         # muP's q.k / d_head keeps the logits' scale as d_head grows, q and k being correlated once trained;
         # None: SDPA's own 1 / sqrt(d_head)
         self.scale = None if config.param == "sp" else config.n_head / config.n_embd
+        self.rope = config.pos_emb == "rope"
 
     def forward(self, x, cache=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.rope:
+            past = cache[0].size(2) if cache else 0
+            q, k = rotate(q, past), rotate(k, past)
         if cache is not None:  # generation: this layer's keys and values of the earlier tokens, then ours
             if cache:
                 k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
@@ -244,13 +265,16 @@ class GPT(nn.Module):
             raise ConfigError(f"loss_chunks={loss_chunks} must be >= 0 (0: off)")
         self.loss_chunks = loss_chunks
         self.m_width, self.m_depth = size_multipliers(config)
+        if config.pos_emb not in POSITIONS:
+            raise ConfigError(f"unknown pos_emb {config.pos_emb!r}; choose one of {', '.join(POSITIONS)}")
         backends = sdpa_backends(attention_backend)
         # the modules' own draws are overwritten below; forked, they leave the global RNG (dropout's) as the
         # seed set it, whatever modules this MLP adds
         with torch.random.fork_rng(devices=[]):
             self.transformer = nn.ModuleDict(dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
+                **({"wpe": nn.Embedding(config.block_size, config.n_embd)} if config.pos_emb == "learned"
+                   else {}),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList(Block(config, i, backends) for i in range(config.n_layer)),
                 ln_f=norm_layer(config),
@@ -298,13 +322,16 @@ class GPT(nn.Module):
 
     def num_params(self, non_embedding=True):
         n = sum(p.numel() for p in self.parameters())
-        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+        return n - self.position_parameters() if non_embedding else n
+
+    def position_parameters(self):
+        return self.transformer.wpe.weight.numel() if "wpe" in self.transformer else 0
 
     def param_counts(self):
         """What a comparison of MLPs states: all parameters, those outside the token and position embeddings
         (the ones an MLP's form changes), and one MLP's (its activation's own included)."""
         total = self.num_params(non_embedding=False)
-        embeddings = self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+        embeddings = self.transformer.wte.weight.numel() + self.position_parameters()
         mlp = sum(p.numel() for p in self.transformer.h[0].mlp.parameters())
         return {"total": total, "non_embedding": total - embeddings, "mlp_per_layer": mlp}
 
@@ -320,8 +347,10 @@ class GPT(nn.Module):
         T = idx.size(1)
         if past + T > self.config.block_size:
             raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(past, past + T, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x = self.transformer.wte(idx)
+        if "wpe" in self.transformer:
+            x = x + self.transformer.wpe(torch.arange(past, past + T, device=idx.device))
+        x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             x = block(x, cache[i] if cache is not None else None)
         x = self.transformer.ln_f(x)

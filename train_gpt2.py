@@ -104,7 +104,7 @@ class TrainConfig:
 # which are plain LayerNorm GPT-2s in sp: 0, "layernorm", "sp"); the parametrization's multipliers are part of the
 # function its weights compute. The rest of the model section is the run's own
 ARCHITECTURE = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "bias", "glu_hidden", "norm", "param",
-                "base_width", "base_depth")
+                "base_width", "base_depth", "pos_emb")
 
 
 def architecture(model_config):
