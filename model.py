@@ -59,6 +59,7 @@ class GPTConfig:
     base_width: int = 0  # mup, completep: the n_embd the hyperparameters were tuned at (m_width = n_embd / base_width)
     base_depth: int = 0  # completep: the n_layer they were tuned at (m_depth = n_layer / base_depth)
     pos_emb: str = "learned"  # GPT-2's learned wpe, or rope (rotary, POSITIONS): no wpe, q and k rotated by position
+    hidden_init_std: float = 0.02  # the block matrices' init std (GPT-2's 0.02; mup, completep: the base model's)
 
 
 # How init, forward and AdamW scale with the model's size under GPTConfig.param, against the base model (base_width,
@@ -68,8 +69,9 @@ class GPTConfig:
 # completep is Dey et al. 2025 (arXiv 2505.01618) Table 1 at alpha = 1 as nanoGPT-mup's completep branch implements
 # it: residual branches h + m_depth^-alpha F(h), every lr factor m_depth^(alpha-1) then equal to 1.
 #                                    sp                      mup                   completep
-#   hidden matrices' init std        0.02; c_proj's          0.02 / sqrt(m_width)  0.02 / sqrt(m_width)
-#     (c_attn, c_proj, c_fc, c_up)     0.02 / sqrt(2 n_layer)  (c_proj's too)        (c_proj's too)
+#   hidden matrices' init std        s; c_proj's             s / sqrt(m_width)     s / sqrt(m_width)
+#     (c_attn, c_proj, c_fc, c_up)     s / sqrt(2 n_layer)     (c_proj's too)        (c_proj's too)
+#     s = hidden_init_std, GPT-2's 0.02 by default
 #   hidden matrices' lr              lr                      lr / m_width          lr / m_width
 #   hidden matrices' weight decay    wd                      wd * m_width          wd * m_width
 #     (AdamW decays lr * wd per step: the base's decay at every width, independent of the width's lr scaling)
@@ -159,10 +161,11 @@ ROPE_BASE = 10000.0
 def rotate(x, start):
     """RoPE (Su et al. 2021, eq. 34, GPT-NeoX's half split): each pair (x_i, x_{i + d/2}) of a head's q or k at
     position t turned by the angle t base^(-2i/d), so that q_t . k_s depends on t - s alone. x: (B, heads, T, d)
-    at positions start, ..., start + T - 1; the angles in float32 (bfloat16's 8 bits would blur positions > 256)."""
-    d = x.size(-1)
-    inv_freq = ROPE_BASE ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    angles = torch.arange(start, start + x.size(-2), device=x.device, dtype=torch.float32)[:, None] * inv_freq
+    at positions start, ..., start + T - 1; the angles in float32 at least (bfloat16's 8 bits would blur positions
+    > 256)."""
+    d, dtype = x.size(-1), torch.promote_types(x.dtype, torch.float32)
+    inv_freq = ROPE_BASE ** (-torch.arange(0, d, 2, device=x.device, dtype=dtype) / d)
+    angles = torch.arange(start, start + x.size(-2), device=x.device, dtype=dtype)[:, None] * inv_freq
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     first, second = x[..., : d // 2], x[..., d // 2:]
     return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
@@ -288,14 +291,19 @@ class GPT(nn.Module):
     def _init_weight(self, name, module, parameter, generator):
         """GPT-2's init: N(0, 0.02), residual projections N(0, 0.02 (2 n_layer)^-0.5), zero biases; the
         norms keep their constructors' values (ones, zeros, DyT's alpha 0.5). mup and completep: every hidden
-        matrix N(0, 0.02 / sqrt(m_width)), the residual projections' depth factor replaced (PARAMETRIZATIONS)."""
+        matrix N(0, 0.02 / sqrt(m_width)), the residual projections' depth factor replaced (PARAMETRIZATIONS).
+        hidden_init_std replaces the matrices' 0.02; the embeddings keep it."""
+        std = self.config.hidden_init_std
         if isinstance(module, nn.Linear) and name.endswith(".bias"):
             nn.init.zeros_(parameter)
         elif isinstance(module, nn.Linear) and self.config.param != "sp":  # the tied lm_head is wte, an Embedding
-            nn.init.normal_(parameter, mean=0.0, std=0.02 / math.sqrt(self.m_width), generator=generator)
-        elif isinstance(module, (nn.Linear, nn.Embedding)):
-            std = 0.02 * (2 * self.config.n_layer) ** -0.5 if getattr(module, "residual_scale", False) else 0.02
-            nn.init.normal_(parameter, mean=0.0, std=std, generator=generator)
+            nn.init.normal_(parameter, mean=0.0, std=std / math.sqrt(self.m_width), generator=generator)
+        elif isinstance(module, nn.Linear):
+            residual = getattr(module, "residual_scale", False)
+            nn.init.normal_(parameter, mean=0.0, std=std * (2 * self.config.n_layer) ** -0.5 if residual else std,
+                            generator=generator)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(parameter, mean=0.0, std=0.02, generator=generator)
 
     def optimizer_groups(self, weight_decay, eps):
         """AdamW's parameter groups under mup and completep (PARAMETRIZATIONS), each with its weight decay, eps and

@@ -11,8 +11,8 @@
 Activations GPT-2 has (gelu -> "gelu_new", gelu_exact -> "gelu", relu, relu2, silu) export as a plain
 GPT2LMHeadModel: any GPT-2 tooling reads it, a --param mup or completep model with its multipliers folded into
 its weights (model.py's sp_equivalent). AGLU/APA/NSwish/NReLU (learned parameters, running
-statistics), any other registered activation, every gated MLP (swiglu, aglu_glu ...) and every normalization but
-GPT-2's LayerNorm (--norm rmsnorm, dyt, none) export with remote code copied from the real model.py and
+statistics), any other registered activation, every gated MLP (swiglu, aglu_glu ...), every normalization but
+GPT-2's LayerNorm (--norm rmsnorm, dyt, none) and rotary positions (--pos-emb rope) export with remote code copied from the real model.py and
 activations/ at export time (export/remote_code.py), with the small wrapper export/transformers_wrapper.py.
 The vocabulary is cut back from 50304 to GPT-2's 50257. Every export holds GPT-2's tokenizer
 (export/tokenizer.py), built from tiktoken's gpt2 ranks, or from OpenAI's encoder.json + vocab.bpe with
@@ -80,8 +80,9 @@ def export(checkpoint, out_dir, tokenizer_dir=None):
     vocab, merges = bpe_from_openai_files(tokenizer_dir) if tokenizer_dir else bpe_from_tiktoken()
     gpt2_names = {GPT2_ACTIVATIONS.get(type(block.mlp.act)) for block in model.transformer.h}
     gated = any(block.mlp.c_up is not None for block in model.transformer.h)  # GPT2LMHeadModel has no gated MLP
-    # one activation GPT-2 has, everywhere, and GPT-2's LayerNorm (GPT2LMHeadModel has no other normalization)
-    plain = len(gpt2_names) == 1 and None not in gpt2_names and not gated and model.config.norm == "layernorm"
+    # one activation GPT-2 has, everywhere, GPT-2's LayerNorm and learned positions (GPT2LMHeadModel has no others)
+    plain = (len(gpt2_names) == 1 and None not in gpt2_names and not gated and model.config.norm == "layernorm"
+             and model.config.pos_emb == "learned")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     if plain:  # a mup or completep model's multipliers folded into its weights: GPT2LMHeadModel has none
         export_gpt2(sp_equivalent(model), out_dir, gpt2_names.pop())

@@ -146,10 +146,13 @@ def case_id(case):
 GATED = [("swiglu", {}), ("aglu_glu", {}), ("nswish_glu", {"plain_top_k": 1}), ("reglu", {"glu_hidden": 48})]
 # GPT2LMHeadModel has only LayerNorm: every other normalization (model.py NORMS) is remote code
 NORMS = [("gelu", {"norm": "rmsnorm"}), ("gelu", {"norm": "dyt"}), ("relu", {"norm": "none"})]
+# nor rotary positions
+POSITIONS = [("gelu", {"pos_emb": "rope"})]
 
 
 @pytest.mark.parametrize("act, overrides", [pytest.param(*case, id=case_id(case)) for case in
-                                            EVERY_ACTIVATION + [("nswish", {"plain_top_k": 2})] + GATED + NORMS])
+                                            EVERY_ACTIVATION + [("nswish", {"plain_top_k": 2})] + GATED + NORMS
+                                            + POSITIONS])
 def test_every_activation_exports_with_our_logits(make_checkpoint, tmp_path, act, overrides):
     ckpt = trained_stats_checkpoint(make_checkpoint, act, **overrides)
     out = tmp_path / "hf"

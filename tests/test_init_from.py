@@ -97,16 +97,18 @@ def test_init_from_a_nanogpt_checkpoint_with_another_activation(tmp_path, capsys
     assert "activation gelu_exact -> nswish: MLP weights kept" in out
 
 
-@pytest.mark.parametrize("parametrization", [{}, dict(param="completep", base_width=16, base_depth=1)])
+@pytest.mark.parametrize("parametrization", [{}, dict(param="completep", base_width=16, base_depth=1),
+                                             dict(pos_emb="rope")])
 def test_init_from_our_checkpoint_keeps_the_learned_activation(tmp_path, make_checkpoint, capsys, parametrization):
-    """A completep source stays completep (its multipliers are part of its function) in a run that names none."""
+    """A completep source stays completep (its multipliers are part of its function), a rope source rope (it has
+    no position table to load), in a run that names neither."""
     path = make_checkpoint(act="aglu", vocab_size=VOCAB, block_size=32, **parametrization)
     source = torch.load(path, weights_only=True)["model"]
     model = train_in_process(corpus_and_args(tmp_path, max_steps=0) + ["--init-from", str(path), "--act", "aglu"])
     for k, v in source.items():
         assert torch.equal(model.state_dict()[k], v), k
-    config = {k: getattr(model.config, k) for k in ("param", "base_width", "base_depth")}
-    assert config == {"param": "sp", "base_width": 0, "base_depth": 0, **parametrization}
+    config = {k: getattr(model.config, k) for k in ("param", "base_width", "base_depth", "pos_emb")}
+    assert config == {"param": "sp", "base_width": 0, "base_depth": 0, "pos_emb": "learned", **parametrization}
     assert "activation aglu and its parameters kept" in capsys.readouterr().out
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from errors import ConfigError
-from model import GPT, GPTConfig, nanoact_to_hf, sp_equivalent
+from model import GPT, GPTConfig, nanoact_to_hf, rotate, sp_equivalent
 from training.checkpoint import load_checkpoint
 from training.optimizer import adamw
 
@@ -90,6 +90,18 @@ def test_hidden_matrices_of_every_mlp_follow_the_width_rule_and_the_rest_is_unsc
     assert model.transformer.h[0].branch_scale == (0.5 if param == "completep" else 1.0)
 
 
+@pytest.mark.parametrize("param", ["sp", "completep"])
+def test_hidden_init_std_sets_the_block_matrices_and_leaves_the_embeddings(param):
+    """sp: every block matrix at hidden_init_std, c_proj's / sqrt(2 n_layer); completep: / sqrt(m_width) (4)."""
+    model = GPT(GPTConfig(**SCALED, act="swiglu", param=param, hidden_init_std=0.06), seed=0)
+    matrices = [(n, p) for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2]
+    for n, p in matrices:
+        expected = 0.03 if param == "completep" else 0.06 * (8 ** -0.5 if ".c_proj." in n else 1)
+        assert p.std().item() == pytest.approx(expected, rel=0.06), n
+    assert model.transformer.wte.weight.std().item() == pytest.approx(0.02, rel=0.06)
+    assert model.transformer.wpe.weight.std().item() == pytest.approx(0.02, rel=0.06)
+
+
 @pytest.mark.parametrize("act, param, norm", [("aglu_glu", "completep", "layernorm"), ("gelu", "mup", "rmsnorm")])
 def test_sp_equivalent_folds_the_multipliers_into_weights(act, param, norm):
     """Attention 1/d_head, branch 1/m_depth and logits 1/m_width folded into q, c_proj and ln_f (biases included)
@@ -110,7 +122,8 @@ def test_sp_equivalent_folds_the_multipliers_into_weights(act, param, norm):
 @pytest.mark.parametrize("overrides, message", [
     (dict(param="umup"), "unknown param 'umup'; choose one of sp, mup, completep"),
     (dict(param="mup"), "param mup needs base_width > 0"),
-    (dict(param="completep", base_width=16), "param completep needs base_depth > 0")])
+    (dict(param="completep", base_width=16), "param completep needs base_depth > 0"),
+    (dict(pos_emb="alibi"), "unknown pos_emb 'alibi'; choose one of learned, rope")])
 def test_parametrization_errors_are_one_line(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         GPT(GPTConfig(**TINY, **overrides), seed=0)
@@ -224,9 +237,31 @@ def test_reference_gpt2_has_our_init_and_our_loss():
             torch.testing.assert_close(g.to(dtype), r, rtol=1e-5, atol=1e-7)
 
 
-def test_kv_cache_gives_the_logits_and_tokens_of_the_full_forward():
+def test_rope_turns_each_pair_by_its_angle_and_scores_depend_on_the_offset_alone():
+    """rotate against RoPE in complex form, (x_i + i x_{i+d/2}) e^{i t base^(-2i/d)}, in float64, and q_t . k_s
+    unchanged when both positions move by the same amount (what a prefix in the KV cache relies on)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 3, 7, 16, dtype=torch.float64, generator=gen)
+    t = torch.arange(4, 11, dtype=torch.float64)[:, None]
+    turned = torch.complex(q[..., :8], q[..., 8:]) * torch.exp(1j * t * 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16))
+    torch.testing.assert_close(rotate(q, 4), torch.cat((turned.real, turned.imag), -1), rtol=0, atol=1e-12)
+    scores = rotate(q, 0) @ rotate(k, 0).transpose(-1, -2)
+    torch.testing.assert_close(rotate(q, 37) @ rotate(k, 37).transpose(-1, -2), scores, rtol=0, atol=1e-10)
+    assert (rotate(q, 0) @ rotate(k, 1).transpose(-1, -2) - scores).abs().max() > 0.1
+
+
+def test_rope_model_has_no_position_table_and_the_same_non_embedding_count():
+    learned, rope = (GPT(GPTConfig(**TINY, pos_emb=pos), seed=0) for pos in ("learned", "rope"))
+    assert "transformer.wpe.weight" not in rope.state_dict()
+    counts = rope.param_counts()
+    assert counts == {**learned.param_counts(), "total": learned.param_counts()["total"] - 32 * 32}
+    assert rope.num_params() == learned.num_params() == counts["non_embedding"] + 96 * 32  # wte, the tied head
+
+
+@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
+def test_kv_cache_gives_the_logits_and_tokens_of_the_full_forward(pos_emb):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**{**TINY, "block_size": 16}, act="aglu"), seed=0).eval()
+    model = GPT(GPTConfig(**{**TINY, "block_size": 16}, act="aglu", pos_emb=pos_emb), seed=0).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
