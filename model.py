@@ -59,7 +59,7 @@ class GPTConfig:
     base_width: int = 0  # mup, completep: the n_embd the hyperparameters were tuned at (m_width = n_embd / base_width)
     base_depth: int = 0  # completep: the n_layer they were tuned at (m_depth = n_layer / base_depth)
     pos_emb: str = "learned"  # GPT-2's learned wpe, or rope (rotary, POSITIONS): no wpe, q and k rotated by position
-    hidden_init_std: float = 0.02  # the block matrices' init std (GPT-2's 0.02; mup, completep: the base model's)
+    init_std: float = 0.02  # GPT-2's 0.02 for every matrix and embedding; mup, completep: the base model's (PARAMETRIZATIONS)
 
 
 # How init, forward and AdamW scale with the model's size under GPTConfig.param, against the base model (base_width,
@@ -71,11 +71,11 @@ class GPTConfig:
 #                                    sp                      mup                   completep
 #   hidden matrices' init std        s; c_proj's             s / sqrt(m_width)     s / sqrt(m_width)
 #     (c_attn, c_proj, c_fc, c_up)     s / sqrt(2 n_layer)     (c_proj's too)        (c_proj's too)
-#     s = hidden_init_std, GPT-2's 0.02 by default
+#     s = init_std, GPT-2's 0.02 by default
 #   hidden matrices' lr              lr                      lr / m_width          lr / m_width
 #   hidden matrices' weight decay    wd                      wd * m_width          wd * m_width
 #     (AdamW decays lr * wd per step: the base's decay at every width, independent of the width's lr scaling)
-#   embeddings (wte = lm_head, wpe)  0.02, lr, wd            unchanged             unchanged
+#   embeddings (wte = lm_head, wpe)  s, lr, wd               unchanged             unchanged
 #   norms, biases, activation        lr, no decay            unchanged             unchanged
 #     scalars (AGLU/APA, NSwish ...)
 #   attention logits                 q.k / sqrt(d_head)      q.k / d_head          q.k / d_head
@@ -292,8 +292,8 @@ class GPT(nn.Module):
         """GPT-2's init: N(0, 0.02), residual projections N(0, 0.02 (2 n_layer)^-0.5), zero biases; the
         norms keep their constructors' values (ones, zeros, DyT's alpha 0.5). mup and completep: every hidden
         matrix N(0, 0.02 / sqrt(m_width)), the residual projections' depth factor replaced (PARAMETRIZATIONS).
-        hidden_init_std replaces the matrices' 0.02; the embeddings keep it."""
-        std = self.config.hidden_init_std
+        init_std replaces every 0.02."""
+        std = self.config.init_std
         if isinstance(module, nn.Linear) and name.endswith(".bias"):
             nn.init.zeros_(parameter)
         elif isinstance(module, nn.Linear) and self.config.param != "sp":  # the tied lm_head is wte, an Embedding
@@ -303,7 +303,7 @@ class GPT(nn.Module):
             nn.init.normal_(parameter, mean=0.0, std=std * (2 * self.config.n_layer) ** -0.5 if residual else std,
                             generator=generator)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(parameter, mean=0.0, std=0.02, generator=generator)
+            nn.init.normal_(parameter, mean=0.0, std=std, generator=generator)
 
     def optimizer_groups(self, weight_decay, eps):
         """AdamW's parameter groups under mup and completep (PARAMETRIZATIONS), each with its weight decay, eps and

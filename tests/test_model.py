@@ -91,15 +91,16 @@ def test_hidden_matrices_of_every_mlp_follow_the_width_rule_and_the_rest_is_unsc
 
 
 @pytest.mark.parametrize("param", ["sp", "completep"])
-def test_hidden_init_std_sets_the_block_matrices_and_leaves_the_embeddings(param):
-    """sp: every block matrix at hidden_init_std, c_proj's / sqrt(2 n_layer); completep: / sqrt(m_width) (4)."""
-    model = GPT(GPTConfig(**SCALED, act="swiglu", param=param, hidden_init_std=0.06), seed=0)
+def test_init_std_sets_every_matrix_and_embedding(param):
+    """sp: every block matrix at init_std, c_proj's / sqrt(2 n_layer); completep: / sqrt(m_width) (4); the
+    embeddings at init_std under both."""
+    model = GPT(GPTConfig(**SCALED, act="swiglu", param=param, init_std=0.06), seed=0)
     matrices = [(n, p) for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2]
     for n, p in matrices:
         expected = 0.03 if param == "completep" else 0.06 * (8 ** -0.5 if ".c_proj." in n else 1)
         assert p.std().item() == pytest.approx(expected, rel=0.06), n
-    assert model.transformer.wte.weight.std().item() == pytest.approx(0.02, rel=0.06)
-    assert model.transformer.wpe.weight.std().item() == pytest.approx(0.02, rel=0.06)
+    assert model.transformer.wte.weight.std().item() == pytest.approx(0.06, rel=0.06)
+    assert model.transformer.wpe.weight.std().item() == pytest.approx(0.06, rel=0.06)
 
 
 @pytest.mark.parametrize("act, param, norm", [("aglu_glu", "completep", "layernorm"), ("gelu", "mup", "rmsnorm")])
