@@ -8,13 +8,15 @@
     python bench/train_step.py --acts gelu,swiglu --no-peak --json FILE \
         --shape '{"n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 256}'  # a ladder size, for --throughput FILE
     python bench/train_step.py --acts 'gelu,gelu{"vocab_size": 256}'   # GPT-2's vocabulary against bytes
+    python bench/train_step.py --acts 'gelu,gelu{"pos_emb": "rope"}'   # learned positions against rotary
 
 Contenders (--acts, comma-separated): `reference` is bench/reference_gpt2.py, the textbook GPT-2 (GELU
 inline, full logits, PyTorch's SDPA choice, compile mode default). Any other name is nanoact's GPT with that
 activation, optionally followed by a JSON object: its keys loss_chunks, attention_backend, compile_mode set
 that contender's speed options (default: --loss-chunks, --attention-backend, --compile-mode), vocab_size its
 vocabulary (default the shape's: GPT-2's, padded, 50304; 256 for byte shards, data/fineweb.py --tokenizer bytes),
-every other key is an activation option passed to the activation as is. Ratios are to the first contender. --shape
+pos_emb its positions (learned or rope, model.py), every other key is an activation option passed to the activation
+as is. Ratios are to the first contender. --shape
 (a JSON object of n_layer, n_embd, n_head, vocab_size, block_size) replaces those of the preset: a size of a
 ladder plan.
 
@@ -84,10 +86,10 @@ def parse_contender(spec, args):
         if set(options) - {"compile_mode"}:
             raise SystemExit(f"error: --acts entry {spec!r}: the reference takes only compile_mode")
         return dict(label=spec, act=name, act_kwargs={}, loss_chunks=0, attention_backend="auto",
-                    compile_mode=options.get("compile_mode", "default"), vocab_size=None)
+                    compile_mode=options.get("compile_mode", "default"), vocab_size=None, pos_emb="learned")
     speed = {key: options.pop(key, getattr(args, key)) for key in SPEED_KEYS}
-    return dict(label=spec, act=name, vocab_size=options.pop("vocab_size", None), act_kwargs=options,
-                **speed)
+    return dict(label=spec, act=name, vocab_size=options.pop("vocab_size", None),
+                pos_emb=options.pop("pos_emb", "learned"), act_kwargs=options, **speed)
 
 
 def build(args, c):
@@ -96,7 +98,7 @@ def build(args, c):
         model = ReferenceGPT(ReferenceConfig(**args.shape))
     else:
         config = GPTConfig(**{**args.shape, "vocab_size": c["vocab_size"] or args.shape.get("vocab_size", GPTConfig.vocab_size)}, act=c["act"],
-                           act_kwargs=c["act_kwargs"])
+                           act_kwargs=c["act_kwargs"], pos_emb=c["pos_emb"])
         model = GPT(config, loss_chunks=c["loss_chunks"], attention_backend=c["attention_backend"], seed=0)
     model = model.to(args.device)
     opt = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, args.device.split(":")[0])
