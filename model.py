@@ -160,12 +160,13 @@ ROPE_BASE = 10000.0
 
 def rotate(x, start):
     """RoPE (Su et al. 2021, eq. 34, GPT-NeoX's half split): each pair (x_i, x_{i + d/2}) of a head's q or k at
-    position t turned by the angle t base^(-2i/d), so that q_t . k_s depends on t - s alone. x: (B, heads, T, d)
-    at positions start, ..., start + T - 1; the angles in float32 at least (bfloat16's 8 bits would blur positions
-    > 256)."""
+    position t turned by the angle t base^(-2i/d), so that q_t . k_s depends on t - s alone. x: (B, T, ..., d) at
+    positions start, ..., start + T - 1 (dim 1, c_attn's own layout: rotating there keeps the kernel's reads and
+    writes contiguous); the angles in float32 at least (bfloat16's 8 bits would blur positions > 256)."""
     d, dtype = x.size(-1), torch.promote_types(x.dtype, torch.float32)
     inv_freq = ROPE_BASE ** (-torch.arange(0, d, 2, device=x.device, dtype=dtype) / d)
-    angles = torch.arange(start, start + x.size(-2), device=x.device, dtype=dtype)[:, None] * inv_freq
+    angles = torch.arange(start, start + x.size(1), device=x.device, dtype=dtype)[:, None] * inv_freq
+    angles = angles.view(x.size(1), *[1] * (x.dim() - 3), d // 2)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     first, second = x[..., : d // 2], x[..., d // 2:]
     return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
@@ -186,13 +187,20 @@ class CausalSelfAttention(nn.Module):
         self.scale = None if config.param == "sp" else config.n_head / config.n_embd
         self.rope = config.pos_emb == "rope"
 
+    def rotate_qk(self, qkv, start):
+        """c_attn's (B, T, 3C) output with q and k rotated (rotate) and v copied beside them, so that q, k and v
+        keep the strides of the learned-positions path (q and k rotated alone come out laid out unlike v)."""
+        B, T, C3 = qkv.shape
+        heads = qkv.view(B, T, 3, self.n_head, C3 // (3 * self.n_head))
+        return torch.cat((rotate(heads[:, :, :2], start), heads[:, :, 2:]), dim=2).view(B, T, C3)
+
     def forward(self, x, cache=None):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        qkv = self.c_attn(x)
         if self.rope:
-            past = cache[0].size(2) if cache else 0
-            q, k = rotate(q, past), rotate(k, past)
+            qkv = self.rotate_qk(qkv, cache[0].size(2) if cache else 0)
+        q, k, v = qkv.split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if cache is not None:  # generation: this layer's keys and values of the earlier tokens, then ours
             if cache:
                 k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)

@@ -239,16 +239,21 @@ def test_reference_gpt2_has_our_init_and_our_loss():
 
 
 def test_rope_turns_each_pair_by_its_angle_and_scores_depend_on_the_offset_alone():
-    """rotate against RoPE in complex form, (x_i + i x_{i+d/2}) e^{i t base^(-2i/d)}, in float64, and q_t . k_s
-    unchanged when both positions move by the same amount (what a prefix in the KV cache relies on)."""
+    """rotate against RoPE in complex form, (x_i + i x_{i+d/2}) e^{i t base^(-2i/d)}, in float64, on (B, T, heads,
+    d), and q_t . k_s unchanged when both positions move by the same amount (what a prefix in the KV cache relies
+    on)."""
     gen = torch.Generator().manual_seed(0)
-    q, k = torch.randn(2, 1, 3, 7, 16, dtype=torch.float64, generator=gen)
-    t = torch.arange(4, 11, dtype=torch.float64)[:, None]
-    turned = torch.complex(q[..., :8], q[..., 8:]) * torch.exp(1j * t * 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16))
+    q, k = torch.randn(2, 3, 7, 2, 16, dtype=torch.float64, generator=gen)
+    t = torch.arange(4, 11, dtype=torch.float64)[:, None, None]
+    turned = torch.complex(q[..., :8], q[..., 8:]) * torch.exp(
+        1j * t * 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16))
     torch.testing.assert_close(rotate(q, 4), torch.cat((turned.real, turned.imag), -1), rtol=0, atol=1e-12)
-    scores = rotate(q, 0) @ rotate(k, 0).transpose(-1, -2)
-    torch.testing.assert_close(rotate(q, 37) @ rotate(k, 37).transpose(-1, -2), scores, rtol=0, atol=1e-10)
-    assert (rotate(q, 0) @ rotate(k, 1).transpose(-1, -2) - scores).abs().max() > 0.1
+
+    def scores(qs, ks):  # (B, heads, T, T)
+        return qs.transpose(1, 2) @ ks.transpose(1, 2).transpose(-1, -2)
+    reference = scores(rotate(q, 0), rotate(k, 0))
+    torch.testing.assert_close(scores(rotate(q, 37), rotate(k, 37)), reference, rtol=0, atol=1e-10)
+    assert (scores(rotate(q, 0), rotate(k, 1)) - reference).abs().max() > 0.1
 
 
 def test_rope_model_has_no_position_table_and_the_same_non_embedding_count():
