@@ -59,7 +59,7 @@ class GPTConfig:
     base_width: int = 0  # mup, completep: the n_embd the hyperparameters were tuned at (m_width = n_embd / base_width)
     base_depth: int = 0  # completep: the n_layer they were tuned at (m_depth = n_layer / base_depth)
     pos_emb: str = "learned"  # GPT-2's learned wpe, or rope (rotary, POSITIONS): no wpe, q and k rotated by position
-    init_std: float = 0.02  # GPT-2's 0.02 for every matrix and embedding; mup, completep: the base model's (PARAMETRIZATIONS)
+    init_std: float = 0.02  # GPT-2's 0.02, every matrix and embedding; mup, completep: the base's (PARAMETRIZATIONS)
 
 
 # How init, forward and AdamW scale with the model's size under GPTConfig.param, against the base model (base_width,
@@ -161,8 +161,8 @@ ROPE_BASE = 10000.0
 def rotate(x, start):
     """RoPE (Su et al. 2021, eq. 34, GPT-NeoX's half split): each pair (x_i, x_{i + d/2}) of a head's q or k at
     position t turned by the angle t base^(-2i/d), so that q_t . k_s depends on t - s alone. x: (B, T, ..., d) at
-    positions start, ..., start + T - 1 (dim 1, c_attn's own layout: rotating there keeps the kernel's reads and
-    writes contiguous); the angles in float32 at least (bfloat16's 8 bits would blur positions > 256)."""
+    positions start, ..., start + T - 1 along dim 1 (c_attn's own layout); the angles in float32 at least
+    (bfloat16's 8 bits would blur positions > 256)."""
     d, dtype = x.size(-1), torch.promote_types(x.dtype, torch.float32)
     inv_freq = ROPE_BASE ** (-torch.arange(0, d, 2, device=x.device, dtype=dtype) / d)
     angles = torch.arange(start, start + x.size(1), device=x.device, dtype=dtype)[:, None] * inv_freq
@@ -188,8 +188,9 @@ class CausalSelfAttention(nn.Module):
         self.rope = config.pos_emb == "rope"
 
     def rotate_qk(self, qkv, start):
-        """c_attn's (B, T, 3C) output with q and k rotated (rotate) and v copied beside them, so that q, k and v
-        keep the strides of the learned-positions path (q and k rotated alone come out laid out unlike v)."""
+        """c_attn's (B, T, 3C) output with q and k rotated (rotate) and v copied beside them: one tensor, split as
+        the learned-positions path splits it (q and k rotated apart after the heads' transpose: a 124M step 88.1 ms
+        on an H200, this way 79.0, learned positions 66.2; BENCHMARKS.md)."""
         B, T, C3 = qkv.shape
         heads = qkv.view(B, T, 3, self.n_head, C3 // (3 * self.n_head))
         return torch.cat((rotate(heads[:, :, :2], start), heads[:, :, 2:]), dim=2).view(B, T, C3)
@@ -306,12 +307,10 @@ class GPT(nn.Module):
             nn.init.zeros_(parameter)
         elif isinstance(module, nn.Linear) and self.config.param != "sp":  # the tied lm_head is wte, an Embedding
             nn.init.normal_(parameter, mean=0.0, std=std / math.sqrt(self.m_width), generator=generator)
-        elif isinstance(module, nn.Linear):
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
             residual = getattr(module, "residual_scale", False)
             nn.init.normal_(parameter, mean=0.0, std=std * (2 * self.config.n_layer) ** -0.5 if residual else std,
                             generator=generator)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(parameter, mean=0.0, std=std, generator=generator)
 
     def optimizer_groups(self, weight_decay, eps):
         """AdamW's parameter groups under mup and completep (PARAMETRIZATIONS), each with its weight decay, eps and

@@ -15,10 +15,9 @@ inline, full logits, PyTorch's SDPA choice, compile mode default). Any other nam
 activation, optionally followed by a JSON object: its keys loss_chunks, attention_backend, compile_mode set
 that contender's speed options (default: --loss-chunks, --attention-backend, --compile-mode), vocab_size its
 vocabulary (default the shape's: GPT-2's, padded, 50304; 256 for byte shards, data/fineweb.py --tokenizer bytes),
-pos_emb its positions (learned or rope, model.py), every other key is an activation option passed to the activation
-as is. Ratios are to the first contender. --shape
-(a JSON object of n_layer, n_embd, n_head, vocab_size, block_size) replaces those of the preset: a size of a
-ladder plan.
+pos_emb its positions (learned or rope, model.py), every other key is an activation option passed to the
+activation as is. Ratios are to the first contender. --shape (a JSON object of n_layer, n_embd, n_head, vocab_size,
+block_size) replaces those of the preset: a size of a ladder plan.
 
 Each step is forward + backward + grad clip + AdamW (the trainers' own, `training/optimizer.py`, for every
 contender) on random tokens (data loading excluded). Contenders are timed in interleaved rounds (reference, gelu,

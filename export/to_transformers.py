@@ -12,8 +12,9 @@ Activations GPT-2 has (gelu -> "gelu_new", gelu_exact -> "gelu", relu, relu2, si
 GPT2LMHeadModel: any GPT-2 tooling reads it, a --param mup or completep model with its multipliers folded into
 its weights (model.py's sp_equivalent). AGLU/APA/NSwish/NReLU (learned parameters, running
 statistics), any other registered activation, every gated MLP (swiglu, aglu_glu ...), every normalization but
-GPT-2's LayerNorm (--norm rmsnorm, dyt, none) and rotary positions (--pos-emb rope) export with remote code copied from the real model.py and
-activations/ at export time (export/remote_code.py), with the small wrapper export/transformers_wrapper.py.
+GPT-2's LayerNorm (--norm rmsnorm, dyt, none) and rotary positions (--pos-emb rope) export with remote code
+copied from the real model.py and activations/ at export time (export/remote_code.py), with the small wrapper
+export/transformers_wrapper.py.
 The vocabulary is cut back from 50304 to GPT-2's 50257. Every export holds GPT-2's tokenizer
 (export/tokenizer.py), built from tiktoken's gpt2 ranks, or from OpenAI's encoder.json + vocab.bpe with
 --tokenizer-dir; both give the same files.
