@@ -30,6 +30,7 @@ from analysis.runs import RunError, markdown_table
 from analysis.scaling_plot import plot_scaling
 from errors import ConfigError
 from stats import ladder_fit, lr_grid, scaling
+from stats.ladder_noise import DESIGNS
 from stats.family import adjust
 from stats.significance import paired
 
@@ -118,6 +119,7 @@ class LadderRuns:
     grid_runs: int  # how many runs the lr grid's own seeds have
     audit_size: tuple | None = None  # where the tuning audit ran (the plan's audit_size)
     audit: dict | None = None  # its runs {arm: {lr: {seed: point}}}
+    lr_design: str = "smallest"  # the plan's lr design (stats/ladder_noise.py DESIGNS), for the calibration
 
     def at(self, size, arm, lr):
         """{seed: point} of one arm at one size and lr, or None."""
@@ -145,7 +147,7 @@ def read_ladder(out, points, baseline):
                            "compute") for s in by_size}
     sizes = sorted(by_size, key=lambda s: (compute_of[s], tuple(x or 0 for x in s)))  # by compute
     return LadderRuns(arms, baseline, sizes, by_size, grid_by_size, lr_seeds, points, len(grid_points), audit_size,
-                      audit)
+                      audit, "horizon" if ladder.get("lr_horizons") else "smallest")
 
 
 def runs_section(out, ladder, unfinished):
@@ -336,7 +338,8 @@ def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family
     fit = ladder_fit.fit_ladder(losses, ladder.baseline, scaling.Options(opts["level"], opts["reference"]),
                                 target=opts["target"], extrapolate=opts["extrapolate"],
                                 vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
-                                n_sims=opts["resamples"], rng=opts["seed"])
+                                n_sims=opts["resamples"], rng=opts["seed"],
+                                lr_design=(ladder.lr_design, max(len(ladder.lr_seeds), 1)))
     fit["exploratory"] = [size_label(s) for s in complete if s in cursed]
     for a, m in fit["multipliers"].items():
         if fit["exploratory"]:
@@ -387,19 +390,26 @@ def _rate(r):
 
 
 def calibration_sentence(fit, opts):
-    """What the calibration measured, of which configuration, with its Monte-Carlo interval."""
+    """What the calibration measured (stats/ladder_unseen.py: the worst over the fit's twin and the twin perturbed
+    by what the fit cannot see), of which truths, with its Monte-Carlo interval."""
     cal, level = fit["calibration"], f"{fit['confidence']:.0%}"
-    return (f"Coverage measured: {_rate(cal['coverage'])} of the {level} headline intervals held the true "
-            f"multiplier at {fit['reference']:.3g} FLOPs in {cal['n']} ladders drawn from this configuration "
-            f"(Monte-Carlo 95% interval over the ladders; simulation seed {cal['seed']})"
-            + (f"; the trend verdict fired on a constant multiplier in {_rate(cal['false_alarm'])} of them"
-               if cal.get("false_alarm") else "")
-            + f". The configuration, fitted from this ladder: {cal['assumptions']}. Not in it: the lr stage. It "
-            "holds each arm's lr fixed; with the stage simulated (two identical arms, each at the lr a one-seed grid "
-            "picked at the smallest size, the optimum falling 2x over the ladder: configuration f, "
-            "docs/comparing_runs.md) the same estimator covered well under its level and its trend and Holm fired "
-            "well over theirs, so every multiplier and trend below is conditional on the lr picks and outside this "
-            "calibrated claim.")
+    worst = cal.get("worst", {})
+    text = (f"Coverage measured: {_rate(cal['coverage'])} of the {level} headline intervals held the true "
+            f"multiplier at {fit['reference']:.3g} FLOPs, the worst over {len(cal.get('truths', [])) or 1} truths "
+            f"of {cal['n']} ladders each (Monte-Carlo 95% interval over the ladders; simulation seed {cal['seed']})"
+            f": the fit's own twin ({_rate(cal['twin']['coverage'])}) and it perturbed by what the fit cannot see"
+            f"; the worst: {worst.get('coverage')}")
+    if cal.get("false_alarm"):
+        text += (f". With no arm differing, the trend verdict fired in {_rate(cal['false_alarm'])} of the ladders "
+                 f"({worst['false_alarm']})")
+    if cal.get("family_wise"):
+        text += f" and Holm's family declared something in {_rate(cal['family_wise'])} ({worst['family_wise']})"
+    text += (f". The lr stage in them: {DESIGNS.get(cal['lr_design'], 'none')}. The fitted configuration: "
+             f"{cal['assumptions']}.")
+    if cal["coverage"]["rate"] < 0.9 or (cal.get("family_wise") or {"rate": 0})["rate"] > 1 - fit["confidence"]:
+        text += (" This ladder's design does not hold its intervals' level or Holm's error on a truth its data "
+                 "allow: read every multiplier and trend below as conditional on that truth not being the real one.")
+    return text
 
 
 def fit_section(fit, sizes, speeds, opts, bases):

@@ -17,7 +17,7 @@ import numpy as np
 
 from errors import ConfigError
 from stats import scaling
-from stats.ladder_noise import calibrate, truth_of
+from stats.ladder_unseen import report_calibration
 
 EXTRAPOLATION_LIMIT = 10.0  # a target beyond this times the ladder's largest compute is an extrapolation
 CURVE_POINTS = 40  # compute values at which the figure's multiplier band is drawn
@@ -85,12 +85,13 @@ def forms_of(est, arms, level):
 
 
 def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapolate=False, vocab=None,
-               throughput=None, n_sims=400, rng=0):
+               throughput=None, n_sims=400, rng=0, lr_design=(None, 1)):
     """Fits, multipliers (headline at the reference compute, the ladder average, per size, curve-free), trend and
     the calibration as plain numbers for sweep.json. ladder: {arm: {C: {seed: loss}}}; options: the estimator's
     (scaling.Options); target: (name, C, vocabulary or None) or None; vocab: the ladder's vocabulary; throughput:
     {"ratio": {arm: {C: X's compute per second over the baseline's}}, "source": text}; n_sims, rng: the calibration's
-    ladders and seed. Each verdict carries its p ("p")."""
+    ladders per truth and seed; lr_design: (the plan's lr design, its grid's seeds) for the calibration
+    (stats/ladder_unseen.py; None: no lr stage, each arm at its optimum at every size). Each verdict carries its p ("p")."""
     arms, log_c, losses, seeds = scaling.check_ladder(ladder, baseline)
     computes = [sorted(ladder[a]) for a in arms]  # the given values: a throughput ratio is looked up by them
     k, n_sizes, n = losses.shape
@@ -114,11 +115,8 @@ def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapo
                           "moments), t interval with the residual variance (Hartung-Knapp), delta method for the "
                           "multipliers and the slope",
               "throughput_source": (throughput or {}).get("source")}
-    truth = truth_of(est, 0, log_c, head["form"], n)
-    result["calibration"] = {**calibrate(truth, options, n_sims, rng), "seed": rng}
-    if slope is not None:
-        result["calibration"]["false_alarm"] = calibrate(truth_of(est, 0, log_c, "shared", n), options, n_sims,
-                                                         rng).get("false_alarm")
+    result["calibration"] = {**report_calibration(est, log_c, head["form"], n, options, n_sims, rng, *lr_design),
+                             "seed": rng}
     shared = est["fits"]["shared"]
     for j, a in enumerate(arms):
         result["arms"][a] = {"points": [{"compute": float(c), "mean": float(row.mean()), "low": float(row.min()),

@@ -28,49 +28,87 @@ from stats import scaling
 from stats.family import holm
 
 
+DESIGNS = {"smallest": "each arm's lr picked on a grid at the smallest size and run at every size",
+           "horizon": "each arm's lr the vertex of a grid on the base shape at the smallest size's horizon and at the "
+                      "largest's, interpolated in log tokens between them (CompleteP carrying width and depth)"}
+
+
+LR_TOLERANCE = 1.4  # an arm's lr this close to its optimum at a size counts as at it (issue 58's target)
+
+
 @dataclass(frozen=True)
 class LrStage:
-    """The lr stage inside a ladder's generating model. Each arm's lr is picked on a grid at the smallest rung, on
-    the grid's own seeds, by stats/lr_grid.py's rule (the grid point of the lowest mean loss), and run at every rung.
-    Off its optimum an arm pays curvature (log2 lr - log2 optimum)^2 nats at that rung; the optimum, the same for
-    every arm, falls by `shift` over the ladder (linearly in log C) and lies, at the smallest rung, anywhere in the
-    grid's middle step (uniform, drawn per ladder: where a grid falls on the optimum is luck). The grid's noise is
-    each rung's seed sd, independent between its runs. The tuning audit re-grids at the largest rung on fresh seeds
-    and flags an arm whose pick lies more than `audit` x from the vertex of the parabola through that grid's best
-    point and its neighbours (lr_grid's interpolation), or whose best point there is an edge or no minimum."""
+    """The lr stage inside a ladder's generating model, by the plan's design (DESIGNS). Each arm's optimum (log2 lr)
+    falls by its `shift` over the ladder, linearly in log C (the horizon's tokens at a fixed tokens-per-parameter:
+    Bjorck et al. 2024 find the best lr a power of the horizon), and lies, at the smallest rung, anywhere in the grid's
+    middle step (uniform, drawn per ladder: where a grid falls on the optimum is luck). A rung's shape moves its
+    optimum off the base shape's at that horizon by up to `transfer` x either way (uniform per arm and rung,
+    growing in log C from 1 at the base: what the parametrization leaves of the width and depth). Off its optimum an
+    arm pays curvature (log2 lr - log2 optimum)^2 nats at that rung (curvature: one number, or the smallest and the
+    largest rung's, geometric in log C between). A grid's points are its `seeds` runs' mean, each run of its rung's
+    seed sd. The pick is stats/lr_grid.py's rule (best_and_vertex): "smallest" runs every rung at the grid's best
+    point at the smallest rung; "horizon" grids the base shape at the smallest and the largest rung's horizons and
+    runs rung r at the vertices interpolated in log C (the best point where a grid has no vertex). The tuning audit
+    re-grids at the largest rung on fresh seeds and flags an arm whose lr lies more than `audit` x from that grid's
+    vertex, or whose best point there is an edge or no minimum."""
     grid: tuple = tuple(range(6))  # log2 lr, an octave apart as configs/ladder_cpu.toml's grid
     # experiments/lr_transfer.md: gelu completep d4 w64 rises 0.16 and 0.17 nats one octave either side of its best
-    curvature: float = 0.17
-    shift: float = 2.0
+    curvature: float | tuple = 0.17
+    shift: float | tuple = 2.0
     seeds: int = 1
     audit: float = 2.0
+    design: str = "smallest"
+    transfer: float = 1.0
+
+    def optimum(self, k, log_c, rng, n):
+        """(each arm's optimum at the base shape, at its shape) (n, K, S) in log2 lr."""
+        grid = np.asarray(self.grid, float)
+        middle = len(grid) // 2
+        frac = (log_c - log_c[0]) / (log_c[-1] - log_c[0])
+        shift = np.broadcast_to(np.asarray(self.shift, float), (k,))
+        base = rng.uniform(grid[middle - 1], grid[middle], (n, 1, 1)) - np.log2(shift)[None, :, None] * frac
+        shape = np.log2(self.transfer) * rng.uniform(-1, 1, (n, k, len(log_c))) * frac
+        return base, base + shape
 
     def draw(self, truth, n, rng):
-        """(penalty (n, K, S) each arm pays at each rung for its pick, whether the arms' picks differ (n,), whether
-        the audit flags any arm (n,))."""
+        """(penalty (n, K, S) each arm pays at each rung for its lr, whether the arms' lrs at the largest rung
+        differ (n,), whether the audit flags any arm (n,), each arm's lr over its optimum (n, K, S) in log2)."""
+        from stats.lr_grid import best_and_vertex
+
+        if self.design not in DESIGNS:
+            raise ValueError(f"lr design {self.design!r}: one of {', '.join(DESIGNS)}")
         k, s = len(truth.curves), len(truth.compute)
         log_c = np.log(np.asarray(truth.compute, float))
         grid = np.asarray(self.grid, float)
-        middle = len(grid) // 2
-        optimum = (rng.uniform(grid[middle - 1], grid[middle], (n, 1, 1))
-                   - np.log2(self.shift) * (log_c - log_c[0]) / (log_c[-1] - log_c[0]))  # (n, 1, S)
+        curvature = np.broadcast_to(np.asarray(self.curvature, float), (2,))
+        curv = curvature[0] * (curvature[1] / curvature[0]) ** ((log_c - log_c[0]) / (log_c[-1] - log_c[0]))
+        base, optimum = self.optimum(k, log_c, rng, n)
         sd = truth.sd()
 
-        def grid_means(rung):  # (n, K, grid) each arm's mean over the grid's seeds; its curve's loss drops out
-            noise = rng.standard_normal((n, k, len(grid), self.seeds)).mean(axis=3) * sd[:, rung, None]
-            return self.curvature * (grid - optimum[:, :, rung, None]) ** 2 + noise
+        def chosen(centre, rung, seeds, vertex):  # an arm's lr from a grid around `centre` (n, K) at that rung
+            noise = rng.standard_normal((n, k, len(grid), seeds)).mean(axis=3) * sd[:, rung, None]
+            best, top = best_and_vertex(grid, curv[rung] * (grid - centre[..., None]) ** 2 + noise)
+            return np.where(np.isfinite(top), top, grid[best]) if vertex else grid[best], top, best
 
-        pick = grid[np.argmin(grid_means(0), axis=2)]  # (n, K)
-        top = grid_means(s - 1)
-        best = np.argmin(top, axis=2)
-        inner = np.clip(best, 1, len(grid) - 2)[..., None]
-        y0, y1, y2 = (np.take_along_axis(top, inner + d, axis=2)[..., 0] for d in (-1, 0, 1))
-        bend = y0 - 2 * y1 + y2
-        with np.errstate(divide="ignore", invalid="ignore"):
-            vertex = grid[inner[..., 0]] + (grid[1] - grid[0]) * (y0 - y2) / (2 * bend)
-        flag = (best != inner[..., 0]) | (bend <= 0) | (np.abs(pick - vertex) > np.log2(self.audit))
-        return (self.curvature * (pick[:, :, None] - optimum) ** 2, (pick != pick[:, :1]).any(axis=1),
-                flag.any(axis=1))
+        if self.design == "smallest":
+            lr = np.repeat(chosen(base[:, :, 0], 0, self.seeds, False)[0][:, :, None], s, axis=2)
+        else:
+            low, high = (chosen(base[:, :, r], r, self.seeds, True)[0] for r in (0, s - 1))
+            frac = (log_c - log_c[0]) / (log_c[-1] - log_c[0])
+            lr = low[..., None] + (high - low)[..., None] * frac
+        _, top, best = chosen(optimum[:, :, -1], s - 1, 1, True)
+        flag = ~np.isfinite(top) | (np.abs(lr[:, :, -1] - np.nan_to_num(top)) > np.log2(self.audit))
+        return (curv * (lr - optimum) ** 2, (np.abs(lr[:, :, -1] - lr[:, :1, -1]) > 1e-9).any(axis=1),
+                flag.any(axis=1), lr - optimum)
+
+    def words(self):
+        shift = np.broadcast_to(np.asarray(self.shift, float), (1,)) if np.ndim(self.shift) == 0 else self.shift
+        curvature = np.atleast_1d(np.asarray(self.curvature, float))
+        return (f"{DESIGNS[self.design]} ({len(self.grid)}-point octave grid{'s' if self.design == 'horizon' else ''}"
+                f", {self.seeds} own seed{'s' if self.seeds > 1 else ''}), each arm's optimum falling "
+                f"{', '.join(f'{v:g}' for v in shift)}x over the ladder"
+                + (f", a size's shape moving it up to {self.transfer:g}x" if self.transfer != 1 else "")
+                + f", {'-'.join(f'{v:g}' for v in curvature)} nats per octave^2 off it")
 
 
 @dataclass(frozen=True)
@@ -78,7 +116,8 @@ class LadderTruth:
     """A ladder's true losses and noise. compute: each rung's training FLOPs (the same for every arm); curves: per
     arm, the baseline first, (E, ((A, alpha), ...)) for L = E + sum A C^-alpha; seed_sd: one run's sd at each rung;
     seeds: runs per cell; common, shared, persistent: the fractions of the seed variance shared as the module says;
-    arm_scale: each arm's sd over the baseline's (None: all 1); lr: the lr stage (LrStage), None for lrs at each
+    persistent: one number, or
+    each arm's own; arm_scale: each arm's sd over the baseline's (None: all 1); lr: the lr stage (LrStage), None for lrs at each
     arm's optimum at every rung; size_effect_sd: the sd of each rung's own deviation from the curves, the same for
     every arm and seed there (a rung's shape: its depth, width and steps), drawn anew per ladder."""
     compute: tuple
@@ -87,7 +126,7 @@ class LadderTruth:
     seeds: int = 3
     common: float = 0.0
     shared: float = 0.0
-    persistent: float = 0.0
+    persistent: float | tuple = 0.0
     arm_scale: tuple | None = None
     lr: LrStage | None = None
     size_effect_sd: float = 0.0
@@ -107,23 +146,25 @@ class LadderTruth:
 
     def draw(self, n, rng, lr_stage=False):
         """n ladders' losses (n, K, S, seeds); with lr_stage, and {"differ", "flagged"} (n,): whether the arms'
-        lr picks differ and whether the tuning audit flags one (all False without an lr stage)."""
+        lr picks differ and whether the tuning audit flags one (all False without an lr stage), "off" (n, K, S):
+        each arm's lr over its optimum in log2 (0 without one)."""
         k, s, r = len(self.curves), len(self.compute), self.seeds
         rng = np.random.default_rng(rng)
-        own = 1 - self.common - self.shared - self.persistent
+        persistent = np.broadcast_to(np.asarray(self.persistent, float), (k,))[None, :, None, None]
+        own = 1 - self.common - self.shared - persistent
         z = (np.sqrt(self.common) * rng.standard_normal((n, 1, 1, r))
              + np.sqrt(self.shared) * rng.standard_normal((n, 1, s, r))
-             + np.sqrt(self.persistent) * rng.standard_normal((n, k, 1, r))
+             + np.sqrt(persistent) * rng.standard_normal((n, k, 1, r))
              + np.sqrt(own) * rng.standard_normal((n, k, s, r)))
         mean = np.array([self.loss(a, self.compute) for a in range(k)])[None]
         if self.size_effect_sd > 0:
             mean = mean + self.size_effect_sd * rng.standard_normal((n, 1, s))
-        differ, flagged = np.zeros(n, bool), np.zeros(n, bool)
+        differ, flagged, off = np.zeros(n, bool), np.zeros(n, bool), np.zeros((n, k, s))
         if self.lr is not None:
-            penalty, differ, flagged = self.lr.draw(self, n, rng)
+            penalty, differ, flagged, off = self.lr.draw(self, n, rng)
             mean = mean + penalty
         losses = mean[..., None] + self.sd()[None, :, :, None] * z
-        return (losses, {"differ": differ, "flagged": flagged}) if lr_stage else losses
+        return (losses, {"differ": differ, "flagged": flagged, "off": off}) if lr_stage else losses
 
     def log_multiplier(self, compute):
         """Each other arm's true log m (K-1,) at `compute`: the baseline's compute reaching its loss there, over it
@@ -153,13 +194,10 @@ class LadderTruth:
                 + ("" if self.arm_scale is None else
                    f" times {', '.join(f'{v:.3g}' for v in self.arm_scale)} by arm")
                 + f", of which {self.common:.0%} common to a seed's arms and sizes, {self.shared:.0%} shared by its "
-                f"arms at a size, {self.persistent:.0%} one arm's own at every size"
+                f"arms at a size, {'/'.join(f'{v:.0%}' for v in np.atleast_1d(self.persistent))} one arm's own at every size"
                 + ("" if not self.size_effect_sd else
                    f"; each size off the curves by a normal deviation of sd {self.size_effect_sd:.3g} its arms share")
-                + ("" if self.lr is None else
-                   f"; each arm's lr picked on a {len(self.lr.grid)}-point octave grid at the smallest size "
-                   f"({self.lr.seeds} own seed{'s' if self.lr.seeds > 1 else ''}), the optimum falling "
-                   f"{self.lr.shift:g}x over the ladder, {self.lr.curvature:g} nats per octave^2 off it"))
+                + ("" if self.lr is None else f"; {self.lr.words()}"))
 
 
 def truth_of(est, i, log_c, form, seeds):
@@ -195,7 +233,8 @@ def calibrate(truth, options, n, rng):
     truth where no arm differs): share of ladders where Holm over the report's family (each size's pair paired by
     seed, the headline multipliers, the trends) declares anything, "n", "assumptions"}; with an lr stage (the true m
     is the arms' at their optimal lrs) also "picks_differ", "audit_clean" (the tuning audit flags no arm) and each
-    rate over the ladders whose audit is clean ("coverage_audit_clean", ...)."""
+    rate over the ladders whose audit is clean ("coverage_audit_clean", ...), "lr_within_tolerance" (every arm's lr at
+    the largest rung within LR_TOLERANCE x of its optimum there) and "lr_off_top" (the median factor off it)."""
     losses, lr = truth.draw(n, rng, lr_stage=True)
     # the headline's form only: no rate below reads the shared fit's ladder average (the trend's where the sizes
     # identify it, as in the report)
@@ -228,7 +267,9 @@ def calibrate(truth, options, n, rng):
     out.update({key: rate(h) for key, h in hits.items()})
     if truth.lr is not None:
         clean = ~lr["flagged"]
-        out.update({"picks_differ": rate(lr["differ"]), "audit_clean": rate(clean)})
+        out.update({"picks_differ": rate(lr["differ"]), "audit_clean": rate(clean),
+                    "lr_within_tolerance": rate((np.abs(lr["off"][:, :, -1]) <= np.log2(LR_TOLERANCE)).all(axis=1)),
+                    "lr_off_top": float(np.median(2 ** np.abs(lr["off"][:, :, -1])))})
         if clean.any():
             out.update({f"{key}_audit_clean": rate(h[clean]) for key, h in hits.items()})
     return out
@@ -276,3 +317,21 @@ def lr_stage():
     (LrStage's defaults: the optimum falling 2x over the ladder)."""
     null = configurations()["null: three identical arms"]
     return {LR_STAGE: replace(null, curves=null.curves[:2], lr=LrStage())}
+
+
+# experiments/cpu_ladder.md's ladder (sizes A-D, 6 seeds): its FLOPs, gelu's fit (E 0.87, alpha 0.18, 1.931 at A),
+# the report's seed sd by size, and the loss's bend in log2 lr at A (the grid) and at D (the audit)
+CPU_LADDER = {"compute": (1.53e11, 6.36e11, 1.37e12, 3.88e12, 6.77e12), "E": 0.87, "alpha": 0.18, "first": 1.931,
+              "seed_sd": (0.014, 0.029, 0.011, 0.007, 0.008), "seeds": 6, "curvature": (0.06, 0.01)}
+
+
+def cpu_ladder(multipliers, shift, design, lr_seeds, transfer=1.21):
+    """The CPU ladder's truth with arms at these compute multipliers over the first (constant), each arm's optimum
+    falling by its `shift` over the ladder, the lr stage by `design` on `lr_seeds` seeds, a size's shape moving the
+    optimum up to `transfer` x (experiments/lr_transfer.md: 1.21x over 4x width and depth)."""
+    c = CPU_LADDER
+    a = (c["first"] - c["E"]) * c["compute"][0] ** c["alpha"]
+    curves = tuple((c["E"], ((a * m ** -c["alpha"], c["alpha"]),)) for m in multipliers)
+    return LadderTruth(c["compute"], curves, c["seed_sd"], c["seeds"],
+                       lr=LrStage(curvature=c["curvature"], shift=shift, seeds=lr_seeds, design=design,
+                                  transfer=transfer))

@@ -51,6 +51,31 @@ def check_grid(arm, grid):
     return lrs, seeds
 
 
+def vertex(x, y):
+    """The vertex of the parabola through three points, x and y (..., 3) each (any batch shape): nan where it
+    opens downward or is flat. RULE's interpolation, for pick and for the simulated grids of stats/ladder_noise.py."""
+    x0, x1, x2 = np.moveaxis(np.asarray(x, float), -1, 0)
+    y0, y1, y2 = np.moveaxis(np.asarray(y, float), -1, 0)
+    denom = (x0 - x1) * (x0 - x2) * (x1 - x2)
+    a = (x2 * (y1 - y0) + x1 * (y0 - y2) + x0 * (y2 - y1)) / denom
+    b = (x2 ** 2 * (y0 - y1) + x1 ** 2 * (y2 - y0) + x0 ** 2 * (y1 - y2)) / denom
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(a > 0, -b / (2 * a), np.nan)
+
+
+def best_and_vertex(x, means):
+    """RULE on a batch of grids: means (..., G) at log lrs x (G,) (a non-finite mean counts as worst) ->
+    (the best point's index (...), its parabola's vertex in log lr (...), nan at an edge or without a minimum)."""
+    x = np.asarray(x, float)
+    score = np.where(np.isfinite(means), means, np.inf)
+    best = np.argmin(score, axis=-1)
+    inner = np.clip(best, 1, len(x) - 2)[..., None]
+    y = np.take_along_axis(score, inner + np.arange(-1, 2), axis=-1)
+    with np.errstate(invalid="ignore"):
+        top = vertex(x[inner + np.arange(-1, 2)], y)
+    return best, np.where((best == inner[..., 0]) & np.isfinite(y).all(axis=-1), top, np.nan)
+
+
 def pick(arm, grid):
     """One arm's best lr by RULE: {"best_lr", "interpolated_lr" (None at an edge), "edge" ("low", "high" or None),
     "grid": [{"lr", "n", "mean", "std", "diverged"}]}."""
@@ -66,8 +91,8 @@ def pick(arm, grid):
     edge = "low" if best == 0 else "high" if best == len(lrs) - 1 else None
     interpolated = None
     if edge is None and all(math.isfinite(s) for s in score[best - 1:best + 2]):
-        a, b, _ = np.polyfit(np.log(lrs[best - 1:best + 2]), score[best - 1:best + 2], 2)
-        interpolated = float(math.exp(-b / (2 * a))) if a > 0 else None
+        top = vertex(np.log(lrs[best - 1:best + 2]), np.array(score[best - 1:best + 2]))
+        interpolated = float(math.exp(top)) if math.isfinite(top) else None
     return {"best_lr": lrs[best], "interpolated_lr": interpolated, "edge": edge, "seeds": seeds, "grid": rows}
 
 

@@ -430,7 +430,9 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
         def baseline(i):  # the baseline's fitted loss at log C
             return lambda u: base["E"][0][i, 0] + base["A"][i, 0] * np.exp(-base["alpha"][0][i, 0] * u)
 
-        readings = [curve_free(log_c, means[i], cov_means[i] * scale[i], baseline(i),
+        # each size's own deviation (the fit's size effect) is in every mean there, the baseline's read and X's
+        sizes = base["size_effect_sd"][:, None, None] ** 2 * _cell_masks(k, s)[1]
+        readings = [curve_free(log_c, means[i], cov_means[i] * scale[i] + sizes[i], baseline(i),
                                base["dof"] if n == 1 else k * s * (n - 1), options.confidence) for i in range(b)]
         out["curve_free"] = {"value": np.array([r[0] for r in readings]),
                              "status": np.array([r[1] for r in readings])}

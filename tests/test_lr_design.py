@@ -1,0 +1,53 @@
+"""The lr stage inside the calibration (stats/ladder_noise.py LrStage, stats/ladder_unseen.py): on ladders in the CPU
+ladder's shape whose arms' optima fall with the horizon at their own rates, the report's verdicts and printed
+coverage under the shipped design (each arm's lr picked at the smallest size) and the horizon design (the base
+shape gridded at the smallest and the largest size's horizons, the lr interpolated in log tokens between)."""
+import numpy as np
+from scipy.stats import binomtest
+
+from stats import ladder_fit, scaling
+from stats.ladder_noise import cpu_ladder
+
+DRIFT = (1.6, 1.6, 3.0)  # gelu's and aglu's optima falling 1.6x over the ladder, relu2's 3x (experiments/cpu_ladder.md)
+
+
+def ci(rate, n):
+    return binomtest(round(rate["rate"] * n), n).proportion_ci(0.99)
+
+
+def test_arm_specific_lr_drift_declares_nothing_under_the_horizon_design_and_much_under_the_smallest():
+    """No activation effect, each arm's optimum drifting at its own rate: Holm's family (each size's pair, the
+    multipliers, the trends) declares something in at most 5% of ladders under the horizon design, and in most under
+    the pick at the smallest size; with planted multipliers (1, 0.958, 0.892, the CPU ladder's headline) the
+    horizon design's headline intervals cover at 93-97%; 100 ladders each, up to their 99% Monte-Carlo interval."""
+    n = 100
+    horizon = scaling_calibrate(cpu_ladder((1.0, 1.0, 1.0), DRIFT, "horizon", 6), n)
+    smallest = scaling_calibrate(cpu_ladder((1.0, 1.0, 1.0), DRIFT, "smallest", 6), n)
+    assert ci(horizon["family_wise"], n).low <= 0.05 and horizon["family_wise"]["rate"] <= 0.1, horizon
+    assert ci(horizon["false_alarm"], n).low <= 0.05, horizon
+    assert ci(smallest["family_wise"], n).low > 0.3, smallest
+    planted = scaling_calibrate(cpu_ladder((1.0, 0.958, 0.892), DRIFT, "horizon", 6), n)
+    assert ci(planted["coverage"], n).high >= 0.93 and ci(planted["coverage"], n).low <= 0.97, planted
+    assert planted["lr_within_tolerance"]["rate"] > 0.8, planted
+
+
+def scaling_calibrate(truth, n):
+    from stats.ladder_noise import calibrate
+
+    return calibrate(truth, scaling.Options(), n, 0)
+
+
+def test_printed_coverage_says_when_the_lr_stage_breaks_the_fit():
+    """One ladder drawn with relu2's optimum falling 3x under the shipped design: the report's printed coverage is
+    the worst over its perturbed truths, below 0.90 (its own fit's twin alone printed ~0.95), naming the lr drift;
+    the same ladder reported as run under the horizon design prints at least 0.85."""
+    truth = cpu_ladder((1.0, 1.0, 1.0), DRIFT, "smallest", 6)
+    losses = truth.draw(1, 3)[0]
+    ladder = {arm: {c: dict(enumerate(losses[a, s])) for s, c in enumerate(truth.compute)}
+              for a, arm in enumerate(("gelu", "aglu", "relu2"))}
+    shipped = ladder_fit.fit_ladder(ladder, "gelu", n_sims=10, lr_design=("smallest", 6))["calibration"]
+    assert shipped["coverage"]["rate"] < 0.9 <= shipped["twin"]["coverage"]["rate"], shipped
+    assert "lr optim" in shipped["worst"]["coverage"] and shipped["family_wise"]["rate"] > 0.2, shipped["worst"]
+    horizon = ladder_fit.fit_ladder(ladder, "gelu", n_sims=10, lr_design=("horizon", 6))["calibration"]
+    assert horizon["coverage"]["rate"] >= 0.85, horizon
+    assert np.isfinite(horizon["family_wise"]["rate"])
