@@ -30,7 +30,6 @@ from analysis.runs import RunError, markdown_table
 from analysis.scaling_plot import plot_scaling
 from errors import ConfigError
 from stats import ladder_fit, lr_grid, scaling
-from stats.ladder_noise import DESIGNS
 from stats.family import adjust
 from stats.significance import paired
 
@@ -132,6 +131,9 @@ def read_ladder(out, points, baseline):
     plan = plan_of(out)
     ladder = plan.get("ladder") or {}
     lr_seeds = set(ladder.get("lr_seeds") or [])
+    # a horizon design's grid on the base shape at another size's steps: its picks set the lrs (after_grid.json)
+    horizons = [f"_{name}_lr" for name in ladder.get("grid_sizes", {}) if name not in ladder.get("sizes", {})]
+    points = [p for p in points if not any(h in p["path"] for h in horizons)]
     grid_points = [p for p in points if p["seed"] in lr_seeds]
     points = [p for p in points if p["seed"] not in lr_seeds]
     arms = sorted({p["arm"] for p in points})
@@ -147,7 +149,7 @@ def read_ladder(out, points, baseline):
                            "compute") for s in by_size}
     sizes = sorted(by_size, key=lambda s: (compute_of[s], tuple(x or 0 for x in s)))  # by compute
     return LadderRuns(arms, baseline, sizes, by_size, grid_by_size, lr_seeds, points, len(grid_points), audit_size,
-                      audit, "horizon" if ladder.get("lr_horizons") else "smallest")
+                      audit, ladder.get("lr_design", "smallest"))
 
 
 def runs_section(out, ladder, unfinished):
@@ -404,7 +406,7 @@ def calibration_sentence(fit, opts):
                  f"({worst['false_alarm']})")
     if cal.get("family_wise"):
         text += f" and Holm's family declared something in {_rate(cal['family_wise'])} ({worst['family_wise']})"
-    text += (f". The lr stage in them: {DESIGNS.get(cal['lr_design'], 'none')}. The fitted configuration: "
+    text += (f". The lr stage in them: {lr_grid.DESIGNS.get(cal['lr_design'], 'none')}. The fitted configuration: "
              f"{cal['assumptions']}.")
     if cal["coverage"]["rate"] < 0.9 or (cal.get("family_wise") or {"rate": 0})["rate"] > 1 - fit["confidence"]:
         text += (" This ladder's design does not hold its intervals' level or Holm's error on a truth its data "

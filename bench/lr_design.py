@@ -27,14 +27,14 @@ from stats.ladder_noise import calibrate, configurations, cpu_ladder
 
 DRIFT = (1.6, 1.6, 3.0)  # gelu's and aglu's optima falling 1.6x over the ladder, relu2's 3x
 PLANTED = (1.0, 0.958, 0.892)  # experiments/cpu_ladder.md's headline multipliers
-DESIGNS = (("smallest", 6), ("horizon", 6), ("horizon", 2), ("horizon", 1))
+DESIGNS = (("smallest", 6), ("horizon", 6), ("horizon", 2), ("horizon", 1), ("ends", 2), ("ends", 1))
 
 
 def designs(sims, seed):
     """Each design and lr seeds, the shape moving the optimum or not: the null's and the planted truth's rates."""
     out = {}
     for design, lr_seeds in DESIGNS:
-        for transfer in (1.0, 1.21):
+        for transfer in (1.0, 1.21, 2.0):
             null = calibrate(cpu_ladder((1.0,) * 3, DRIFT, design, lr_seeds, transfer), scaling.Options(), sims, seed)
             planted = calibrate(cpu_ladder(PLANTED, DRIFT, design, lr_seeds, transfer), scaling.Options(), sims, seed)
             row = {"family_wise": null["family_wise"], "false_alarm": null["false_alarm"],
@@ -55,6 +55,8 @@ def breaking_truths():
         "horizon design, relu2's optimum 3x": replace(planted, lr=replace(planted.lr, design="horizon")),
         "a second power term (half the exponent, as large as the first at D) in every arm, lrs at the optima":
             replace(planted, lr=None, curves=tuple((e, t + (second,)) for e, t in planted.curves)),
+        "a second power term (half the exponent, as large as the first at D) in relu2's law alone, lrs at the "
+        "optima": replace(planted, lr=None, curves=(*planted.curves[:2], (e, planted.curves[2][1] + (second,)))),
         "relu2's floor E 0.05 lower, lrs at the optima": replace(
             planted, lr=None, curves=(*planted.curves[:2], (e - 0.05, planted.curves[2][1]))),
     }

@@ -26,11 +26,7 @@ from scipy.stats import binomtest, ttest_rel
 
 from stats import scaling
 from stats.family import holm
-
-
-DESIGNS = {"smallest": "each arm's lr picked on a grid at the smallest size and run at every size",
-           "horizon": "each arm's lr the vertex of a grid on the base shape at the smallest size's horizon and at the "
-                      "largest's, interpolated in log tokens between them (CompleteP carrying width and depth)"}
+from stats.lr_grid import DESIGNS, best_and_vertex
 
 
 LR_TOLERANCE = 1.4  # an arm's lr this close to its optimum at a size counts as at it (issue 58's target)
@@ -48,7 +44,8 @@ class LrStage:
     largest rung's, geometric in log C between). A grid's points are its `seeds` runs' mean, each run of its rung's
     seed sd. The pick is stats/lr_grid.py's rule (best_and_vertex): "smallest" runs every rung at the grid's best
     point at the smallest rung; "horizon" grids the base shape at the smallest and the largest rung's horizons and
-    runs rung r at the vertices interpolated in log C (the best point where a grid has no vertex). The tuning audit
+    runs rung r at the vertices interpolated in log C (the best point where a grid has no vertex); "ends" the same
+    with the grids at the smallest and the largest rung's own shapes, which see the shape's move. The tuning audit
     re-grids at the largest rung on fresh seeds and flags an arm whose lr lies more than `audit` x from that grid's
     vertex, or whose best point there is an edge or no minimum."""
     grid: tuple = tuple(range(6))  # log2 lr, an octave apart as configs/ladder_cpu.toml's grid
@@ -73,8 +70,6 @@ class LrStage:
     def draw(self, truth, n, rng):
         """(penalty (n, K, S) each arm pays at each rung for its lr, whether the arms' lrs at the largest rung
         differ (n,), whether the audit flags any arm (n,), each arm's lr over its optimum (n, K, S) in log2)."""
-        from stats.lr_grid import best_and_vertex
-
         if self.design not in DESIGNS:
             raise ValueError(f"lr design {self.design!r}: one of {', '.join(DESIGNS)}")
         k, s = len(truth.curves), len(truth.compute)
@@ -92,8 +87,9 @@ class LrStage:
 
         if self.design == "smallest":
             lr = np.repeat(chosen(base[:, :, 0], 0, self.seeds, False)[0][:, :, None], s, axis=2)
-        else:
-            low, high = (chosen(base[:, :, r], r, self.seeds, True)[0] for r in (0, s - 1))
+        else:  # the horizon design grids the base shape, the ends design each end's own
+            grids = base if self.design == "horizon" else optimum
+            low, high = (chosen(grids[:, :, r], r, self.seeds, True)[0] for r in (0, s - 1))
             frac = (log_c - log_c[0]) / (log_c[-1] - log_c[0])
             lr = low[..., None] + (high - low)[..., None] * frac
         _, top, best = chosen(optimum[:, :, -1], s - 1, 1, True)
@@ -104,7 +100,7 @@ class LrStage:
     def words(self):
         shift = np.broadcast_to(np.asarray(self.shift, float), (1,)) if np.ndim(self.shift) == 0 else self.shift
         curvature = np.atleast_1d(np.asarray(self.curvature, float))
-        return (f"{DESIGNS[self.design]} ({len(self.grid)}-point octave grid{'s' if self.design == 'horizon' else ''}"
+        return (f"{DESIGNS[self.design]} ({len(self.grid)}-point octave grid{'' if self.design == 'smallest' else 's'}"
                 f", {self.seeds} own seed{'s' if self.seeds > 1 else ''}), each arm's optimum falling "
                 f"{', '.join(f'{v:g}' for v in shift)}x over the ladder"
                 + (f", a size's shape moving it up to {self.transfer:g}x" if self.transfer != 1 else "")

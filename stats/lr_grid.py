@@ -27,6 +27,12 @@ RULE = ("best lr: the grid point with the lowest mean final loss over seeds (a p
 # consecutive log-lr steps may differ by this fraction: 3e-4, 6e-4, 1.2e-3 pass, and so do rounded grids
 # such as 1e-4, 3e-4, 1e-3 (steps ln 3 and ln 3.33)
 LOG_SPACING_TOLERANCE = 0.15
+# how a ladder chooses each arm's lr at each size (a plan's lr_design; stats/ladder_noise.py simulates each)
+DESIGNS = {"smallest": "each arm's lr picked on a grid at the smallest size and run at every size",
+           "horizon": "each arm's lr the vertex of a grid on the base shape at the smallest size's horizon and at the "
+                      "largest's, interpolated in log tokens between them (CompleteP carrying width and depth)",
+           "ends": "each arm's lr the vertex of a grid at the smallest size and one at the largest, interpolated in "
+                   "log tokens between them"}
 AUDIT_FACTOR = 2.0  # a pick this far from the audit's vertex (either way) is flagged
 AUDIT_STEPS = (-1.5, -0.5, 0.5, 1.5)  # the audit's lrs: the pick times the grid's ratio to these powers
 

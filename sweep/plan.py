@@ -43,9 +43,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 from analysis.runs import RunError, load_run, summary
 from errors import ConfigError
-from stats.lr_grid import check_grid, pick
+from stats.lr_grid import DESIGNS, check_grid, pick
 from sweep.launchers import Resources, read_resources
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +63,7 @@ PARAM_KEYS = ("param", "base_width", "base_depth")  # the plan's parametrization
 TRANSFERRING = ("mup", "completep")  # parametrizations whose lr transfers across sizes (model.py)
 SHAPE_KEYS = ("n_layer", "n_embd", "n_head")
 SIZE_KEYS = (*SHAPE_KEYS, "max_steps")
-LADDER_KEYS = ("lrs", "lr_size", "lr_seeds", "sizes")
+LADDER_KEYS = ("lrs", "lr_size", "lr_seeds", "sizes", "lr_design")
 
 
 class Variant(NamedTuple):
@@ -77,6 +79,12 @@ class Ladder:
     lr_size: str | None
     lr_seeds: list | None = None  # the grid's own seeds (None: the sweep's seeds, the choice then made on them)
     audit_size: str | None = None  # where the tuning audit re-grids every arm (the largest size), on lr_seeds[0]
+    design: str = "smallest"  # stats/ladder_noise.py DESIGNS: how each arm's lr at each size is chosen
+    grid_sizes: dict | None = None  # {name: its table} where the grids run; None: lr_size alone
+
+    def grids(self):
+        """The sizes whose lr grids run, by name (their tables in grid_sizes or sizes)."""
+        return list(self.grid_sizes) if self.grid_sizes else [self.lr_size] if self.lr_size else list(self.sizes)
 
 
 class PlanFile(NamedTuple):
@@ -220,7 +228,29 @@ def read_ladder(plan, where, lrs=None):
         raise ConfigError(f"{where}: lr_seeds must be a list of integers disjoint from seeds, with lr_size, "
                           f"got {lr_seeds!r}")
     largest = max(sizes, key=lambda name: size_compute(sizes[name])) if lr_seeds else None
-    return Ladder(lrs or [None], sizes or {None: {}}, lr_size, lr_seeds, largest if largest != lr_size else None)
+    design = plan.get("lr_design", "smallest")
+    if design == "smallest":
+        return Ladder(lrs or [None], sizes or {None: {}}, lr_size, lr_seeds, largest if largest != lr_size else None)
+    if design not in DESIGNS or not lr_seeds or largest == lr_size or (
+            design == "horizon" and plan.get("param") not in TRANSFERRING):
+        raise ConfigError(f"{where}: lr_design {design!r} must be one of {', '.join(DESIGNS)} and needs lr_seeds, "
+                          "two sizes or more and lrs" + (f", and a param that transfers the lr across shapes "
+                                                         f"({', '.join(TRANSFERRING)})" if design == "horizon" else ""))
+    # the horizon design grids the base shape at the largest size's steps too; the ends design the largest itself
+    far = f"{lr_size}_T{largest}" if design == "horizon" else largest
+    grid_sizes = {lr_size: sizes[lr_size], far: {**sizes[lr_size], "max_steps": sizes[largest]["max_steps"]}
+                  if design == "horizon" else sizes[largest]}
+    return Ladder(lrs, sizes, lr_size, lr_seeds, largest if design == "horizon" else None, design, grid_sizes)
+
+
+def lr_at(ladder, picks, size):
+    """An arm's lr at a size of a ladder whose grids ran at several horizons (design horizon or ends): picks {grid
+    size: its pick (stats/lr_grid.py)}, each grid's vertex (its best lr at an edge) as a power of the horizon through
+    them (log lr linear in log steps: Bjorck et al. 2024), read at the size's steps."""
+    steps = [ladder.grid_sizes[name]["max_steps"] for name in picks]
+    vertex = [p["interpolated_lr"] or p["best_lr"] for p in picks.values()]
+    slope, intercept = np.polyfit(np.log(steps), np.log(vertex), 1)
+    return float(f"{math.exp(intercept + slope * math.log(ladder.sizes[size]['max_steps'])):.3g}")
 
 
 def size_compute(table):
@@ -260,7 +290,7 @@ def size_options(ladder, trainer):
         raise ConfigError("sizes are GPT-2 shapes (n_layer, n_embd, n_head); the translation trainer's ladder is lrs "
                           "alone")
     return {name: [o for k in SIZE_KEYS for o in (flag(k), str(table[k]))] if name else []
-            for name, table in ladder.sizes.items()}
+            for name, table in {**ladder.sizes, **(ladder.grid_sizes or {})}.items()}
 
 
 def from_args(args, overrides):

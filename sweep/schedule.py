@@ -21,7 +21,7 @@ from errors import ConfigError
 from sweep import launchers, status
 from sweep.cost import bench_rates, cost_text, run_rates
 from stats.lr_grid import audit_lrs
-from sweep.plan import Plan, grid_pick, run_dir
+from sweep.plan import Plan, grid_pick, lr_at, run_dir
 
 
 def train_argv(plan, variant_options, seed, path, overrides):
@@ -38,14 +38,14 @@ def run_sweep(plan, out, corpus_options=()):
     if ladder is None:  # seed by seed: a sweep stopped early still pairs every variant with its baseline
         phases = [[(label, opts, seed, None, None) for seed in plan.seeds for label, opts, _ in plan.variants]]
     else:
-        grid_sizes = [ladder.lr_size] if ladder.lr_size else list(ladder.sizes)
+        grid_sizes = ladder.grids()
         lrs = {label: ladder.lrs for label in plan.labels}
         rest = [size for size in ladder.sizes if size not in grid_sizes or ladder.lr_seeds]
         # the other sizes (with lr_seeds, every size) run at each arm's best lr of the whole grid, known once every
         # grid run finished; their FLOPs do not depend on it
         phases = [ladder_jobs(plan, grid_sizes, lrs, grid_seeds(plan)),
                   ladder_jobs(plan, rest, {label: [None] for label in lrs}) + audit_jobs(plan, {})]
-    sizes = list(ladder.sizes) if ladder else [None]
+    sizes = list(plan.size_options) if ladder else [None]
     runs = sorted(((size, [*opts, *overrides]) for phase in phases for _, opts, _, size, _ in phase),
                   key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
     print(cost_text(plan.trainer, plan.config, runs, *throughput(plan, out)))
@@ -105,32 +105,45 @@ class AfterGrid:
             return []
         if self.token:
             write_after_grid(out, state="running")
-        grid = {label: {lr: {seed: run_dir(out, label, seed, ladder.lr_size, lr) for seed in grid_seeds(plan)}
-                        for lr in ladder.lrs} for label in plan.labels}
+        grid = {(label, size): {lr: {seed: run_dir(out, label, seed, size, lr) for seed in grid_seeds(plan)}
+                                for lr in ladder.lrs} for label in plan.labels for size in ladder.grids()}
         unfinished = [path.name for lrs in grid.values() for seeds in lrs.values() for path in seeds.values()
                       if not finished(path)]
         try:
             if unfinished:
                 raise ConfigError(f"the lr grid has {len(unfinished)} unfinished run(s) ({', '.join(unfinished[:4])}"
                                   f"{' ...' if len(unfinished) > 4 else ''}); rerun the sweep to finish it")
-            picks = {label: grid_pick(label, dirs) for label, dirs in grid.items()}
+            picks = {key: grid_pick(key[0], dirs) for key, dirs in grid.items()}
             if (edges := [(a, p) for a, p in picks.items() if p["edge"]]) and not plan.allow_edge_lr:
                 raise ConfigError("; ".join(
-                    f"{a}'s best lr {p['best_lr']:g} at size {ladder.lr_size} is the grid's "
-                    f"{'lowest' if p['edge'] == 'low' else 'highest'}" for a, p in edges)
+                    f"{a}'s best lr {p['best_lr']:g} at size {size} is the grid's "
+                    f"{'lowest' if p['edge'] == 'low' else 'highest'}" for (a, size), p in edges)
                     + ": the optimum may lie outside the grid. Extend lrs " + " and ".join(sorted(
                         {'downward' if p['edge'] == 'low' else 'upward' for _, p in edges})) + " and rerun with a new "
                     "--out-dir, or pass --allow-edge-lr to run the ladder at the edge")
-            best = {label: p["best_lr"] for label, p in picks.items()}
+            lrs = size_lrs(plan, picks, self.sizes)
         except ConfigError as e:
             if self.token:
                 write_after_grid(out, state="failed", error=str(e))
             raise
-        tqdm.write(f"best lr at size {ladder.lr_size}: " + ", ".join(f"{a} {lr:g}" for a, lr in best.items()))
+        best = {label: lrs[label][ladder.audit_size or self.sizes[-1]] for label in plan.labels}
+        tqdm.write("lr by size: " + "; ".join(f"{a} " + ", ".join(f"{s} {lr:g}" for s, lr in by_size.items())
+                                               for a, by_size in lrs.items()))
         if self.token:
-            write_after_grid(out, state="ended", best=best)
-        return launch(plan, self.overrides, out, ladder_jobs(plan, self.sizes, {a: [lr] for a, lr in best.items()})
+            write_after_grid(out, state="ended", best=best, lrs=lrs)
+        return launch(plan, self.overrides, out, ladder_jobs(
+            plan, self.sizes, {a: {size: [lr] for size, lr in by_size.items()} for a, by_size in lrs.items()})
                       + audit_jobs(plan, best))
+
+
+def size_lrs(plan, picks, sizes):
+    """{arm: {size: its lr}} from the grids' picks {(arm, grid size): pick}: the best lr at every size (design
+    smallest), or the grids' vertices as a power of the horizon (sweep/plan.py lr_at)."""
+    ladder = plan.ladder
+    if ladder.design == "smallest":
+        return {a: {size: picks[(a, ladder.lr_size)]["best_lr"] for size in sizes} for a in plan.labels}
+    return {a: {size: lr_at(ladder, {g: picks[(a, g)] for g in ladder.grids()}, size) for size in sizes}
+            for a in plan.labels}
 
 
 def read_after_grid(out):
@@ -174,7 +187,9 @@ def write_plan(plan, overrides, out):
               "nproc_per_node": plan.nproc_per_node, "variants": {label: opts for label, opts, _ in plan.variants},
               "ladder": ladder and {"sizes": plan.size_options, "lrs": ladder.lrs, "lr_size": ladder.lr_size,
                                     **({"lr_seeds": ladder.lr_seeds} if ladder.lr_seeds else {}),
-                                    **({"audit_size": ladder.audit_size} if ladder.audit_size else {})}}
+                                    **({"audit_size": ladder.audit_size} if ladder.audit_size else {}),
+                                    **({"lr_design": ladder.design, "grid_sizes": ladder.grid_sizes}
+                                       if ladder.design != "smallest" else {})}}
     kept = ("trainer", "config", "overrides", "nproc_per_node", "ladder")
     if plan_path.exists():  # the same variant in the same directory must mean the same run
         old = {"trainer": "gpt2", **json.loads(plan_path.read_text())}
@@ -196,9 +211,11 @@ def grid_seeds(plan):
 
 def ladder_jobs(plan, sizes, lrs, seeds=None):
     """(label, options, seed, size, lr) of each run, seed by seed (seeds: the sweep's by default), then size by size:
-    a ladder stopped early still has every arm and size on its first seeds."""
+    a ladder stopped early still has every arm and size on its first seeds. lrs: {label: [lr]}, or {label: {size:
+    [lr]}} where the lr depends on the size."""
     return [(label, [*opts, *plan.size_options[size], *plan.lr_options(lr)], seed, size, lr)
-            for seed in seeds or plan.seeds for size in sizes for label, opts, _ in plan.variants for lr in lrs[label]]
+            for seed in seeds or plan.seeds for size in sizes for label, opts, _ in plan.variants
+            for lr in (lrs[label][size] if isinstance(lrs[label], dict) else lrs[label])]
 
 
 def audit_jobs(plan, best):

@@ -29,7 +29,7 @@ def planned_runs(plan, out):
     names = []
     ladder = plan.ladder
     if ladder and ladder.lr_seeds:  # the grid on its own seeds, then every size on the compared ones
-        names += [run_dir(out, label, seed, ladder.lr_size, lr).name for seed in ladder.lr_seeds
+        names += [run_dir(out, label, seed, size, lr).name for seed in ladder.lr_seeds for size in ladder.grids()
                   for label in plan.labels for lr in ladder.lrs]
     for seed in plan.seeds:
         for size in (ladder.sizes if ladder else [None]):

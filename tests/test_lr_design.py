@@ -2,6 +2,10 @@
 ladder's shape whose arms' optima fall with the horizon at their own rates, the report's verdicts and printed
 coverage under the shipped design (each arm's lr picked at the smallest size) and the horizon design (the base
 shape gridded at the smallest and the largest size's horizons, the lr interpolated in log tokens between)."""
+import json
+import subprocess
+from pathlib import Path
+
 import numpy as np
 from scipy.stats import binomtest
 
@@ -51,3 +55,44 @@ def test_printed_coverage_says_when_the_lr_stage_breaks_the_fit():
     horizon = ladder_fit.fit_ladder(ladder, "gelu", n_sims=10, lr_design=("horizon", 6))["calibration"]
     assert horizon["coverage"]["rate"] >= 0.85, horizon
     assert np.isfinite(horizon["family_wise"]["rate"])
+
+
+def test_horizon_design_grids_the_base_shape_at_two_horizons_and_runs_each_size_at_its_interpolated_lr(
+        tmp_path, monkeypatch):
+    """lr_design = "horizon": the grid runs on the base shape (size a) at its own steps and at the largest size's
+    (a_Tb, on lr_seeds), and each size runs each arm at the grids' vertices as a power of the horizon, read at its
+    steps: gelu's optimum falls as steps^-0.32 (2e-3 at 10 steps), so size m (14 steps) runs it at 1.8e-3 and b (20
+    steps) at 1.6e-3; the tuning audit then checks b's lr at b."""
+    from sweep import cli
+    from test_ladder import BEST, PLAN, ladder_run, option
+    from test_sweep import launches
+
+    calls = []
+
+    def fake(cmd, stdout=None, stderr=None):
+        calls.append(cmd)
+        act, lr, seed, steps = (option(cmd, "--act"), float(option(cmd, "--max-lr")), int(option(cmd, "--seed")),
+                                int(option(cmd, "--max-steps")))
+        shape = tuple(int(option(cmd, f"--{k}")) for k in ("n-layer", "n-embd", "n-head"))
+        best = BEST[act] * (steps / 10) ** -0.32
+        ladder_run(Path(option(cmd, "--out-dir")), act, shape, lr, seed, 4.0 - steps / 100 + np.log(lr / best) ** 2,
+                   1000 * shape[0], steps, param=option(cmd, "--param"), base_width=32)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    middle = "[sizes.m]\nn_layer = 1\nn_embd = 48\nn_head = 2\nmax_steps = 14\n"
+    plan = PLAN.replace('lr_size = "a"', 'lr_seeds = [7]\nlr_design = "horizon"\nparam = "completep"\n'
+                                         'base_width = 32\nbase_depth = 1').replace("[sizes.b]", middle + "[sizes.b]")
+    (tmp_path / "plan.toml").write_text(plan.replace('act = "relu"', 'act = "relu2"'))
+    monkeypatch.setitem(BEST, "relu2", 2e-3)
+    launches(monkeypatch, fake)
+    cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--resamples", "2"])
+    runs = [(option(c, "--act"), option(c, "--n-layer") + "x" + option(c, "--n-embd"), option(c, "--max-steps"),
+             option(c, "--max-lr"), option(c, "--seed")) for c in calls]
+    grid = {(a, steps, lr) for a, shape, steps, lr, seed in runs if seed == "7" and shape == "1x32"}
+    assert grid == {(a, steps, f"{lr:g}") for a in ("gelu", "relu2") for steps in ("10", "20")
+                    for lr in (1e-3, 2e-3, 4e-3)}
+    compared = {(a, steps, lr) for a, _, steps, lr, seed in runs if seed in ("1", "2")}
+    audit = {(a, lr) for a, shape, steps, lr, seed in runs if seed == "7" and shape == "2x32"}
+    assert compared == {(a, steps, lr) for a in ("gelu", "relu2")
+                        for steps, lr in (("10", "0.002"), ("14", "0.0018"), ("20", "0.0016"))}
+    assert audit == {(a, f"{1.6e-3 * 2 ** k:.3g}") for a in ("gelu", "relu2") for k in (-1.5, -0.5, 0.5, 1.5)}
