@@ -29,7 +29,7 @@ from stats.family import holm
 from stats.lr_grid import DESIGNS, best_and_vertex
 
 
-LR_TOLERANCE = 1.4  # an arm's lr this close to its optimum at a size counts as at it (issue 58's target)
+LR_TOLERANCE = 1.4  # an arm's lr this close to its optimum at a size counts as at it
 
 
 @dataclass(frozen=True)

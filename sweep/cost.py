@@ -64,12 +64,13 @@ def run_rates(directories):
     return {act: statistics.median(values) for act, values in seen.items()}, "the finished runs of this sweep"
 
 
-def cost_text(trainer, config, runs, rates, source):
-    """The cost lines of runs [(size or None, trainer options)]."""
+def cost_text(trainer, config, runs, rates, source, stages=None):
+    """The cost lines of runs [(size or None, trainer options)]; stages: each run's stage ("lr grid", "ladder",
+    "tuning audit"), for a line with the lr stage's share, or None."""
     if trainer != "gpt2":
         return f"cost: {len(runs)} runs; FLOPs are counted for the GPT-2 trainer only"
-    cache, per_size = {}, {}
-    for size, options in runs:
+    cache, per_size, per_stage = {}, {}, {}
+    for i, (size, options) in enumerate(runs):
         try:
             act, flops = gpt2_flops(config, options, cache)
         except ConfigError as e:  # the trainer says it again, in its own words, when the run starts
@@ -79,6 +80,8 @@ def cost_text(trainer, config, runs, rates, source):
         row[0] += 1
         row[1] += flops
         row[2] += flops / rate / 3600 if rate else 0.0
+        if stages:
+            per_stage[stages[i]] = per_stage.get(stages[i], 0.0) + flops
     total = [sum(row[i] for row in per_size.values()) for i in range(3)]
     hours = lambda h: f"{h:,.1f}" if rates else "not measured"
     rows = [[size, n, f"{flops / n:.3g}", f"{flops:.3g}", hours(h)] for size, (n, flops, h) in per_size.items()]
@@ -89,5 +92,8 @@ def cost_text(trainer, config, runs, rates, source):
     else:
         note = ("GPU-hours: not measured; pass --throughput FILE (bench/train_step.py --json on the target GPU) or "
                 "finish some runs of this plan")
+    lr_stage = {k: v for k, v in per_stage.items() if k != "ladder"}
+    shares = (f"\nthe lr stage: {sum(lr_stage.values()):.3g} FLOPs, {sum(lr_stage.values()) / total[1]:.1%} of the "
+              "total (" + ", ".join(f"{k} {v / total[1]:.1%}" for k, v in lr_stage.items()) + ")") if lr_stage else ""
     return (f"cost: {total[0]} runs, {total[1]:.3g} training FLOPs (model.py's flops_per_token x tokens)\n"
-            + markdown_table(["size", "runs", "FLOPs/run", "FLOPs", "GPU-hours"], rows) + f"\n{note}")
+            + markdown_table(["size", "runs", "FLOPs/run", "FLOPs", "GPU-hours"], rows) + f"\n{note}{shares}")

@@ -11,6 +11,11 @@ Beside those, a plan file may name a ladder:
     lr_seeds = [11, 12]        # optional: the grid on these seeds, disjoint from `seeds`; then every size, lr_size
                                # too, runs each arm at its picked lr on `seeds`: the lr is chosen on other runs than
                                # the ones compared, so the choice's luck (a winner's curse) cannot favour an arm
+    lr_design = "horizon"      # optional, with lr_seeds (stats/lr_grid.py DESIGNS): "smallest" (the default)
+                               # runs every size at the grid's pick at lr_size; "horizon" grids lr_size's shape at
+                               # its own steps and at the largest size's too (size LRSIZE_TLARGEST), "ends" grids the
+                               # smallest and the largest size: each arm then runs each size at the grids' vertices
+                               # as a power of the horizon, read at the size's steps (lr_at)
     param = "completep"        # optional: every run's parametrization (model.py PARAMETRIZATIONS), with
     base_width = 64            # base_width and base_depth (else the config's): the lr then transfers across sizes,
     base_depth = 2             # so the grid runs at the smallest size (lr_size defaults to it; another is refused)

@@ -46,9 +46,12 @@ def run_sweep(plan, out, corpus_options=()):
         phases = [ladder_jobs(plan, grid_sizes, lrs, grid_seeds(plan)),
                   ladder_jobs(plan, rest, {label: [None] for label in lrs}) + audit_jobs(plan, {})]
     sizes = list(plan.size_options) if ladder else [None]
-    runs = sorted(((size, [*opts, *overrides]) for phase in phases for _, opts, _, size, _ in phase),
+    own_seeds = set(grid_seeds(plan)) if ladder and ladder.lr_seeds else set()
+    runs = sorted(((size, [*opts, *overrides], "lr grid" if i == 0 and ladder else "tuning audit" if seed in
+                    own_seeds else "ladder") for i, phase in enumerate(phases) for _, opts, seed, size, _ in phase),
                   key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
-    print(cost_text(plan.trainer, plan.config, runs, *throughput(plan, out)))
+    print(cost_text(plan.trainer, plan.config, [run[:2] for run in runs], *throughput(plan, out),
+                    [run[2] for run in runs]))
     if plan.dry_run:
         if plan.resources.kind == "slurm":
             print(sbatch_text(plan, out, phases))

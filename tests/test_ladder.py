@@ -313,15 +313,19 @@ def test_throughput_is_looked_up_by_the_arm_and_a_missing_one_said(tmp_path):
     ("configs/ladder_gpu.toml", dict(vocab_size=50304, block_size=1024), lambda n: math.ceil(20 * n / 2 ** 19))])
 def test_shipped_ladder_plans_follow_their_budget_rule(plan, config, steps):
     """Each size's max_steps by its plan's stated rule of N, the parameters outside the embeddings; under completep,
-    the grid at the smallest size (the base) and the audit at the largest."""
+    the grid at the smallest size (the base) and at its shape with the largest size's steps (lr_design "horizon"),
+    and the audit at the largest."""
     _, ladder = cli.parse_args(["--plan", plan, "--out-dir", "x"])
-    for size, opts in ladder.size_options.items():
+    sizes = list(ladder.ladder.sizes)
+    for size in sizes:
+        opts = ladder.size_options[size]
         shape = {k: int(option(opts, f"--{k.replace('_', '-')}")) for k in ("n_layer", "n_embd", "n_head")}
         with torch.device("meta"):
             n = GPT(GPTConfig(**config, **shape), seed=0).param_counts()["non_embedding"]
         assert int(option(opts, "--max-steps")) == steps(n), size
-    sizes = list(ladder.size_options)
     assert (ladder.ladder.lr_size, ladder.ladder.audit_size) == (sizes[0], sizes[-1])
+    horizon = ladder.size_options[f"{sizes[0]}_T{sizes[-1]}"]
+    assert horizon == ladder.size_options[sizes[0]][:-1] + ladder.size_options[sizes[-1]][-1:]
     assert all(option(opts, "--param") == "completep" for _, opts, _ in ladder.variants)
     assert len(ladder.ladder.lrs) >= 3 and len(ladder.variants) >= 3
 
