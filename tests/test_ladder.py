@@ -200,9 +200,9 @@ def test_report_only_reads_a_ladder_from_run_json_in_any_directories(tmp_path):
         "results": {"gelu": {"contender": {"act": "gelu"}, "tok_per_s": 1000.0, "flops_per_token": 100},
                     "relu2": {"contender": {"act": "relu2"}, "tok_per_s": 800.0, "flops_per_token": 100}}}))
     with pytest.raises(SystemExit, match="pass --extrapolate"):
-        cli.main(["--report-only", str(tmp_path), "--target", "gpt2-124m-10b", "--resamples", "5"])
+        cli.main(["--report-only", str(tmp_path), "--target", "gpt2-124m-10b", "--resamples", "2"])
     cli.main(["--report-only", str(tmp_path), "--baseline", "gelu", "--throughput", str(tmp_path / "bench.json"),
-                "--resamples", "5", "--target", "gpt2-124m-10b", "--extrapolate"])
+                "--resamples", "2", "--target", "gpt2-124m-10b", "--extrapolate"])
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert result["best_lr"] == {"gelu": {"L1-d32-h2": 3e-3}, "relu2": {"L1-d32-h2": 3e-3}}
     # sizes by compute, not by shape: the largest shape is the cheapest here
@@ -236,7 +236,7 @@ def test_a_size_where_one_arm_ran_at_two_lrs_is_a_one_line_error_naming_them(tmp
     for seed in NOISE:
         ladder_run(tmp_path / f"stale{seed}", "gelu", SHAPES[1], 9e-3, seed, 3.0, 10 ** 6)
     with pytest.raises(SystemExit, match=r"at L2-d32-h2 gelu ran at 2 lrs \(0.003, 0.009\) and relu2 at one"):
-        cli.main(["--report-only", str(tmp_path), "--resamples", "5"])
+        cli.main(["--report-only", str(tmp_path), "--resamples", "2"])
 
 
 def test_a_ladder_of_equal_seeds_and_an_aa_control_is_reported(tmp_path):
@@ -251,7 +251,7 @@ def test_a_ladder_of_equal_seeds_and_an_aa_control_is_reported(tmp_path):
         (path / "run.json").write_text(json.dumps(info))
     (tmp_path / "sweep_plan.json").write_text(json.dumps({"baseline": "gelu", "ladder": {"lrs": [None]}}))
     shutil.rmtree(tmp_path / "job024")  # half-finished: the control's seed 3 at one size is missing
-    cli.main(["--report-only", str(tmp_path), "--resamples", "5"])
+    cli.main(["--report-only", str(tmp_path), "--resamples", "2"])
     result = json.loads((tmp_path / "sweep.json").read_text())
     assert result["arms"] == ["gelu", "gelu+init_seed_offset=1000000"]
     assert result["fit"]["multipliers"]["gelu+init_seed_offset=1000000"]["headline"]["multiplier"] == pytest.approx(1)
@@ -273,7 +273,7 @@ def test_the_report_prints_the_estimators_numbers_on_a_heteroscedastic_ladder(tm
                 loss = E + A * (640 * per_token) ** -alpha + sd * rng.standard_normal()
                 ladder_run(tmp_path / f"job{index:03d}", act, shape, 3e-3, seed, loss, per_token)
                 ladder.setdefault(act, {}).setdefault(640 * per_token, {})[seed] = loss
-    cli.main(["--report-only", str(tmp_path), "--resamples", "5"])
+    cli.main(["--report-only", str(tmp_path), "--resamples", "2"])
     fit, text = json.loads((tmp_path / "sweep.json").read_text())["fit"], (tmp_path / "sweep.md").read_text()
     arms, log_c, losses, _ = scaling.check_ladder(ladder, "gelu")
     est = scaling.estimate(losses[None], log_c, scaling.Options())

@@ -38,7 +38,7 @@ def test_fit_recovers_known_curve_from_noisy_seeds():
     truth = (2.5, 300.0, 0.15)  # ~4.0 nats at 1e15 FLOPs, 3.3 at 1e17
     ladder = ladder_of({"gelu": truth, "x": (2.5, 250.0, 0.15)}, compute=np.geomspace(1e15, 1e18, 7), seeds=5,
                        noise=0.002)
-    result = ladder_fit.fit_ladder(ladder, "gelu", n_sims=5)
+    result = ladder_fit.fit_ladder(ladder, "gelu", n_sims=2)
     fit, params = result["arms"]["gelu"], result["forms"]["shared"]["params"]["gelu"]
     assert fit["E"] == pytest.approx(truth[0], abs=0.03) and fit["alpha"] == pytest.approx(truth[2], rel=0.04)
     assert fit["A"] * 1e16 ** -fit["alpha"] == pytest.approx(truth[1] * 1e16 ** -truth[2], rel=0.02)
@@ -50,7 +50,7 @@ def test_multiplier_of_scaled_curve_fitted_and_curve_free():
     # same E and alpha, A_x = k A_base: L_x(C) = L_base(k^(-1/alpha) C), at every C
     k, alpha = 0.9, 0.15
     ladder = ladder_of({"gelu": (2.5, 300.0, alpha), "swiglu": (2.5, k * 300.0, alpha)})
-    result = ladder_fit.fit_ladder(ladder, "gelu", n_sims=5, throughput={"ratio": {"swiglu": {COMPUTE[0]: 0.8}},
+    result = ladder_fit.fit_ladder(ladder, "gelu", n_sims=2, throughput={"ratio": {"swiglu": {COMPUTE[0]: 0.8}},
                                                                        "source": "a bench run"})
     m = result["multipliers"]["swiglu"]
     assert m["headline"]["multiplier"] == pytest.approx(k ** (-1 / alpha), rel=1e-4)
@@ -69,7 +69,7 @@ def test_curve_free_disagreement_is_flagged_where_the_form_is_wrong():
     compute = np.geomspace(1e15, 1e18, 8)
     truth = LadderTruth(tuple(compute), ((2.0, ((300.0, 0.15),)), (2.1, ((300.0, 0.15),))), (0.0005,) * 8)
     ladder = ladder_of({"gelu": (2.0, 300.0, 0.15), "x": (2.1, 300.0, 0.15)}, compute=compute, noise=0.0005)
-    rows = ladder_fit.fit_ladder(ladder, "gelu", n_sims=5)["multipliers"]["x"]["at_sizes"]
+    rows = ladder_fit.fit_ladder(ladder, "gelu", n_sims=2)["multipliers"]["x"]["at_sizes"]
     free = [(row["compute"], row["curve_free"]) for row in rows if row["curve_free_status"] == "ok"]
     assert free and [m for _, m in free] == pytest.approx([np.exp(truth.log_multiplier(c)[0]) for c, _ in free],
                                                           rel=0.1)
@@ -79,13 +79,13 @@ def test_curve_free_disagreement_is_flagged_where_the_form_is_wrong():
 def test_trend_of_curves_with_different_exponents():
     # E shared, alpha_x != alpha_base: the slope of log m on log C is alpha_x / alpha_base - 1 exactly
     ladder = ladder_of({"gelu": (1.0, 30.0, 0.10), "relu2": (1.0, 30.0, 0.12)}, seeds=4, noise=1e-4)
-    trend = ladder_fit.fit_ladder(ladder, "gelu", n_sims=5)["multipliers"]["relu2"]["trend"]
+    trend = ladder_fit.fit_ladder(ladder, "gelu", n_sims=2)["multipliers"]["relu2"]["trend"]
     assert trend["slope"] == pytest.approx(0.2, rel=0.05) and trend["ci"][0] > 0 and trend["p"] < 1e-3
 
 
 def test_per_arm_curves_are_not_identified_by_four_sizes():
     ladder = ladder_of({"gelu": (2.5, 300.0, 0.15), "x": (2.5, 280.0, 0.15)}, compute=COMPUTE[:4])
-    forms = ladder_fit.fit_ladder(ladder, "gelu", n_sims=5)["forms"]
+    forms = ladder_fit.fit_ladder(ladder, "gelu", n_sims=2)["forms"]
     assert forms["shared"]["identified"] and forms["trend"]["identified"]
     assert not forms["per_arm"]["identified"] and "not identified by 4 sizes" in forms["per_arm"]["text"]
 
@@ -203,7 +203,7 @@ def test_curve_free_multiplier_is_unbiased_noise_free_at_every_size():
                        for c in compute},
               "x": {c: {s: LadderTruth(compute, (law,), (0.0,) * 6).loss(0, planted * c) for s in range(3)}
                     for c in compute}}
-    rows = ladder_fit.fit_ladder(ladder, "gelu", n_sims=5)["multipliers"]["x"]["at_sizes"]
+    rows = ladder_fit.fit_ladder(ladder, "gelu", n_sims=2)["multipliers"]["x"]["at_sizes"]
     read = [row["curve_free"] for row in rows if row["curve_free_status"] != "outside"]
     assert len(read) == 4 and read == pytest.approx([planted] * 4, rel=0.01)  # x beyond gelu at the top two
 
@@ -219,12 +219,12 @@ def test_sizes_off_the_curve_together_move_the_curve_not_the_comparison():
     losses = truth.draw(1, 0)[0] + offsets[None, :, None]
     ladder = {arm: {c: dict(enumerate(losses[a, s])) for s, c in enumerate(truth.compute)}
               for a, arm in enumerate(("gelu", "x", "y"))}
-    got = ladder_fit.fit_ladder(ladder, "gelu", n_sims=5)
+    got = ladder_fit.fit_ladder(ladder, "gelu", n_sims=2)
     x = got["multipliers"]["x"]["headline"]
     assert 0.04 <= got["forms"]["trend"]["size_effect_sd"] <= 0.07, got["forms"]["trend"]
     assert x["ci"][0] <= np.exp(truth.log_multiplier(truth.compute[-1])[0]) <= x["ci"][1], x
     assert x["ci"][1] / x["ci"][0] <= 1.35, x
-    before = ladder_fit.fit_ladder(ladder, "gelu", scaling.Options(size_effect=False), n_sims=5)
+    before = ladder_fit.fit_ladder(ladder, "gelu", scaling.Options(size_effect=False), n_sims=2)
     assert before["multipliers"]["x"]["headline"]["ci"][1] / before["multipliers"]["x"]["headline"]["ci"][0] > 1.5
 
 
@@ -236,7 +236,7 @@ def test_seeds_that_differ_more_than_the_noise_model_allows_are_flagged():
                        for c in COMPUTE},
               "x": {c: {s: 2.5 + 280 * c ** -0.15 + 0.05 * (s - 1) + 0.002 * rng.standard_normal() for s in range(3)}
                     for c in COMPUTE}}
-    per_seed = ladder_fit.fit_ladder(ladder, "gelu", n_sims=5)["multipliers"]["x"]["per_seed"]
+    per_seed = ladder_fit.fit_ladder(ladder, "gelu", n_sims=2)["multipliers"]["x"]["per_seed"]
     assert per_seed["multipliers"][0] > per_seed["multipliers"][1] > per_seed["multipliers"][2]
     assert per_seed["spread_over_model"] > 3 and per_seed["flag"]
 
@@ -260,7 +260,7 @@ def test_a_flat_baseline_step_is_not_resolved():
     ladder = {"gelu": {c: {s: b + 0.01 * rng.standard_normal() for s in range(3)} for c, b in zip(compute, base)},
               "x": {c: {s: b - 0.008 + 0.01 * rng.standard_normal() for s in range(3)}
                     for c, b in zip(compute, base)}}
-    result = ladder_fit.fit_ladder(ladder, "gelu", n_sims=5)
+    result = ladder_fit.fit_ladder(ladder, "gelu", n_sims=2)
     statuses = [row["curve_free_status"] for row in result["multipliers"]["x"]["at_sizes"]]
     assert "not resolved" in statuses
 
@@ -270,7 +270,7 @@ def test_a_floor_whose_interval_reaches_below_zero_is_not_identified():
     rng = np.random.default_rng(4)
     ladder = {a: {c: {s: 40 * c ** -0.05 * f + 0.01 * rng.standard_normal() for s in range(3)} for c in COMPUTE}
               for a, f in (("gelu", 1.0), ("x", 0.98))}
-    forms = ladder_fit.fit_ladder(ladder, "gelu", n_sims=5)["forms"]
+    forms = ladder_fit.fit_ladder(ladder, "gelu", n_sims=2)["forms"]
     e, alpha = forms["shared"]["params"]["gelu"]["E"], forms["shared"]["params"]["gelu"]["alpha"]
     assert e["ci"][0] < 0 and e["not_identified"].startswith("not identified: its 95% interval")
     assert alpha["ci"][0] > 0 and "not_identified" not in alpha
@@ -306,25 +306,25 @@ def test_lr_chosen_on_other_seeds_has_no_winners_curse():
 def test_target_beyond_the_ladder_is_refused_without_extrapolate():
     ladder = ladder_of({"gelu": (2.5, 300.0, 0.15), "x": (2.5, 280.0, 0.15)})
     with pytest.raises(ConfigError, match="extrapolation the ladder cannot support; pass --extrapolate"):
-        ladder_fit.fit_ladder(ladder, "gelu", target=("far", 1e19, None), n_sims=5)
+        ladder_fit.fit_ladder(ladder, "gelu", target=("far", 1e19, None), n_sims=2)
     with pytest.raises(ConfigError, match="vocabulary 50304, the ladder's 256"):
-        ladder_fit.fit_ladder(ladder, "gelu", target=("GPT-2's vocabulary", 5e17, 50304), vocab=256, n_sims=5)
-    near = ladder_fit.fit_ladder(ladder, "gelu", target=("near", 5e17, None), n_sims=5)["target"]
+        ladder_fit.fit_ladder(ladder, "gelu", target=("GPT-2's vocabulary", 5e17, 50304), vocab=256, n_sims=2)
+    near = ladder_fit.fit_ladder(ladder, "gelu", target=("near", 5e17, None), n_sims=2)["target"]
     assert near["extrapolation"] is False
-    far = ladder_fit.fit_ladder(ladder, "gelu", target=("far", 1e19, None), extrapolate=True, n_sims=5)
+    far = ladder_fit.fit_ladder(ladder, "gelu", target=("far", 1e19, None), extrapolate=True, n_sims=2)
     assert far["target"]["extrapolation"] and far["multipliers"]["x"]["target"]["multiplier"] > 0
 
 
 def test_the_headline_is_read_at_the_stated_reference_compute_inside_the_ladder():
     # x's exponent 1.2x gelu's: m grows with compute, and the headline follows the reference asked for
     ladder = ladder_of({"gelu": (2.5, 300.0, 0.15), "x": (2.5, 300.0 * 1e16 ** 0.03, 0.18)}, noise=1e-4)
-    top = ladder_fit.fit_ladder(ladder, "gelu", n_sims=5)["multipliers"]["x"]["headline"]
+    top = ladder_fit.fit_ladder(ladder, "gelu", n_sims=2)["multipliers"]["x"]["headline"]
     low = ladder_fit.fit_ladder(ladder, "gelu", scaling.Options(reference=COMPUTE[0]),
-                                n_sims=5)["multipliers"]["x"]["headline"]
+                                n_sims=2)["multipliers"]["x"]["headline"]
     assert top["compute"] == pytest.approx(COMPUTE[-1]) and low["compute"] == pytest.approx(COMPUTE[0])
     assert top["multiplier"] > 1.5 * low["multiplier"]
     with pytest.raises(ConfigError, match="outside the ladder .* with --target"):
-        ladder_fit.fit_ladder(ladder, "gelu", scaling.Options(reference=1e18), n_sims=5)
+        ladder_fit.fit_ladder(ladder, "gelu", scaling.Options(reference=1e18), n_sims=2)
 
 
 def test_target_is_model_py_flops_for_gpt2_124m_at_10b_tokens():
@@ -343,7 +343,7 @@ def test_statistics_of_scaling_import_no_torch():
 
 def test_figure_is_written_with_an_extrapolation(tmp_path):
     ladder = ladder_of({"gelu": (2.5, 300.0, 0.15), "swiglu": (2.5, 280.0, 0.15)}, noise=0.003)
-    fit = ladder_fit.fit_ladder(ladder, "gelu", target=("far", 1e19, None), extrapolate=True, n_sims=5)
+    fit = ladder_fit.fit_ladder(ladder, "gelu", target=("far", 1e19, None), extrapolate=True, n_sims=2)
     assert plot_scaling(fit, tmp_path / "scaling.png").stat().st_size > 10_000
 
 
@@ -409,5 +409,5 @@ def test_lr_grid_errors_are_one_line(grid, says):
 ])
 def test_ladder_errors_are_one_line(ladder, says):
     with pytest.raises(ConfigError, match=says) as e:
-        ladder_fit.fit_ladder(ladder, "gelu", n_sims=5)
+        ladder_fit.fit_ladder(ladder, "gelu", n_sims=2)
     assert "\n" not in str(e.value)
