@@ -111,10 +111,9 @@ class LrStage:
 class LadderTruth:
     """A ladder's true losses and noise. compute: each rung's training FLOPs (the same for every arm); curves: per
     arm, the baseline first, (E, ((A, alpha), ...)) for L = E + sum A C^-alpha; seed_sd: one run's sd at each rung;
-    seeds: runs per cell; common, shared, persistent: the fractions of the seed variance shared as the module says;
-    persistent: one number, or
-    each arm's own; arm_scale: each arm's sd over the baseline's (None: all 1); lr: the lr stage (LrStage), None for lrs at each
-    arm's optimum at every rung; size_effect_sd: the sd of each rung's own deviation from the curves, the same for
+    seeds: runs per cell; common, shared, persistent: the fractions of the seed variance shared as the module says
+    (persistent: one number, or each arm's own); arm_scale: each arm's sd over the baseline's (None: all 1); lr: the
+    lr stage (LrStage), None for lrs at each arm's optimum at every rung; size_effect_sd: the sd of each rung's own deviation from the curves, the same for
     every arm and seed there (a rung's shape: its depth, width and steps), drawn anew per ladder."""
     compute: tuple
     curves: tuple
@@ -190,7 +189,8 @@ class LadderTruth:
                 + ("" if self.arm_scale is None else
                    f" times {', '.join(f'{v:.3g}' for v in self.arm_scale)} by arm")
                 + f", of which {self.common:.0%} common to a seed's arms and sizes, {self.shared:.0%} shared by its "
-                f"arms at a size, {'/'.join(f'{v:.0%}' for v in np.atleast_1d(self.persistent))} one arm's own at every size"
+                f"arms at a size, {'/'.join(f'{v:.0%}' for v in np.atleast_1d(self.persistent))} one arm's own at "
+                "every size"
                 + ("" if not self.size_effect_sd else
                    f"; each size off the curves by a normal deviation of sd {self.size_effect_sd:.3g} its arms share")
                 + ("" if self.lr is None else f"; {self.lr.words()}"))

@@ -14,8 +14,8 @@ and the twin perturbed by what the fit cannot see, each within what the ladder's
     floor         a lower floor E for the baseline, each as large as the headline fit's own residual test (chi^2 at
                   5%) would detect DETECT of the time, noise-free.
 (A second term in one arm's law alone, as large as that test detects only 10% of the time, already took the
-headline's coverage to 0.85 on configuration b: experiments/lr_horizon.md. It is left out: no ladder of this kind
-could print more, whatever its truth.)
+headline's coverage to 0.85 on configuration b, experiments/lr_horizon.md: it is left out, as every such ladder would
+print that, whatever its truth.)
 Coverage is the headline's (the trend fit's twin); the trend's false alarm and Holm's family-wise error are a null
 twin's (every arm the baseline's law in the shared fit: a constant multiplier, and no arm differing); the lr and
 seed perturbations enter both, the curve perturbations coverage alone (they make the multiplier change). Every
