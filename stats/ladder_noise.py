@@ -13,8 +13,10 @@ the same shared weights and reads the same data order:
     the rest    each run's own.
 Each rung may sit off the curves by its own normal deviation (size_effect_sd), the same for every arm and seed
 there: a rung's shape, not its seeds (configuration g).
-With an lr stage (LrStage) each arm runs at the lr its grid picked at the smallest size, and pays for its distance
-from an optimum that moves with size; the true multiplier stays the arms' at their optimal lrs.
+With an lr stage (LrStage) each arm runs at the lr its plan's design gives it at each size (picked at the smallest
+size, or interpolated between grids at two horizons), and pays for its distance from an optimum that moves with the
+horizon at the arm's own rate; the true multiplier stays the arms' at their optimal lrs. stats/ladder_unseen.py
+draws the report's calibration from the fit's twin perturbed by these and the rest of what the fit cannot see.
 The calibration's unit is the ladder: its Monte-Carlo interval is the binomial (Clopper-Pearson) interval over the
 ladders, each counted once whatever its number of arms (its arms' verdicts are not independent draws).
 """
@@ -113,8 +115,9 @@ class LadderTruth:
     arm, the baseline first, (E, ((A, alpha), ...)) for L = E + sum A C^-alpha; seed_sd: one run's sd at each rung;
     seeds: runs per cell; common, shared, persistent: the fractions of the seed variance shared as the module says
     (persistent: one number, or each arm's own); arm_scale: each arm's sd over the baseline's (None: all 1); lr: the
-    lr stage (LrStage), None for lrs at each arm's optimum at every rung; size_effect_sd: the sd of each rung's own deviation from the curves, the same for
-    every arm and seed there (a rung's shape: its depth, width and steps), drawn anew per ladder."""
+    lr stage (LrStage), None for lrs at each arm's optimum at every rung; size_effect_sd: the sd of each rung's own
+    deviation from the curves, the same for every arm and seed there (a rung's shape: its depth, width and steps),
+    drawn anew per ladder."""
     compute: tuple
     curves: tuple
     seed_sd: tuple
