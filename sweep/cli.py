@@ -24,7 +24,7 @@ OUT_DIR/{corpus}. Before anything runs, the sweep prints its cost (sweep/cost.py
 in all; GPU-hours with --throughput or finished runs). Runs go one after another, seed by seed (every variant's
 seed 1, then seed 2 ...), each a subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed} (its output in
 train.out); --launcher local or slurm (or the plan's [launcher] table) runs them side by side or as SLURM jobs
-instead (sweep/launchers.py). A variant's later seeds
+instead (sweep/launchers/). A variant's later seeds
 run the activation kernels' path its first seed decided (the trainer's --kernels-from), or the one its options
 pin (act_kwargs {"impl": ...}); the report names each variant's path. A run whose final
 evaluation (translation: its test-set BLEU) is logged is skipped; an unfinished one continues from its newest

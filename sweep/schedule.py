@@ -50,8 +50,8 @@ def run_sweep(plan, out, corpus_options=()):
                   key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
     print(cost_text(plan.trainer, plan.config, runs, *throughput(plan, out)))
     if plan.dry_run:
-        if plan.resources.kind == "slurm":
-            print(sbatch_text(plan, out, phases))
+        if text := submission_text(plan, out, phases):
+            print(text)
         for label, opts, seed, size, lr in phases[0]:
             path = run_dir(out, label, seed, size, lr)
             print(f"{path}: {' '.join(train_argv(plan, opts, seed, path, overrides))}")
@@ -66,7 +66,8 @@ def run_sweep(plan, out, corpus_options=()):
     if not queued:
         return AfterGrid(plan, out, overrides, rest)()
     # the grid's jobs are on a scheduler: a job of its own picks the lrs once they end, then submits the sizes
-    after = launchers.array_ids(queued)
+    scheduler = launcher(plan, out)
+    after = scheduler.waits_on(queued)
     record = read_after_grid(out)
     if set(after) <= set(record.get("after", [])) and launchers.still_queued(
             record, launchers.job_states({"after_grid": record}, out / "submitit").get("after_grid")):
@@ -75,7 +76,7 @@ def run_sweep(plan, out, corpus_options=()):
     token = uuid.uuid4().hex  # recorded first: the job may start before sbatch has answered
     write_after_grid(out, launcher="slurm", job_id=None, after=after, token=token, state="submitted", error=None)
     try:
-        job_id = launcher(plan, out).launch_after(after, AfterGrid(plan, out, overrides, rest, token))
+        job_id = scheduler.launch_after(after, AfterGrid(plan, out, overrides, rest, token))
     except ConfigError as e:
         write_after_grid(out, state="failed", error=str(e))
         raise
@@ -141,21 +142,18 @@ def write_after_grid(out, **changes):
     return launchers.write_job(out, launchers.AFTER_GRID, **changes)
 
 
-def sbatch_text(plan, out, phases):
-    """What --launcher slurm would submit: each job's #SBATCH and setup lines, as submitit writes them."""
-    parameters = launchers.sbatch_parameters(plan.resources, plan.nproc_per_node)
-    folder = out / "submitit"
+def submission_text(plan, out, phases):
+    """What the plan's launcher would submit (the dry run): each job it asks its scheduler for; None without one."""
     todo = [label for label, _, seed, size, lr in phases[0] if not finished(run_dir(out, label, seed, size, lr))]
-    title = f"job array of {len(todo)} runs" + (" (the lr grid)" if len(phases) > 1 else "")
-    blocks = [(title, launchers.script_lines(parameters, folder, len(todo)) if todo else ["(all finished)"])]
+    jobs = [(f"job array of {len(todo)} runs" + (" (the lr grid)" if len(phases) > 1 else ""), len(todo), False)]
     if len(phases) > 1 and phases[1]:
         if todo:  # else this command picks the lrs itself
-            blocks.append(("job after the lr grid (picks each arm's lr, submits the array below)",
-                           launchers.script_lines(launchers.after_parameters(parameters, ["GRID_JOB_ID"]), folder, 1)))
+            jobs.append(("job after the lr grid (picks each arm's lr, submits the array below)", 1, True))
         audit = f", the tuning audit at {plan.ladder.audit_size}" if plan.ladder.audit_size else ""
-        blocks.append((f"job array of {len(phases[1])} runs (the other sizes, at each arm's lr{audit})",
-                       launchers.script_lines(parameters, folder, len(phases[1]))))
-    return "\n".join(f"{title}:\n" + "\n".join(f"  {line}" for line in lines) for title, lines in blocks)
+        jobs.append((f"job array of {len(phases[1])} runs (the other sizes, at each arm's lr{audit})",
+                     len(phases[1]), False))
+    return launchers.LAUNCHERS[plan.resources.kind].submission_text(plan.resources, plan.nproc_per_node,
+                                                                    out / "submitit", jobs)
 
 
 def throughput(plan, out):

@@ -106,7 +106,7 @@ def run_state(path, job, scheduler):
         return "done", ""
     if scheduler == "CANCELLED":  # scancel: the trainer saved on its SIGTERM, as on a preemption
         return "stopped", "cancelled: rerun the sweep to continue it from its last checkpoint"
-    timeouts, capped = launchers.timeouts(job) if scheduler in launchers.ENDED_BADLY else (0, False)
+    timeouts, capped = launchers.time_limits(job) if scheduler in launchers.ENDED_BADLY else (0, False)
     if capped:
         return "stopped", (f"time limit reached {timeouts} times (max_num_timeout {timeouts - 1}): raise timeout_min "
                            "or max_num_timeout in [launcher], then rerun the sweep (it resumes)")

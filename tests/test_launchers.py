@@ -185,7 +185,7 @@ def fake_slurm_state(state, job):
 def test_dry_run_prints_the_cost_and_the_runs_and_launches_nothing(tmp_path, monkeypatch, capsys):
     """FLOPs per run: model.py's count for the run's model x tokens; GPU-hours at the bench file's FLOP/s per GPU
     (here 1e9 for gelu, and the slowest measured for relu, which the file lacks)."""
-    monkeypatch.setattr(launchers, "subprocess", None)  # any launch would fail
+    monkeypatch.setattr(launchers.local, "subprocess", None)  # any launch would fail
     (tmp_path / "plan.toml").write_text(PLAN.replace("seeds = [1, 2]", 'seeds = [1, 2]\nlrs = [1e-3, 2e-3]\n'
                                                                      'lr_size = "a"'))
     (tmp_path / "bench.json").write_text(json.dumps({"device": "Test GPU", "results": {
@@ -426,10 +426,10 @@ def test_a_plan_that_cannot_run_is_one_line_before_anything_is_submitted(tmp_pat
 def test_a_cpu_config_asks_for_no_gpu_and_a_gpu_config_for_one_per_process():
     _, cpu = cli.parse_args(["--plan", "configs/ladder_cpu.toml", "--out-dir", "x", "--launcher", "slurm"])
     _, gpu = cli.parse_args(["--plan", "configs/ladder_gpu.toml", "--out-dir", "x", "--nproc-per-node", "8"])
-    assert "--gpus-per-node" not in " ".join(launchers.script_lines(
-        launchers.sbatch_parameters(cpu.resources, cpu.nproc_per_node), "x", 2))
-    assert "#SBATCH --gpus-per-node=8" in launchers.script_lines(
-        launchers.sbatch_parameters(gpu.resources, gpu.nproc_per_node), "x", 2)
+    assert "--gpus-per-node" not in " ".join(launchers.slurm.script_lines(
+        launchers.slurm.sbatch_parameters(cpu.resources, cpu.nproc_per_node), "x", 2))
+    assert "#SBATCH --gpus-per-node=8" in launchers.slurm.script_lines(
+        launchers.slurm.sbatch_parameters(gpu.resources, gpu.nproc_per_node), "x", 2)
 
 
 def test_a_job_counts_the_requeues_slurm_made(tmp_path, monkeypatch):

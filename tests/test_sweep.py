@@ -48,7 +48,7 @@ def without_plots(monkeypatch):
 
 def launches(monkeypatch, fake):
     """The sweep's subprocess.run replaced by `fake`; the rest (run.json's git calls) keeps the real one."""
-    monkeypatch.setattr(launchers, "subprocess", SimpleNamespace(run=fake, STDOUT=subprocess.STDOUT))
+    monkeypatch.setattr(launchers.local, "subprocess", SimpleNamespace(run=fake, STDOUT=subprocess.STDOUT))
 
 
 def t_ci(diffs, q):
