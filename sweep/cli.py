@@ -58,6 +58,7 @@ HellaSwag pairs also get the item-level interval of their difference, from the r
 (train with --hellaswag-interval): another sample of items, beside the seeds' another seed of training.
 """
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -87,8 +88,8 @@ def lr_list(text):
 
 def parser():
     # no abbreviations: a trainer option such as --act must not be taken for --acts
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="python -m sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--config", help="trainer TOML config (e.g. configs/gpt2_cpu_tiny.toml)")
     p.add_argument("--trainer", choices=sorted(TRAINERS), help="train_gpt2.py (default) or train_translation.py")
     p.add_argument("--acts", type=lambda s: [a for a in s.split(",") if a], help="comma-separated activations")
@@ -134,7 +135,7 @@ def parser():
 
 def parse_args(argv):
     """(the command line's options, the Plan of the sweep it runs: None for --report-only and --status, which only
-    read runs); a plan that cannot run is argparse's error, with the usage."""
+    read runs); a plan that cannot run is one line naming the plan file (no usage: the command line was right)."""
     p = parser()
     args, overrides = p.parse_known_args(argv)
     if args.report_only or args.status:
@@ -144,7 +145,9 @@ def parse_args(argv):
     try:
         return args, from_args(args, overrides)
     except ConfigError as e:
-        p.error(str(e))
+        where = f"--plan {args.plan}: " if args.plan and not str(e).startswith(f"--plan {args.plan}") else ""
+        print(f"error: {where}{e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def sweep_dirs(out):
@@ -165,15 +168,25 @@ def run(plan, out):
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     if queued:
-        print(f"{len(queued)} runs queued as SLURM jobs (job.json in each run's directory), a ladder's sizes after its "
-              f"lr grid in a job that waits for it. Follow them with `python -m sweep --status {out}`; once they "
-              "end, run this command again: it skips finished runs, leaves queued ones alone, resubmits failed ones "
-              "and writes the report")
+        after_grid = plan.ladder and plan.ladder.lr_size  # a ladder's other sizes wait in a job after its grid
+        print(f"{len(queued)} runs queued as {plan.resources.kind} jobs (job.json in each run's directory)"
+              + (", the ladder's sizes after its lr grid in a job that waits for it" if after_grid else "")
+              + f". Follow them with `python -m sweep --status {out}`; once they end, run this command again: it "
+              "skips finished runs, leaves queued ones alone, resubmits failed ones and writes the report")
     return not (queued or plan.dry_run)
 
 
 def main(argv=None):
-    args, plan = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        dispatch(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `--status DIR | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's own flush does not fail
+        raise SystemExit(1) from None
+
+
+def dispatch(argv):
+    args, plan = parse_args(argv)
     if args.status:
         if not Path(args.status).is_dir():
             raise SystemExit(f"error: {args.status}: no such sweep directory")

@@ -349,7 +349,7 @@ def check_runs(trainer, config, variants, corpora, sizes, overrides):
                     model = trainer_config(trainer, ["--config", config, *options, *shape, *corpus_options,
                                                      *overrides])
                 except ConfigError as e:
-                    raise ConfigError(f"{where}: {e}") from None
+                    raise ConfigError(f"{where}: {plan_source(e, trainer, [config, *options, *shape])}") from None
                 if trainer == "gpt2":  # a parametrization it knows, with the base it scales from
                     from model import size_multipliers
 
@@ -363,6 +363,18 @@ def check_runs(trainer, config, variants, corpora, sizes, overrides):
                                       "change n_head (or the width) in the plan")
                 devices.add(model.run.device)
     return devices
+
+
+def plan_source(error, trainer, plan_argv):
+    """The trainer's error about its options, which it says came from "the command line": "the plan" when the
+    plan's own options (config, variant, size) make it."""
+    if "the command line" not in str(error):
+        return str(error)
+    try:
+        trainer_config(trainer, ["--config", *plan_argv])
+    except ConfigError:
+        return str(error).replace("in the command line", "in the plan")
+    return str(error)
 
 
 def check_names(variants, corpora, baseline, nproc_per_node):

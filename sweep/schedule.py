@@ -59,32 +59,50 @@ def run_sweep(plan, out, corpus_options=()):
             print(f"{label} size {size} seed {seed}: after the lr grid, " + (
                 f"the tuning audit at {lr} {label}'s best lr" if lr else f"at {label}'s best lr"))
         return []
+    backend = launchers.LAUNCHERS[plan.resources.kind]
+    if backend.queues:  # nothing submitted that its scheduler could never finish, the job after the grid included
+        launcher(plan, out).preflight(after=bool(ladder and phases[1]))
+    new_out, new_plan = not out.exists(), not (out / "sweep_plan.json").exists()
     write_plan(plan, overrides, out)
-    queued = launch(plan, overrides, out, phases[0])
+    try:
+        queued = launch(plan, overrides, out, phases[0])
+    except ConfigError:  # a refused submission leaves nothing a corrected rerun would take for this sweep
+        if new_plan:
+            (out / "sweep_plan.json").unlink()
+        for folder in [out / "submitit", *([out] if new_out else [])]:
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
     if ladder is None or not phases[1]:
         return queued
     if not queued:
         return AfterGrid(plan, out, overrides, rest)()
-    # the grid's jobs are on a scheduler: a job of its own picks the lrs once they end, then submits the sizes
+    submit_after_grid(plan, out, overrides, rest, queued)
+    return queued
+
+
+def submit_after_grid(plan, out, overrides, sizes, queued):
+    """The grid's jobs are on a scheduler: a job of its own picks the lrs once they end, then submits the sizes
+    (AfterGrid), unless such a job already waits on them."""
     scheduler = launcher(plan, out)
     after = scheduler.waits_on(queued)
     record = read_after_grid(out)
     if set(after) <= set(record.get("after", [])) and launchers.still_queued(
             record, launchers.job_states({"after_grid": record}, out / "submitit").get("after_grid")):
-        tqdm.write(f"job {record['job_id']} already waits for the lr grid to run sizes {', '.join(rest)}")
-        return queued
+        tqdm.write(f"job {record['job_id']} already waits for the lr grid to run sizes {', '.join(sizes)}")
+        return
     token = uuid.uuid4().hex  # recorded first: the job may start before sbatch has answered
-    write_after_grid(out, launcher="slurm", job_id=None, after=after, token=token, state="submitted", error=None)
+    write_after_grid(out, launcher=scheduler.name, job_id=None, after=after, token=token, state="submitted",
+                     error=None)
     try:
-        job_id = scheduler.launch_after(after, AfterGrid(plan, out, overrides, rest, token))
+        job_id = scheduler.launch_after(after, AfterGrid(plan, out, overrides, sizes, token))
     except ConfigError as e:
-        write_after_grid(out, state="failed", error=str(e))
+        write_after_grid(out, state="not submitted", error=str(e))
         raise
     write_after_grid(out, job_id=job_id)
+    audit = plan.ladder.audit_size
     tqdm.write(f"job {job_id}: once the lr grid's jobs ({', '.join(after)}) end, picks each arm's lr and submits "
-               f"sizes {', '.join(rest)}" + (f" and the tuning audit at {ladder.audit_size}" if ladder.audit_size
-                                             else ""))
-    return queued
+               f"sizes {', '.join(sizes)}" + (f" and the tuning audit at {audit}" if audit else ""))
 
 
 @dataclass(frozen=True)
@@ -124,14 +142,22 @@ class AfterGrid:
                     "--out-dir, or pass --allow-edge-lr to run the ladder at the edge")
             best = {label: p["best_lr"] for label, p in picks.items()}
         except ConfigError as e:
-            if self.token:
-                write_after_grid(out, state="failed", error=str(e))
-            raise
+            if not self.token:
+                raise
+            # the scheduled job's decision, not its failure: a state with its sentence (--status), the job ends well
+            write_after_grid(out, state="stopped", error=str(e))
+            tqdm.write(f"stopped: {e}")
+            return []
         tqdm.write(f"best lr at size {ladder.lr_size}: " + ", ".join(f"{a} {lr:g}" for a, lr in best.items()))
-        if self.token:
-            write_after_grid(out, state="ended", best=best)
-        return launch(plan, self.overrides, out, ladder_jobs(plan, self.sizes, {a: [lr] for a, lr in best.items()})
-                      + audit_jobs(plan, best))
+        jobs = ladder_jobs(plan, self.sizes, {a: [lr] for a, lr in best.items()}) + audit_jobs(plan, best)
+        if not self.token:
+            return launch(plan, self.overrides, out, jobs)
+        write_after_grid(out, state="ended", best=best)
+        try:
+            return launch(plan, self.overrides, out, jobs)
+        except ConfigError as e:
+            write_after_grid(out, state="not submitted", error=str(e))
+            raise
 
 
 def read_after_grid(out):
@@ -216,12 +242,14 @@ def audit_jobs(plan, best):
 
 def launch(plan, overrides, out, jobs):
     """Hands the jobs not finished yet to the launcher; returns those it left queued on a scheduler."""
-    runs = []
+    runs, created = [], set()
     for label, opts, seed, size, lr in jobs:
         path = run_dir(out, label, seed, size, lr)
         if finished(path):
             tqdm.write(f"{path}: finished, skipped")
             continue
+        if not path.is_dir():
+            created.add(path)
         path.mkdir(parents=True, exist_ok=True)
         # every seed of an arm on the numerical path its first seed's run decided (activations/policy.py), where
         # that run has started when this one starts (side by side, each may decide: the report names the paths)
@@ -231,7 +259,13 @@ def launch(plan, overrides, out, jobs):
                                          f"{label}{where} seed {seed}", first))
     if not runs:
         return []
-    return launcher(plan, out).launch(runs)
+    try:
+        return launcher(plan, out).launch(runs)
+    except ConfigError:  # refused (sbatch): no new directory left behind for a corrected rerun to find
+        for path in created:
+            if not any(path.iterdir()):
+                path.rmdir()
+        raise
 
 
 def launcher(plan, out):

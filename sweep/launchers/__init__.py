@@ -11,7 +11,8 @@ A new backend is one Launcher subclass in a file of its own, imported here (docs
 backend").
 """
 from sweep.launchers.base import (AFTER_GRID, ENDED_BADLY, JOB_FILE, Launcher, Resources, RunCommand, job_states,
-                                  log_tail, read_job, read_resources, still_queued, time_limits, write_job)
+                                  log_tail, pending_reasons, read_job, read_resources, still_queued, time_limits,
+                                  write_job)
 from sweep.launchers.job import TrainerJob
 from sweep.launchers.local import Local, Sequential
 from sweep.launchers.slurm import Slurm

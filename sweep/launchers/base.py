@@ -57,6 +57,11 @@ class Resources:
     max_num_timeout: int = 3  # time limits a run may hit and be requeued
     setup: list = field(default_factory=list)  # shell lines before each job (module load ..., source venv)
     sbatch: dict = field(default_factory=dict)  # further #SBATCH options, e.g. {exclusive = true}
+    driver: dict = field(default_factory=dict)  # the job after a ladder's lr grid: its own DRIVER_KEYS
+
+
+# [launcher.driver]: what the job after a ladder's lr grid asks for instead of the runs' (slurm)
+DRIVER_KEYS = {"timeout_min": int, "partition": str, "account": str, "qos": str, "sbatch": dict}
 
 
 class Launcher:
@@ -85,6 +90,10 @@ class Launcher:
         """Runs or submits each RunCommand (run.now() when it starts); returns the runs it left queued."""
         raise NotImplementedError
 
+    def preflight(self, after):
+        """A ConfigError, before anything is submitted, for jobs the scheduler could never finish: the runs' and,
+        with `after`, the job after them (launch_after)."""
+
     def waits_on(self, queued):
         """The job ids a job after the runs `queued` (which launch returned) waits for."""
         raise NotImplementedError(f"the {self.name} launcher leaves no runs queued")
@@ -104,6 +113,11 @@ class Launcher:
         """{key: scheduler state} of job records {key: job.json} this backend wrote (sacct's names)."""
         return {}
 
+    @classmethod
+    def reasons(cls, jobs):
+        """{key: why it waits} of the pending jobs among the records {key: job.json} (the scheduler's words)."""
+        return {}
+
 
 def read_resources(table, where, kind=None):
     """Resources from a plan's [launcher] table, with --launcher KIND (if given) replacing its kind."""
@@ -117,6 +131,11 @@ def read_resources(table, where, kind=None):
         if not isinstance(value, allowed) or isinstance(value, bool):
             expected = " or ".join(t.__name__ for t in allowed)
             raise ConfigError(f"{where}: [launcher] {name} = {value!r}; expected {expected}")
+    for name, value in table.get("driver", {}).items():
+        if name not in DRIVER_KEYS:
+            raise ConfigError(f"{where}: [launcher.driver] has unknown key {name!r}; it takes {', '.join(DRIVER_KEYS)}")
+        if not isinstance(value, DRIVER_KEYS[name]) or isinstance(value, bool):
+            raise ConfigError(f"{where}: [launcher.driver] {name} = {value!r}; expected {DRIVER_KEYS[name].__name__}")
     resources = Resources(**table)
     resources.kind = kind or resources.kind
     if resources.kind not in Launcher.registry:
@@ -166,6 +185,15 @@ def job_states(jobs, folder):
     return states
 
 
+def pending_reasons(jobs):
+    """{key: why it waits} of the pending jobs {key: job.json}, each asked of the backend that wrote it."""
+    reasons = {}
+    for name, backend in Launcher.registry.items():
+        if mine := {key: job for key, job in jobs.items() if job.get("launcher") == name and job.get("job_id")}:
+            reasons.update(backend.reasons(mine))
+    return reasons
+
+
 def time_limits(job):
     """(how many times submitit found a run's job at its time limit, whether it then stopped requeuing it:
     max_num_timeout), from the job's own log (submitit's words)."""
@@ -175,4 +203,6 @@ def time_limits(job):
         log = JobPaths(job["folder"], job_id=job["job_id"], task_id=0).stdout.read_text(errors="replace")
     except (KeyError, OSError):
         return 0, False
-    return log.count("this job is timed-out"), "timed-out too many times" in log
+    # submitit logs its warnings to stdout and stderr, one file here: the same line (to the millisecond) twice
+    events = {line for line in log.splitlines() if "this job is timed-out" in line}
+    return len(events), "timed-out too many times" in log

@@ -20,7 +20,7 @@ import sys
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from sweep.launchers.base import log_tail, write_job
+from sweep.launchers.base import log_tail, read_job, write_job
 
 
 def ignore_usr2():
@@ -34,7 +34,8 @@ class TrainerJob(Checkpointable):
 
     def __init__(self, run, nproc_per_node, nnodes=1, stop_timeout_s=120):
         self.run, self.nproc_per_node, self.nnodes, self.stop_timeout_s = run, nproc_per_node, nnodes, stop_timeout_s
-        self.requeues = 0
+        self.requeues = 0  # its requeues in this job, as this object counts them (SLURM counts them too)
+        self.restarted = False  # requeued by its own checkpoint(): a requeue once it starts again
         self._pid = None
 
     def command(self, env=None):
@@ -56,12 +57,16 @@ class TrainerJob(Checkpointable):
 
         env = submitit.JobEnvironment()
         leader = env.global_rank == 0
-        # SLURM counts every requeue of the job (submitit's, `scontrol requeue`, preemption); its own count is only
-        # submitit's, carried in the pickle a requeue from outside does not rewrite
+        # a requeue counts when the job starts again: checkpoint() at the time-limit cap hands submitit a job it
+        # does not requeue. SLURM counts every requeue of the job (submitit's, `scontrol requeue`, preemption); the
+        # own count only submitit's, carried in the pickle a requeue from outside does not rewrite
+        self.requeues += getattr(self, "restarted", False)
+        self.restarted = False
         self.requeues = max(self.requeues, int(os.environ.get("SLURM_RESTART_COUNT", 0)))
-        if leader:
-            write_job(self.run.path, job_id=env.job_id, state="running", requeues=self.requeues, host=env.hostname,
-                      error=None)
+        if leader:  # the run's requeues: its earlier jobs' (a resubmission) and this one's
+            before = read_job(self.run.path).get("requeues_before") or 0
+            write_job(self.run.path, job_id=env.job_id, state="running", requeues=before + self.requeues,
+                      host=env.hostname, error=None)
         with open(self.run.path / "train.out", "a") as log:
             child = subprocess.Popen(self.command(env), stdout=log, stderr=subprocess.STDOUT, preexec_fn=ignore_usr2)
         self._pid = child.pid
@@ -89,6 +94,6 @@ class TrainerJob(Checkpointable):
             except ChildProcessError:  # it had ended already
                 pass
             self._pid = None
-        self.requeues += 1
-        write_job(self.run.path, state="requeued", requeues=self.requeues, stopped_with=code)
+        self.restarted = True
+        write_job(self.run.path, state="requeued", stopped_with=code)
         return DelayedSubmission(self)
