@@ -59,9 +59,9 @@ def run_sweep(plan, out, corpus_options=()):
             print(f"{label} size {size} seed {seed}: after the lr grid, " + (
                 f"the tuning audit at {lr} {label}'s best lr" if lr else f"at {label}'s best lr"))
         return []
-    backend = launchers.LAUNCHERS[plan.resources.kind]
-    if backend.queues:  # nothing submitted that its scheduler could never finish, the job after the grid included
-        launcher(plan, out).preflight(after=bool(ladder and phases[1]))
+    scheduler = launcher(plan, out) if launchers.LAUNCHERS[plan.resources.kind].queues else None
+    if scheduler:  # nothing submitted that it could never finish, the job after the grid included
+        scheduler.preflight(after=bool(ladder and phases[1]))
     new_out, new_plan = not out.exists(), not (out / "sweep_plan.json").exists()
     write_plan(plan, overrides, out)
     try:
@@ -77,14 +77,13 @@ def run_sweep(plan, out, corpus_options=()):
         return queued
     if not queued:
         return AfterGrid(plan, out, overrides, rest)()
-    submit_after_grid(plan, out, overrides, rest, queued)
+    submit_after_grid(scheduler, plan, out, overrides, rest, queued)
     return queued
 
 
-def submit_after_grid(plan, out, overrides, sizes, queued):
+def submit_after_grid(scheduler, plan, out, overrides, sizes, queued):
     """The grid's jobs are on a scheduler: a job of its own picks the lrs once they end, then submits the sizes
     (AfterGrid), unless such a job already waits on them."""
-    scheduler = launcher(plan, out)
     after = scheduler.waits_on(queued)
     record = read_after_grid(out)
     if set(after) <= set(record.get("after", [])) and launchers.still_queued(

@@ -28,6 +28,7 @@ class Slurm(Launcher, name="slurm"):
             raise ConfigError(f"--launcher slurm needs SLURM's commands; {', '.join(missing)} not on PATH: run the "
                               "sweep on the cluster's login node (or --launcher local on one machine)")
         self.parameters = sbatch_parameters(resources, nproc_per_node)
+        self.limits = None  # the partitions' time limits (partition_limits), asked once
         self.executor = submitit.SlurmExecutor(folder, max_num_timeout=resources.max_num_timeout)
         self.executor.update_parameters(**self.parameters)
 
@@ -60,14 +61,14 @@ class Slurm(Launcher, name="slurm"):
 
         executor = submitit.SlurmExecutor(self.folder, max_num_timeout=0)
         executor.update_parameters(**after_parameters(self.resources, self.parameters, job_ids,
-                                                      partition_limits()))
+                                                      self.partition_limits()))
         return self.submit(lambda: executor.submit(function)).job_id
 
     def preflight(self, after):
         """Refuses, before anything is submitted, a job that could never finish: a time limit over its partition's
         (sinfo's MaxTime; a cluster that does not enforce it would leave the job pending for ever), for the runs'
         jobs and, with `after`, the job after them; a driver partition sinfo does not list."""
-        limits, default = partition_limits()
+        limits, default = self.partition_limits()
         if not limits:
             return
         r = self.resources
@@ -82,6 +83,11 @@ class Slurm(Launcher, name="slurm"):
             if (limit := limits.get(partition)) is not None and minutes > limit:
                 raise ConfigError(f"{key} = {minutes} is over partition {partition}'s time limit of {limit} minutes "
                                   f"(sinfo): set it to at most {limit}; nothing was submitted")
+
+    def partition_limits(self):
+        if self.limits is None:
+            self.limits = partition_limits()
+        return self.limits
 
     def waits_on(self, queued):
         """The SLURM job ids of the arrays that hold these runs' jobs (their job.json)."""
