@@ -154,10 +154,10 @@ def time_limit_note(path, timeouts):
         return shorten(note + ": raise max_num_timeout or timeout_min in [launcher], then rerun the sweep (it resumes)")
     needed = math.ceil((total - step) / (step / timeouts)) - 1  # the time limits its rest meets at this job's pace
     if needed <= timeouts - 1:  # a new job counts from 0 again
-        return shorten(f"{note} at step {step} of {total}: the rest meets about {needed} more; rerun the sweep (it "
-                       "resumes in a new job)")
-    return shorten(f"{note} at step {step} of {total}: the rest meets about {needed} more; set max_num_timeout = "
-                   f"{needed} (or raise timeout_min) in [launcher], then rerun the sweep (it resumes)")
+        return shorten(f"{note} at step {step} of {total}: about {needed} more at this pace, which a new job allows; "
+                       "rerun the sweep (it resumes)")
+    return shorten(f"{note} at step {step} of {total}: about {needed} more at this pace; set max_num_timeout = "
+                   f"{needed} or raise timeout_min in [launcher], then rerun the sweep (it resumes)")
 
 
 def requeues(job, state):

@@ -543,7 +543,7 @@ def test_status_counts_slurms_requeues_names_the_timeout_cap_and_shows_cancelled
     rows = {row[0]: (row[1], row[3], row[5]) for row in status_rows(out)}
     assert rows["gelu_seed1"] == ("requeued", 1, "squeue: BeginTime") and rows["relu_seed1"][:2] == ("requeued", 2)
     assert rows["gelu_seed2"] == ("stopped", 2, "time limit reached 3 times (max_num_timeout 2) at step 2 of 10: "
-                                                "the rest meets about 11 more; set max_num_timeout = 11 (or raise "
-                                                "timeout_min) in [launcher], then rerun the sweep (it resumes)")
+                                                "about 11 more at this pace; set max_num_timeout = 11 or raise "
+                                                "timeout_min in [launcher], then rerun the sweep (it resumes)")
     assert rows["relu_seed2"][:2] == ("stopped", 0) and rows["relu_seed2"][2].startswith("cancelled")
     assert rows["gelu_seed3"][0] == "failed" and rows["gelu_seed3"][2] == error[0][:197] + "..."
