@@ -145,7 +145,7 @@ def parse_args(argv):
     try:
         return args, from_args(args, overrides)
     except ConfigError as e:
-        where = f"--plan {args.plan}: " if args.plan and not str(e).startswith(f"--plan {args.plan}") else ""
+        where = f"--plan {args.plan}: " if args.plan and f"--plan {args.plan}" not in str(e) else ""
         print(f"error: {where}{e}", file=sys.stderr)
         raise SystemExit(2) from None
 
