@@ -337,6 +337,10 @@ def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family
                                 target=opts["target"], extrapolate=opts["extrapolate"],
                                 vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
                                 n_sims=opts["resamples"], rng=opts["seed"])
+    if isinstance(fit, ladder_fit.NotFitted):
+        adjust([(p, where) for _, _, p, where in family])
+        result["fit"] = {"not_fitted": fit.reason}
+        return md + [f"No fit: {fit.reason}.", ""]
     fit["exploratory"] = [size_label(s) for s in complete if s in cursed]
     for a, m in fit["multipliers"].items():
         if fit["exploratory"]:
@@ -406,6 +410,10 @@ def fit_section(fit, sizes, speeds, opts, bases):
     level, base = f"{fit['confidence']:.0%}", fit["baseline"]
     md = ["## Compute multiplier", "", f"Fit: {fit['form_text']}; {level} intervals: {fit['interval']}.", "",
           calibration_sentence(fit, opts), ""]
+    if len(fit["seeds"]) == 1:
+        md += [f"One seed ({fit['seeds'][0]}) at every fitted size: the seed noise cannot be fitted (one run per "
+               "cell measures no spread), so every interval below rests on the curve's residuals alone, and no seed's "
+               "own ladder is fitted beside it.", ""]
     if fit["exploratory"]:
         md += [f"Exploratory: the lr at {', '.join(fit['exploratory'])} was picked on the compared runs, a pick the "
                "calibration does not simulate; the multipliers and trends below are unadjusted and declare "
