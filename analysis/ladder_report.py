@@ -29,7 +29,7 @@ from analysis.ladder_points import SHAPE, by_size_arm_lr, plan_of, read_points, 
 from analysis.runs import RunError, markdown_table
 from analysis.scaling_plot import plot_scaling
 from errors import ConfigError
-from stats import ladder_fit, lr_grid, scaling
+from stats import ladder_fit, lr_audit, lr_grid, scaling
 from stats.family import adjust
 from stats.significance import paired
 
@@ -81,18 +81,37 @@ def target_of(text):
         raise ConfigError(f"--target {text!r}: give a compute in FLOPs (e.g. 1e13) or gpt2-124m-10b") from None
 
 
-def ladder_report(out_dir, baseline=None, throughput=None, target=None, extrapolate=False, level=0.95,
-                  resamples=400, seed=0, reference=None):
-    """Writes sweep.md, sweep.json, lr_grid.png (several lrs) and scaling.png (several sizes); returns the markdown.
-    target: --target's text; level: the intervals' confidence (verdicts at family-wise rate 1 - level); resamples,
-    seed: the simulated ladders that measure the interval's coverage, and their seed; reference: the compute (FLOPs)
-    of the headline multiplier, None for the largest rung."""
+@dataclass(frozen=True)
+class ReportOptions:
+    """What a ladder's report depends on besides its runs (python -m sweep's options of the same names). target:
+    --target's text (a compute in FLOPs or gpt2-124m-10b), None for none; extrapolate: print a target the ladder
+    cannot support, marked as one; level: the intervals' confidence (verdicts at family-wise rate 1 - level);
+    resamples, seed: the simulated ladders that measure the interval's coverage, and their seed; reference: the
+    compute (FLOPs) of the headline multiplier, None for the largest rung; tolerance: how far from its audited optimum
+    an arm's lr may lie before the audit refutes it and its verdicts are not declared (stats/lr_audit.py)."""
+    target: str | None = None
+    extrapolate: bool = False
+    level: float = 0.95
+    resamples: int = 400
+    seed: int = 0
+    reference: float | None = None
+    tolerance: float = 1.4
+
+    def estimator(self):
+        return scaling.Options(self.level, self.reference)
+
+    def audit(self):
+        return lr_audit.AuditOptions(self.tolerance, self.level)
+
+
+def ladder_report(out_dir, baseline=None, throughput=None, options=ReportOptions()):
+    """Writes sweep.md, sweep.json, lr_grid.png (several lrs) and scaling.png (several sizes); returns the
+    markdown."""
     out = Path(out_dir)
     try:
         points, unfinished = read_points(out)
-        return _report(out, points, unfinished, baseline, throughput or [],
-                       dict(target=target_of(target), extrapolate=extrapolate, level=level, resamples=resamples,
-                            seed=seed, reference=reference))
+        target_of(options.target)  # a bad --target is an error before anything is written
+        return _report(out, points, unfinished, baseline, throughput or [], options)
     except (RunError, ConfigError) as e:
         raise SystemExit(f"error: {out}: {e}") from None
 
@@ -226,46 +245,92 @@ def lr_choices(ladder, result, chosen):
     return ["## Each arm's lr", "", *[f"- {a}: {text}." for a, text in result["lr_choice"].items()], ""]
 
 
-def audit_section(ladder, result):
-    """The tuning audit into result["audit"] (None without one): each arm's pick against the vertex of its own grid
-    at the audit's size (stats/lr_grid.py's audit); its markdown."""
+def audit_section(ladder, result, chosen, options):
+    """The tuning audit into result["audit"] (None without one): each arm's optimum at the audit's size with its
+    interval (stats/lr_audit.py), and the lr it ran there judged against it within the tolerance; its markdown."""
     if ladder.audit_size is None:
         result["audit"] = None
         return []
     where, arms, missing = size_label(ladder.audit_size), {}, []
     for a in ladder.arms:
         grid = {lr: {seed: p["loss"] for seed, p in seeds.items()} for lr, seeds in ladder.audit.get(a, {}).items()}
-        picked = next(iter(result["best_lr"].get(a, {}).values()), None)
-        if picked is None or len(grid) < len(lr_grid.AUDIT_STEPS):
+        picked = chosen.get((ladder.audit_size, a)) or next(iter(result["best_lr"].get(a, {}).values()), None)
+        arms[a] = None if picked is None else lr_audit.audit(picked, grid, options.audit())
+        if arms[a] is None:
             missing.append(a)
-            continue
-        arms[a] = lr_grid.audit(a, picked, grid)
-    seeds = sorted({seed for a in arms.values() for seed in a["seeds"]})
-    flagged = [a for a, x in arms.items() if x["flagged"]]
-    text = (f"the tuning audit at {where} (seed {', '.join(map(str, seeds)) or '-'}) " +
-            ("is incomplete: no finished audit grid for " + ", ".join(missing) if missing else
-             "flags " + ", ".join(f"{a} ({_audit_words(arms[a])})" for a in flagged) if flagged else
-             f"is clean: every arm's pick within {lr_grid.AUDIT_FACTOR:g}x of its vertex there"))
-    result["audit"] = {"size": where, "seeds": seeds, "arms": arms, "flagged": flagged, "missing": missing,
-                       "text": text}
-    lines = [f"- {a}: picked {x['picked']:g}; at {where} {_audit_words(x)}"
-             + (": **flagged**." if x["flagged"] else f": within {lr_grid.AUDIT_FACTOR:g}x.") for a, x in arms.items()]
-    return ["## Tuning audit", "", f"Each arm again at {where}, on the grid's seed {', '.join(map(str, seeds))}, at 4 "
-            f"lrs around its pick (each half a grid step and one and a half from it); the audit's vertex is the "
-            f"parabola of the rule above. An arm whose pick lies more than {lr_grid.AUDIT_FACTOR:g}x from its vertex, "
-            "or whose audit is lowest at its edge, is flagged: its lr did not carry over to that size, and the ladder "
-            "compares it off its optimum there.", "", *lines, "", f"Result: {text}.", ""]
+    seeds = sorted({seed for x in arms.values() if x for seed in x["seeds"]})
+    refuted = [a for a, x in arms.items() if x and x["status"] == "refuted"]
+    text = (f"the tuning audit at {where} (seeds {', '.join(map(str, seeds)) or '-'}) "
+            + ("refutes " + ", ".join(f"{a}'s lr ({_audit_words(arms[a])})" for a in refuted) if refuted else
+               "refutes no arm's lr") + (f"; no finished audit for {', '.join(missing)}" if missing else ""))
+    result["audit"] = {"size": where, "seeds": seeds, "tolerance": options.tolerance, "arms": arms,
+                       "refuted": refuted, "missing": missing, "text": text}
+    lines = [f"- {a}: ran {x['picked']:g} at {where}; {_audit_words(x)}: **{x['status']}**"
+             + (f" ({_audit_rates(x['calibration'])})" if x["calibration"] else "") + "."
+             for a, x in arms.items() if x]
+    return ["## Tuning audit", "", f"Each arm again at {where} on the grid's seeds {', '.join(map(str, seeds))}, at "
+            "lrs around the one it ran there; its optimum there is the vertex of a parabola in log lr fitted to "
+            f"those runs (one level per seed), with its {options.level:.0%} Fieller interval (stats/lr_audit.py). "
+            f"An arm's lr is refuted where every optimum in the interval lies more than {options.tolerance:g}x from "
+            "it (the tolerance, --lr-tolerance): its multipliers and trends at the sizes it did not pick its lr at "
+            "are then not declared. Within: every optimum in the interval lies within the tolerance. Otherwise: not "
+            "resolved (more audit seeds narrow the interval).", "", *lines, "", f"Result: {text}.", ""]
 
 
 def _audit_words(x):
-    """How far one arm's audit vertex lies from its pick, in words."""
-    if x["edge"]:
-        return (f"its lowest loss is at the audit's {'lowest' if x['edge'] == 'low' else 'highest'} lr "
-                f"{x['best_lr']:g}, {x['best_lr'] / x['picked']:.3g}x the pick: the vertex lies beyond")
-    if x["vertex"] is None:
-        return f"no vertex (the losses around its best audit lr {x['best_lr']:g} are not convex)"
-    return (f"its vertex is {x['vertex']:.3g}, {x['factor']:.2f}x "
-            f"{'above' if x['vertex'] > x['picked'] else 'below'} the pick")
+    """How far one arm's audited optimum lies from the lr it ran, in words."""
+    if x["optimum"] is None:
+        return (f"its audit losses do not curve upward about a minimum (curvature {x['curvature']:.3g}): no "
+                "optimum to read")
+    if x["ci"] is None:
+        return (f"its optimum {x['optimum']:.3g} (interval unbounded: the curvature is not resolved by "
+                f"{len(x['seeds'])} seed(s)), the lr {x['ratio']:.3g}x it")
+    return (f"its optimum {x['optimum']:.3g} {_ci(*x['ci'])}, the lr {x['ratio']:.3g}x it "
+            f"{_ci(*x['ratio_ci'])}")
+
+
+def _audit_rates(cal):
+    """The audit's measured rates on simulated grids of its own configuration, in words."""
+    return "; ".join(f"on a {name}: the interval covered {_rate(cal[key]['coverage'])}, a lr at the tolerance "
+                     f"refuted {_rate(cal[key]['false_refutation'])}"
+                     for key, name in (("parabola", "parabola"),
+                                       ("skewed", f"curve {lr_audit.SKEW:g}x steeper above its optimum"))) \
+        + f" ({cal['n']} simulated audits of {cal['assumptions']})"
+
+
+def withheld(ladder, result, out):
+    """{arm: {"reason", "settle", "sizes"}} of the arms whose verdicts the audit withholds: an arm whose lr it
+    refutes, or every arm where it refutes the baseline's (each comparison rests on both lrs), at the sizes where the
+    arm's lr was not picked on a grid of that size itself."""
+    audit = result.get("audit") or {}
+    out_of = {}
+    for a in ladder.arms[1:]:
+        off = [b for b in (ladder.baseline, a) if b in audit.get("refuted", [])]
+        if not off:
+            continue
+        x = audit["arms"][off[-1]]
+        picked_at = set(result["best_lr"].get(a, {})) & set(result["best_lr"].get(ladder.baseline, {}))
+        out_of[a] = {"sizes": [size_label(s) for s in ladder.sizes if size_label(s) not in picked_at],
+                     "reason": f"the audit at {audit['size']} refutes {off[-1]}'s lr {x['picked']:g} (its optimum "
+                               f"{x['optimum']:.3g} {_ci(*x['ci'])}, beyond the {audit['tolerance']:g}x tolerance)",
+                     "settle": settle_command(out, ladder, off[-1], x)}
+    return out_of
+
+
+def settle_command(out, ladder, arm, x):
+    """The command that measures an arm whose lr the audit refuted at its audited optimum: its variant at the
+    audit's size on the compared seeds (a sweep of its own, beside the baseline's runs at that size here)."""
+    plan = plan_of(out)
+    options = list((plan.get("variants") or {}).get(arm) or ["--act", arm])
+    act = options.pop(options.index("--act") + 1) if "--act" in options else arm
+    options = [o for o in options if o != "--act"]
+    size = next((opts for opts in ((plan.get("ladder") or {}).get("sizes") or {}).values()
+                 if shape_of(opts) == ladder.audit_size), [])
+    seeds = sorted({p["seed"] for p in ladder.points if p["size"] == ladder.audit_size and p["arm"] == arm})
+    return " ".join(["python -m sweep", *(["--trainer", plan["trainer"]] if plan.get("trainer") else []),
+                     "--config", plan.get("config", "CONFIG"), "--acts", act, "--lrs", f"{x['optimum']:.3g}",
+                     "--seeds", ",".join(map(str, seeds)), "--out-dir", str(out / f"{arm}_at_audited_lr"),
+                     *options, *size, *plan.get("overrides", [])])
 
 
 def basis(result, baseline, arm):
@@ -279,7 +344,7 @@ def basis(result, baseline, arm):
 
 def size_pairs(ladder, result, chosen, cursed, family):
     """Each arm against the baseline at each size, paired by seed at the lrs compared, into result["pairs"]; those
-    not exploratory join the family. Returns [(size, arm, pair)]."""
+    neither exploratory nor withheld by the audit join the family. Returns [(size, arm, pair)]."""
     pair_rows = []
     for s in ladder.sizes:
         base = ladder.at(s, ladder.baseline, chosen.get((s, ladder.baseline)))
@@ -290,8 +355,10 @@ def size_pairs(ladder, result, chosen, cursed, family):
             pair = paired({k: p["loss"] for k, p in base.items()}, {k: p["loss"] for k, p in arm.items()})
             pair["exploratory"] = s in cursed
             result["pairs"].setdefault(size_label(s), {})[a] = pair
-            if pair["p"] is not None and not pair["exploratory"]:
-                family.append(("pair", f"{a} - {ladder.baseline} at {size_label(s)}", pair["p"], pair))
+            claim = f"{a} - {ladder.baseline} at {size_label(s)}"
+            if pair["p"] is not None and not pair["exploratory"] and not withhold(
+                    result, a, size_label(s), ("pair", claim, pair)):
+                family.append(("pair", claim, pair["p"], pair))
             pair_rows.append((s, a, pair))
     return pair_rows
 
@@ -312,9 +379,23 @@ def fit_input(compared, complete, shared, arms):
     return losses, compute_at
 
 
+def withhold(result, arm, size, claim):
+    """Whether the audit withholds a verdict of `arm` at `size` (None: the fit's, over every size): then the claim
+    (kind, name, the dict of its numbers) is marked not declared, with the reason and the command that would settle
+    it, into result["not_declared"]."""
+    held = result["withheld"].get(arm)
+    if not held or (size is not None and size not in held["sizes"]):
+        return False
+    kind, name, where = claim
+    where.update(not_declared=held["reason"], settle=held["settle"])
+    result["not_declared"].append({"kind": kind, "claim": name, "reason": held["reason"], "settle": held["settle"]})
+    return True
+
+
 def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family):
     """The multiplier fit (its verdicts join the family, Holm-adjusted here, unless a fitted size's lr was picked
-    on the compared runs: the calibration does not simulate that pick, so they are then exploratory) and its
+    on the compared runs: the calibration does not simulate that pick, so they are then exploratory; or the audit
+    withholds them) and its
     markdown; without enough sizes, the family is adjusted alone. The fit pairs every arm at every size on the same
     seeds: a half-finished ladder is fitted on the sizes every arm has finished, on the seeds all of them share, and
     says which."""
@@ -333,10 +414,9 @@ def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family
     losses, compute_at = fit_input(compared, complete, shared, ladder.arms)
     speeds = throughput_ratios(throughput, compute_at, ladder.baseline) if throughput else None
     vocab = {p["vocab"] for p in ladder.points}
-    fit = ladder_fit.fit_ladder(losses, ladder.baseline, scaling.Options(opts["level"], opts["reference"]),
-                                target=opts["target"], extrapolate=opts["extrapolate"],
-                                vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
-                                n_sims=opts["resamples"], rng=opts["seed"])
+    fit = ladder_fit.fit_ladder(losses, ladder.baseline, opts.estimator(), target=target_of(opts.target),
+                                extrapolate=opts.extrapolate, vocab=vocab.pop() if len(vocab) == 1 else None,
+                                throughput=speeds, n_sims=opts.resamples, rng=opts.seed)
     if isinstance(fit, ladder_fit.NotFitted):
         adjust([(p, where) for _, _, p, where in family])
         result["fit"] = {"not_fitted": fit.reason}
@@ -345,9 +425,12 @@ def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family
     for a, m in fit["multipliers"].items():
         if fit["exploratory"]:
             continue
-        family.append(("multiplier", f"{a}'s multiplier over {ladder.baseline}", m["headline"]["p"], m["headline"]))
-        if m["trend"]:
-            family.append(("trend", f"{a}'s trend", m["trend"]["p"], m["trend"]))
+        # the fit spans every size: an arm the audit withholds anywhere is withheld here
+        claims = [("multiplier", f"{a}'s multiplier over {ladder.baseline}", m["headline"])] + (
+            [("trend", f"{a}'s trend", m["trend"])] if m["trend"] else [])
+        for kind, claim, where in claims:
+            if not withhold(result, a, None, (kind, claim, where)):
+                family.append((kind, claim, where["p"], where))
     adjust([(p, where) for _, _, p, where in family])
     md += fit_section(fit, complete, speeds, opts, {a: basis(result, ladder.baseline, a) for a in ladder.arms[1:]})
     plot_scaling(fit, out / "scaling.png")
@@ -358,15 +441,16 @@ def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family
 def _report(out, points, unfinished, baseline, throughput, opts):
     ladder = read_ladder(out, points, baseline)
     result = {"baseline": ladder.baseline, "arms": ladder.arms, "sizes": [size_label(s) for s in ladder.sizes],
-              "unfinished": unfinished, "level": opts["level"], "lr_grid": {}, "best_lr": {}, "lr_choice": {},
-              "pairs": {}, "lr_basis": {}}
+              "unfinished": unfinished, "level": opts.level, "lr_grid": {}, "best_lr": {}, "lr_choice": {},
+              "pairs": {}, "lr_basis": {}, "not_declared": []}
     md = runs_section(out, ladder, unfinished)
     lr_md, chosen, cursed = lr_sections(out, ladder, result)
-    md += lr_md + lr_choices(ladder, result, chosen) + audit_section(ladder, result)
+    md += lr_md + lr_choices(ladder, result, chosen) + audit_section(ladder, result, chosen, opts)
+    result["withheld"] = withheld(ladder, result, out)
     family = []  # the report's verdicts, one Holm family: (kind, name, p, the dict its adjusted p is written into)
     pair_rows = size_pairs(ladder, result, chosen, cursed, family)
     md += fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family)
-    md += pairs_section(pair_rows, ladder.baseline, opts["level"]) + verdicts(family, opts["level"])
+    md += pairs_section(pair_rows, ladder.baseline) + verdicts(family, opts.level, result["not_declared"])
     result["family"] = [{"kind": kind, "claim": name, "p": p, "p_holm": where.get("p_holm")}
                         for kind, name, p, where in family]
     text = "\n".join(md)
@@ -376,6 +460,8 @@ def _report(out, points, unfinished, baseline, throughput, opts):
 
 
 def _holm(where, level):
+    if "not_declared" in where:
+        return f"; not declared: {where['not_declared']}"
     p = where.get("p_holm")
     return "; unadjusted, exploratory" if p is None else \
         f"; Holm p {p:.3g}: {'declared' if p < 1 - level else 'not declared'}"
@@ -411,9 +497,9 @@ def fit_section(fit, sizes, speeds, opts, bases):
     md = ["## Compute multiplier", "", f"Fit: {fit['form_text']}; {level} intervals: {fit['interval']}.", "",
           calibration_sentence(fit, opts), ""]
     if len(fit["seeds"]) == 1:
-        md += [f"One seed ({fit['seeds'][0]}) at every fitted size: the seed noise cannot be fitted (one run per "
-               "cell measures no spread), so every interval below rests on the curve's residuals alone, and no seed's "
-               "own ladder is fitted beside it.", ""]
+        md += [f"One seed ({fit['seeds'][0]}) at every fitted size: the seed noise cannot be fitted (one run "
+               "per cell measures no spread), so every interval below rests on the curve's residuals alone, and no "
+               "seed's own ladder is fitted beside it.", ""]
     if fit["exploratory"]:
         md += [f"Exploratory: the lr at {', '.join(fit['exploratory'])} was picked on the compared runs, a pick the "
                "calibration does not simulate; the multipliers and trends below are unadjusted and declare "
@@ -433,7 +519,7 @@ def fit_section(fit, sizes, speeds, opts, bases):
         h, avg = m["headline"], m["average"]
         md.append(f"- {a}: {base} needs {h['multiplier']:.3g}x the compute to reach {a}'s loss at "
                   f"{h['compute']:.3g} FLOPs ({level} interval {_ci(*h['ci'])}, the {h['form']} fit"
-                  f"{_holm(h, opts['level'])}); ladder average, assumes constant m: {avg['multiplier']:.3g} "
+                  f"{_holm(h, opts.level)}); ladder average, assumes constant m: {avg['multiplier']:.3g} "
                   f"{_ci(*avg['ci'])}; {bases[a]}.")
         if m.get("per_seed"):
             ps = m["per_seed"]
@@ -447,7 +533,7 @@ def fit_section(fit, sizes, speeds, opts, bases):
             t = m["trend"]
             md.append(f"- {a}'s trend: slope of log m on log C {t['slope']:+.3g} {_ci(*t['ci'], fmt='{:+.3g}')} "
                       f"(alpha_{a} / alpha_{base} - 1, the trend fit; > 0: the gain grows with compute"
-                      f"{_holm(t, opts['level'])}); {bases[a]}.")
+                      f"{_holm(t, opts.level)}); {bases[a]}.")
         if m["target"]:
             t, name = m["target"], fit["target"]["name"]
             word = "EXTRAPOLATION (beyond what the ladder supports, asked for by --extrapolate)" \
@@ -482,26 +568,34 @@ def fit_section(fit, sizes, speeds, opts, bases):
     return md
 
 
-def pairs_section(pair_rows, baseline, level):
+def pairs_section(pair_rows, baseline):
     rows = [[size_label(s), f"{a} - {baseline}", pair["n"], f"{pair['mean']:+.4f}",
              "-" if pair["ci95"] is None else _ci(*pair["ci95"], fmt="{:+.4f}"),
              "-" if pair["p"] is None else f"{pair['p']:.3g}",
-             "exploratory" if pair["exploratory"] else
+             "exploratory" if pair["exploratory"] else "not declared (audit)" if "not_declared" in pair else
              "-" if pair.get("p_holm") is None else f"{pair['p_holm']:.3g}"] for s, a, pair in pair_rows]
     return ["## Paired by seed at each size", "", "Final val loss differences at the lrs compared (negative favours "
             "the arm), 95% t interval over the seeds.", "",
             markdown_table(["size", "pair", "seeds", "diff", "95% CI", "p", "Holm p"], rows), ""] if rows else []
 
 
-def verdicts(family, level):
+def verdicts(family, level, not_declared):
+    """The declared verdicts under Holm, and those the tuning audit withholds (not in the family: a verdict whose lr
+    the audit refutes is the lr's, not the arm's), each with its reason and the command that would settle it."""
     alpha = 1 - level
     declared = [f"{name} (Holm p {where['p_holm']:.3g})" for _, name, _, where in family if where["p_holm"] < alpha]
     kinds = {"pair": "per-size pairs", "multiplier": "headline multipliers (m = 1 at the reference compute?)",
              "trend": "trends (slope 0?)"}
     counts = ", ".join(f"{sum(k == kind for k, *_ in family)} {text}" for kind, text in kinds.items())
+    held = {}
+    for claim in not_declared:
+        held.setdefault((claim["reason"], claim["settle"]), []).append(claim["claim"])
     return ["## Verdicts", "", f"Error control: family-wise error rate {alpha:.3g}, Holm over the {len(family)} "
             f"verdicts of this report ({counts}); the lr grids' pairs and the comparisons at a size whose lr was "
             "picked on the compared runs (and the fit's, where it spans such a size) are unadjusted, exploratory, "
-            "and declare nothing. Every verdict is conditional on the lr picks: Holm controls its error with the lrs "
-            "held fixed, not over the lr stage (configuration f in docs/comparing_runs.md).", "",
-            f"Declared: {'; '.join(declared) if declared else 'none'}.", ""]
+            "and declare nothing; nor does a comparison whose lr the tuning audit refutes (it leaves the family). "
+            "Holm controls its error with the lrs held fixed, not over the lr stage (configuration f in "
+            "docs/comparing_runs.md).", "",
+            f"Declared: {'; '.join(declared) if declared else 'none'}.", "",
+            *[f"Not declared: {', '.join(claims)}: {reason}. To settle it: `{settle}`." for (reason, settle), claims
+              in held.items()], ""]

@@ -43,7 +43,8 @@ def not_falling(arms, log_c, losses):
     slope = (means * x).sum(axis=1) / (x ** 2).sum(axis=1)
     if (bad := np.flatnonzero(~(slope < 0))).size:
         a = bad[0]
-        return NotFitted(f"{arms[a]}'s mean loss does not fall with compute ({', '.join(f'{v:.4g}' for v in means[a])}"
+        points = ", ".join(f"{v:.4g}" for v in means[a])
+        return NotFitted(f"{arms[a]}'s mean loss does not fall with compute ({points}"
                          f" from {math.exp(log_c[a].min()):.3g} to {math.exp(log_c[a].max()):.3g} FLOPs), and "
                          "L = E + A C^-alpha only falls, so no curve and no multiplier can be read from this ladder; "
                          "train the sizes long enough that the loss falls with size")
@@ -60,10 +61,11 @@ def unreadable(est, arms, log_c):
         if (bad := np.flatnonzero(~(np.isfinite(value) & np.isfinite(se) & (np.abs(value) < LOG_MULTIPLIER_LIMIT))
                                   )).size:
             alpha = est["fits"][est["headline"]["form"]]["alpha"][0][0]
+            exponents = ", ".join(f"{v:.3g}" for v in alpha)
             return NotFitted(f"the {key} fit puts {arms[1 + bad[0]]}'s log multiplier at {value[bad[0]]:.3g} "
-                             f"(exponents {', '.join(f'{v:.3g}' for v in alpha)}): the losses fall too little over the ladder's "
-                             f"{math.exp(np.ptp(log_c)):.3g}x of compute for a multiplier to be read; train the sizes "
-                             "longer or over a wider range of compute")
+                             f"(exponents {exponents}): the losses fall too little over the ladder's "
+                             f"{math.exp(np.ptp(log_c)):.3g}x of compute for a multiplier to be read; train the "
+                             "sizes longer or over a wider range of compute")
     return None
 
 

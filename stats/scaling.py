@@ -277,7 +277,9 @@ def fit(y, x, form, cov_means, size_effect=True):
     lower, upper = bounds(y, form, p, idx)
     flat = y.reshape(b, -1)
     # strictly inside the bounds: scipy refuses a start on or outside them
-    inside = np.where(np.isfinite(upper), upper - 1e-6 * np.maximum(np.abs(upper), 1e-12), upper)
+    inside = upper.copy()
+    finite = np.isfinite(upper)
+    inside[finite] -= 1e-6 * np.maximum(np.abs(upper[finite]), 1e-12)
     theta = np.clip(np.nan_to_num(_start(y, x, idx, form)), lower, inside)
     for i in range(b):
         theta[i] = _solve(flat[i], x, idx, whiten[i], theta[i], lower[i], upper[i])
