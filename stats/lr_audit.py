@@ -24,6 +24,8 @@ from scipy.stats import binomtest
 from scipy.stats import t as student
 
 MIN_LRS = 3  # a parabola through fewer points has no residual to scale its interval
+# the seeds a plan's audit runs on (sweep/schedule.py): one leaves 4 lrs a single residual degree of freedom (t 12.7)
+AUDIT_SEEDS = 2
 # calibrate's second curve rises this much faster above its optimum than below (a real lr curve's divergence side);
 # gelu's measured curve rose 0.16 and 0.17 nats an octave either side of its best (experiments/lr_transfer.md)
 SKEW = 1.3

@@ -438,22 +438,32 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
         value, se = trend_slope(f["theta"], f["cov"], k)
         out["slope"] = {"value": value, "se": se, "dof": dof}
     if report:
-        base = out["fits"][head]
-        # one seed measures no noise: the headline fit's residuals scale the model's placeholder then
-        scale = base["residual_scale"] ** 2 if n == 1 else np.ones(b)
+        out.update(_readings(out, losses, log_c, head, ref - centre, options))
+    return out
 
-        def baseline(i):  # the baseline's fitted loss at log C
-            return lambda u: base["E"][0][i, 0] + base["A"][i, 0] * np.exp(-base["alpha"][0][i, 0] * u)
 
-        readings = [curve_free(log_c, means[i], cov_means[i] * scale[i], baseline(i),
-                               base["dof"] if n == 1 else k * s * (n - 1), options.confidence) for i in range(b)]
-        out["curve_free"] = {"value": np.array([r[0] for r in readings]),
-                             "status": np.array([r[1] for r in readings])}
-    if report and n > 1:
+def _readings(est, losses, log_c, head, ref, options):
+    """The report's numbers that no verdict rests on (estimate's "curve_free", and "per_seed" with several seeds)
+    from an estimate `est` of losses (B, K, S, seeds) at log C (K, S): head, the headline's form; ref, the
+    reference compute's centred log C."""
+    b, k, s, n = losses.shape
+    x = log_c - est["centre"]
+    means, cov_means, out = est["means"], est["cov_means"], {}
+    base = est["fits"][head]
+    # one seed measures no noise: the headline fit's residuals scale the model's placeholder then
+    scale = base["residual_scale"] ** 2 if n == 1 else np.ones(b)
+
+    def baseline(i):  # the baseline's fitted loss at log C
+        return lambda u: base["E"][0][i, 0] + base["A"][i, 0] * np.exp(-base["alpha"][0][i, 0] * u)
+
+    readings = [curve_free(log_c, means[i], cov_means[i] * scale[i], baseline(i),
+                           base["dof"] if n == 1 else k * s * (n - 1), options.confidence) for i in range(b)]
+    out["curve_free"] = {"value": np.array([r[0] for r in readings]), "status": np.array([r[1] for r in readings])}
+    if n > 1:
         one = losses.transpose(0, 3, 1, 2).reshape(b * n, k, s)
         theta, cov, _, _ = fit(one, x, head, np.repeat(cov_means * n, n, axis=0), options.size_effect)
-        value = log_multiplier(theta, cov, head, k, np.array([ref - centre]))[0][..., 0].reshape(b, n, k - 1)
-        implied = out["headline"]["se"] * math.sqrt(n)
+        value = log_multiplier(theta, cov, head, k, np.array([ref]))[0][..., 0].reshape(b, n, k - 1)
+        implied = est["headline"]["se"] * math.sqrt(n)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = value.std(axis=1, ddof=1) / implied
         out["per_seed"] = {"value": value, "ratio": ratio, "flag": ratio > PER_SEED_FLAG}
