@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.lr_grid_plot import plot_lr_grid
+from analysis.ladder_audit import audit_section, ci_text, rate_text, size_label, verdicts, withheld, withhold
 from analysis.ladder_points import SHAPE, by_size_arm_lr, plan_of, read_points, shape_of
 from analysis.runs import RunError, markdown_table
 from analysis.scaling_plot import plot_scaling
@@ -33,10 +34,6 @@ from errors import ConfigError
 from stats import ladder_fit, lr_audit, lr_grid, scaling
 from stats.family import adjust
 from stats.significance import paired
-
-
-def size_label(size):
-    return "L{}-d{}-h{}".format(*size)
 
 
 def throughput_ratios(files, ladder_compute, baseline):
@@ -112,6 +109,9 @@ def ladder_report(out_dir, baseline=None, throughput=None, options=ReportOptions
     try:
         points, unfinished = read_points(out)
         target_of(options.target)  # a bad --target is an error before anything is written
+        if not options.tolerance > 1:
+            raise ConfigError(f"--lr-tolerance {options.tolerance:g}: a factor above 1 (e.g. 1.4: an lr within "
+                              "1.4x of its audited optimum, either way, passes)")
         return _report(out, points, unfinished, baseline, throughput or [], options)
     except (RunError, ConfigError) as e:
         raise SystemExit(f"error: {out}: {e}") from None
@@ -119,10 +119,6 @@ def ladder_report(out_dir, baseline=None, throughput=None, options=ReportOptions
 
 def _mean(points, key):
     return statistics.mean(p[key] for p in points)
-
-
-def _ci(low, high, fmt="{:.3g}"):
-    return "[" + ", ".join("-" if v is None else fmt.format(v) for v in (low, high)) + "]"
 
 
 @dataclass
@@ -246,94 +242,6 @@ def lr_choices(ladder, result, chosen):
     return ["## Each arm's lr", "", *[f"- {a}: {text}." for a, text in result["lr_choice"].items()], ""]
 
 
-def audit_section(ladder, result, chosen, options):
-    """The tuning audit into result["audit"] (None without one): each arm's optimum at the audit's size with its
-    interval (stats/lr_audit.py), and the lr it ran there judged against it within the tolerance; its markdown."""
-    if ladder.audit_size is None:
-        result["audit"] = None
-        return []
-    where, arms, missing = size_label(ladder.audit_size), {}, []
-    for a in ladder.arms:
-        grid = {lr: {seed: p["loss"] for seed, p in seeds.items()} for lr, seeds in ladder.audit.get(a, {}).items()}
-        picked = chosen.get((ladder.audit_size, a)) or next(iter(result["best_lr"].get(a, {}).values()), None)
-        arms[a] = None if picked is None else lr_audit.audit(picked, grid, options.audit())
-        if arms[a] is None:
-            missing.append(a)
-    seeds = sorted({seed for x in arms.values() if x for seed in x["seeds"]})
-    refuted = [a for a, x in arms.items() if x and x["status"] == "refuted"]
-    text = (f"the tuning audit at {where} (seeds {', '.join(map(str, seeds)) or '-'}) "
-            + ("refutes " + ", ".join(f"{a}'s lr ({_audit_words(arms[a])})" for a in refuted) if refuted else
-               "refutes no arm's lr") + (f"; no finished audit for {', '.join(missing)}" if missing else ""))
-    result["audit"] = {"size": where, "seeds": seeds, "tolerance": options.tolerance, "arms": arms,
-                       "refuted": refuted, "missing": missing, "text": text}
-    lines = [f"- {a}: ran {x['picked']:g} at {where}; {_audit_words(x)}: **{x['status']}**"
-             + (f" ({_audit_rates(x['calibration'])})" if x["calibration"] else "") + "."
-             for a, x in arms.items() if x]
-    return ["## Tuning audit", "", f"Each arm again at {where} on the grid's seeds {', '.join(map(str, seeds))}, at "
-            "lrs around the one it ran there; its optimum there is the vertex of a parabola in log lr fitted to "
-            f"those runs (one level per seed), with its {options.level:.0%} Fieller interval (stats/lr_audit.py). "
-            f"An arm's lr is refuted where every optimum in the interval lies more than {options.tolerance:g}x from "
-            "it (the tolerance, --lr-tolerance): its multipliers and trends at the sizes it did not pick its lr at "
-            "are then not declared. Within: every optimum in the interval lies within the tolerance. Otherwise: not "
-            "resolved (more audit seeds narrow the interval).", "", *lines, "", f"Result: {text}.", ""]
-
-
-def _audit_words(x):
-    """How far one arm's audited optimum lies from the lr it ran, in words."""
-    if x["optimum"] is None:
-        return (f"its audit losses do not curve upward about a minimum (curvature {x['curvature']:.3g}): no "
-                "optimum to read")
-    if x["ci"] is None:
-        return (f"its optimum {x['optimum']:.3g} (interval unbounded: the curvature is not resolved by "
-                f"{len(x['seeds'])} seed(s)), the lr {x['ratio']:.3g}x it")
-    return (f"its optimum {x['optimum']:.3g} {_ci(*x['ci'])}, the lr {x['ratio']:.3g}x it "
-            f"{_ci(*x['ratio_ci'])}")
-
-
-def _audit_rates(cal):
-    """The audit's measured rates on simulated grids of its own configuration, in words."""
-    return "; ".join(f"on a {name}: the interval covered {_rate(cal[key]['coverage'])}, a lr at the tolerance "
-                     f"refuted {_rate(cal[key]['false_refutation'])}"
-                     for key, name in (("parabola", "parabola"),
-                                       ("skewed", f"curve {lr_audit.SKEW:g}x steeper above its optimum"))) \
-        + f" ({cal['n']} simulated audits of {cal['assumptions']})"
-
-
-def withheld(ladder, result, out):
-    """{arm: {"reason", "settle", "sizes"}} of the arms whose verdicts the audit withholds: an arm whose lr it
-    refutes, or every arm where it refutes the baseline's (each comparison rests on both lrs), at the sizes where the
-    arm's lr was not picked on a grid of that size itself."""
-    audit = result.get("audit") or {}
-    out_of = {}
-    for a in ladder.arms[1:]:
-        off = [b for b in (ladder.baseline, a) if b in audit.get("refuted", [])]
-        if not off:
-            continue
-        x = audit["arms"][off[-1]]
-        picked_at = set(result["best_lr"].get(a, {})) & set(result["best_lr"].get(ladder.baseline, {}))
-        out_of[a] = {"sizes": [size_label(s) for s in ladder.sizes if size_label(s) not in picked_at],
-                     "reason": f"the audit at {audit['size']} refutes {off[-1]}'s lr {x['picked']:g} (its optimum "
-                               f"{x['optimum']:.3g} {_ci(*x['ci'])}, beyond the {audit['tolerance']:g}x tolerance)",
-                     "settle": settle_command(out, ladder, off[-1], x)}
-    return out_of
-
-
-def settle_command(out, ladder, arm, x):
-    """The command that measures an arm whose lr the audit refuted at its audited optimum: its variant at the
-    audit's size on the compared seeds (a sweep of its own, beside the baseline's runs at that size here)."""
-    plan = plan_of(out)
-    options = list((plan.get("variants") or {}).get(arm) or ["--act", arm])
-    act = options.pop(options.index("--act") + 1) if "--act" in options else arm
-    options = [o for o in options if o != "--act"]
-    size = next((opts for opts in ((plan.get("ladder") or {}).get("sizes") or {}).values()
-                 if shape_of(opts) == ladder.audit_size), [])
-    seeds = sorted({p["seed"] for p in ladder.points if p["size"] == ladder.audit_size and p["arm"] == arm})
-    return " ".join(["python -m sweep", *(["--trainer", plan["trainer"]] if plan.get("trainer") else []),
-                     "--config", plan.get("config", "CONFIG"), "--acts", act, "--lrs", f"{x['optimum']:.3g}",
-                     "--seeds", ",".join(map(str, seeds)), "--out-dir", str(out / f"{arm}_at_audited_lr"),
-                     *options, *size, *plan.get("overrides", [])])
-
-
 def basis(result, baseline, arm):
     """What a multiplier or trend of `arm` over the baseline rests on: the lrs, where and on which seeds they were
     picked, and the tuning audit's result."""
@@ -378,19 +286,6 @@ def fit_input(compared, complete, shared, arms):
             losses.setdefault(a, {})[compute] = {seed: p["loss"] for seed, p in seeds.items()}
             compute_at.setdefault(s, {})[a] = compute
     return losses, compute_at
-
-
-def withhold(result, arm, size, claim):
-    """Whether the audit withholds a verdict of `arm` at `size` (None: the fit's, over every size): then the claim
-    (kind, name, the dict of its numbers) is marked not declared, with the reason and the command that would settle
-    it, into result["not_declared"]."""
-    held = result["withheld"].get(arm)
-    if not held or (size is not None and size not in held["sizes"]):
-        return False
-    kind, name, where = claim
-    where.update(not_declared=held["reason"], settle=held["settle"])
-    result["not_declared"].append({"kind": kind, "claim": name, "reason": held["reason"], "settle": held["settle"]})
-    return True
 
 
 def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family):
@@ -470,20 +365,16 @@ def _holm(where, level):
 
 def _parameter(v):
     """E or alpha with its interval, or "not identified" in words."""
-    return f"{v['value']:.3g} ({v['not_identified']})" if "not_identified" in v else f"{v['value']:.3g} {_ci(*v['ci'])}"
-
-
-def _rate(r):
-    return f"{r['rate']:.1%} [{r['ci'][0]:.1%}, {r['ci'][1]:.1%}]"
+    return f"{v['value']:.3g} ({v['not_identified']})" if "not_identified" in v else f"{v['value']:.3g} {ci_text(*v['ci'])}"
 
 
 def calibration_sentence(fit, opts):
     """What the calibration measured, of which configuration, with its Monte-Carlo interval."""
     cal, level = fit["calibration"], f"{fit['confidence']:.0%}"
-    return (f"Coverage measured: {_rate(cal['coverage'])} of the {level} headline intervals held the true "
+    return (f"Coverage measured: {rate_text(cal['coverage'])} of the {level} headline intervals held the true "
             f"multiplier at {fit['reference']:.3g} FLOPs in {cal['n']} ladders drawn from this configuration "
             f"(Monte-Carlo 95% interval over the ladders; simulation seed {cal['seed']})"
-            + (f"; the trend verdict fired on a constant multiplier in {_rate(cal['false_alarm'])} of them"
+            + (f"; the trend verdict fired on a constant multiplier in {rate_text(cal['false_alarm'])} of them"
                if cal.get("false_alarm") else "")
             + f". The configuration, fitted from this ladder: {cal['assumptions']}. Not in it: the lr stage. It "
             "holds each arm's lr fixed; with the stage simulated (two identical arms, each at the lr a one-seed grid "
@@ -519,9 +410,9 @@ def fit_section(fit, sizes, speeds, opts, bases):
     for a, m in fit["multipliers"].items():
         h, avg = m["headline"], m["average"]
         md.append(f"- {a}: {base} needs {h['multiplier']:.3g}x the compute to reach {a}'s loss at "
-                  f"{h['compute']:.3g} FLOPs ({level} interval {_ci(*h['ci'])}, the {h['form']} fit"
+                  f"{h['compute']:.3g} FLOPs ({level} interval {ci_text(*h['ci'])}, the {h['form']} fit"
                   f"{_holm(h, opts.level)}); ladder average, assumes constant m: {avg['multiplier']:.3g} "
-                  f"{_ci(*avg['ci'])}; {bases[a]}.")
+                  f"{ci_text(*avg['ci'])}; {bases[a]}.")
         if m.get("per_seed"):
             ps = m["per_seed"]
             spread = "-" if ps["spread_over_model"] is None else f"{ps['spread_over_model']:.3g}"
@@ -532,7 +423,7 @@ def fit_section(fit, sizes, speeds, opts, bases):
                          "the interval may be too narrow**)" if ps["flag"] else "") + ".")
         if m["trend"]:
             t = m["trend"]
-            md.append(f"- {a}'s trend: slope of log m on log C {t['slope']:+.3g} {_ci(*t['ci'], fmt='{:+.3g}')} "
+            md.append(f"- {a}'s trend: slope of log m on log C {t['slope']:+.3g} {ci_text(*t['ci'], fmt='{:+.3g}')} "
                       f"(alpha_{a} / alpha_{base} - 1, the trend fit; > 0: the gain grows with compute"
                       f"{_holm(t, opts.level)}); {bases[a]}.")
         if m["target"]:
@@ -540,7 +431,7 @@ def fit_section(fit, sizes, speeds, opts, bases):
             word = "EXTRAPOLATION (beyond what the ladder supports, asked for by --extrapolate)" \
                 if fit["target"]["extrapolation"] else "inside the ladder's reach"
             md.append(f"- {a} at {name} ({t['compute']:.3g} FLOPs), {word}: {t['multiplier']:.3g}x "
-                      f"{_ci(*t['ci'])} ({fit['form']} fit).")
+                      f"{ci_text(*t['ci'])} ({fit['form']} fit).")
     if speeds and speeds["missing"]:
         md.append(f"- Wall-clock: not measured for {', '.join(speeds['missing'])} (no contender of that label in "
                   "the --throughput files).")
@@ -551,11 +442,11 @@ def fit_section(fit, sizes, speeds, opts, bases):
     for a, m in fit["multipliers"].items():
         for s, row in zip(sizes, m["at_sizes"]):
             status = row["curve_free_status"]
-            free = f"{row['curve_free']:.3g} {_ci(*row['curve_free_ci'])}" if status == "ok" else \
+            free = f"{row['curve_free']:.3g} {ci_text(*row['curve_free_ci'])}" if status == "ok" else \
                 "-" if status == "outside" else status
             rows.append([size_label(s), a, f"{row['compute']:.3g}", free,
-                         f"{row['fit']['multiplier']:.3g} {_ci(*row['fit']['ci'])}",
-                         "-" if row["wall_clock"] is None else f"{row['wall_clock']:.3g} {_ci(*row['wall_clock_ci'])}",
+                         f"{row['fit']['multiplier']:.3g} {ci_text(*row['fit']['ci'])}",
+                         "-" if row["wall_clock"] is None else f"{row['wall_clock']:.3g} {ci_text(*row['wall_clock_ci'])}",
                          "**fit and curve-free disagree**" if row["disagree"] else ""])
     md += [f"Per size, by compute: the curve-free multiplier ({base}'s compute read off its observed points along "
            "its fitted curve shifted through them, Fieller interval, '-' outside them, 'not resolved' where "
@@ -571,32 +462,10 @@ def fit_section(fit, sizes, speeds, opts, bases):
 
 def pairs_section(pair_rows, baseline):
     rows = [[size_label(s), f"{a} - {baseline}", pair["n"], f"{pair['mean']:+.4f}",
-             "-" if pair["ci95"] is None else _ci(*pair["ci95"], fmt="{:+.4f}"),
+             "-" if pair["ci95"] is None else ci_text(*pair["ci95"], fmt="{:+.4f}"),
              "-" if pair["p"] is None else f"{pair['p']:.3g}",
              "exploratory" if pair["exploratory"] else "not declared (audit)" if "not_declared" in pair else
              "-" if pair.get("p_holm") is None else f"{pair['p_holm']:.3g}"] for s, a, pair in pair_rows]
     return ["## Paired by seed at each size", "", "Final val loss differences at the lrs compared (negative favours "
             "the arm), 95% t interval over the seeds.", "",
             markdown_table(["size", "pair", "seeds", "diff", "95% CI", "p", "Holm p"], rows), ""] if rows else []
-
-
-def verdicts(family, level, not_declared):
-    """The declared verdicts under Holm, and those the tuning audit withholds (not in the family: a verdict whose lr
-    the audit refutes is the lr's, not the arm's), each with its reason and the command that would settle it."""
-    alpha = 1 - level
-    declared = [f"{name} (Holm p {where['p_holm']:.3g})" for _, name, _, where in family if where["p_holm"] < alpha]
-    kinds = {"pair": "per-size pairs", "multiplier": "headline multipliers (m = 1 at the reference compute?)",
-             "trend": "trends (slope 0?)"}
-    counts = ", ".join(f"{sum(k == kind for k, *_ in family)} {text}" for kind, text in kinds.items())
-    held = {}
-    for claim in not_declared:
-        held.setdefault((claim["reason"], claim["settle"]), []).append(claim["claim"])
-    return ["## Verdicts", "", f"Error control: family-wise error rate {alpha:.3g}, Holm over the {len(family)} "
-            f"verdicts of this report ({counts}); the lr grids' pairs and the comparisons at a size whose lr was "
-            "picked on the compared runs (and the fit's, where it spans such a size) are unadjusted, exploratory, "
-            "and declare nothing; nor does a comparison whose lr the tuning audit refutes (it leaves the family). "
-            "Holm controls its error with the lrs held fixed, not over the lr stage (configuration f in "
-            "docs/comparing_runs.md).", "",
-            f"Declared: {'; '.join(declared) if declared else 'none'}.", "",
-            *[f"Not declared: {', '.join(claims)}: {reason}. To settle it: `{settle}`." for (reason, settle), claims
-              in held.items()], ""]

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from analysis import ladder_report
 from sweep import cli
 from stats import lr_audit, lr_grid, scaling
 from test_ladder import SHAPES, curve, ladder_run
@@ -118,3 +119,8 @@ def test_an_arm_whose_lr_the_audit_refutes_declares_nothing_at_the_sizes_it_did_
     assert "--seeds 1,2,3" in settle and "--n-layer 4 --n-embd 64 --n-head 4" in settle
     assert "Declared: none." in text and text.count(f"To settle it: `{settle}`") == 1
     assert "(95% interval" in text and "; not declared: the audit at L4-d64-h4 refutes relu2's lr 0.003" in text
+
+
+def test_a_tolerance_of_at_most_1_is_a_one_line_error(tmp_path):
+    with pytest.raises(SystemExit, match="--lr-tolerance 0.9: a factor above 1"):
+        ladder_report.ladder_report(tmp_path, options=ladder_report.ReportOptions(tolerance=0.9))
