@@ -63,7 +63,7 @@ import sys
 from pathlib import Path
 
 from analysis.ladder_points import is_ladder
-from analysis.ladder_report import ladder_report
+from analysis.ladder_report import ReportOptions, ladder_report
 from analysis.sweep_report import report
 from errors import ConfigError
 from sweep import launchers, status
@@ -128,6 +128,9 @@ def parser():
     p.add_argument("--resamples", type=int, default=400,
                    help="simulated ladders that measure the coverage of a ladder's multiplier interval")
     p.add_argument("--resample-seed", type=int, default=0, help="the seed of those simulations")
+    p.add_argument("--lr-tolerance", type=float, default=ReportOptions.tolerance, metavar="FACTOR",
+                   help="how far from its audited optimum an arm's lr may lie: beyond it (every optimum in the "
+                        "audit's interval), the arm's multipliers and trends are not declared")
     p.add_argument("--target-diff", type=float, metavar="NATS",
                    help="final val loss difference whose seeds the report counts (default: the observed one)")
     return p
@@ -201,9 +204,9 @@ def dispatch(argv):
     acts, baseline = (plan.labels, plan.baseline) if plan else (args.acts, args.baseline)
     for directory in sweep_dirs(out):
         if is_ladder(directory):
-            print(ladder_report(directory, None if args.plan else baseline, args.throughput, args.target,
-                                args.extrapolate, args.level, args.resamples, args.resample_seed,
-                                reference=args.reference))
+            print(ladder_report(directory, None if args.plan else baseline, args.throughput, ReportOptions(
+                args.target, args.extrapolate, args.level, args.resamples, args.resample_seed, args.reference,
+                args.lr_tolerance)))
         else:
             print(report(directory, acts, None if args.plan else baseline, args.target_diff))
         print(f"wrote {directory / 'sweep.md'}, sweep.json and the PNGs there")

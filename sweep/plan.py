@@ -22,8 +22,8 @@ Beside those, a plan file may name a ladder:
 
 Sizes are ordered by their compute, n_layer x n_embd^2 x max_steps (the blocks' parameters times the tokens). With
 lr_size and lr_seeds below the largest size, a tuning audit follows the grid: every arm again at the largest size, on
-the first of lr_seeds, at 4 lrs around its pick (stats/lr_grid.py's audit_lrs); the report flags an arm whose pick
-lies more than 2x from the audit's vertex. A pick at the grid's edge stops the plan before the other sizes run (the
+the first two of lr_seeds, at 4 lrs around its pick (stats/lr_grid.py's audit_lrs); the report refutes an arm's lr
+where the audit's optimum lies beyond its tolerance from it (stats/lr_audit.py). A pick at the grid's edge stops the plan before the other sizes run (the
 optimum may lie outside the grid): extend lrs (in a new --out-dir), or pass --allow-edge-lr to run the ladder at
 it.
 
@@ -76,7 +76,7 @@ class Ladder:
     sizes: dict  # name -> its table; {None: {}}: the config's size
     lr_size: str | None
     lr_seeds: list | None = None  # the grid's own seeds (None: the sweep's seeds, the choice then made on them)
-    audit_size: str | None = None  # where the tuning audit re-grids every arm (the largest size), on lr_seeds[0]
+    audit_size: str | None = None  # where the tuning audit re-grids every arm (the largest size), on lr_seeds[:2]
 
 
 class PlanFile(NamedTuple):

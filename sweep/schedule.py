@@ -20,6 +20,7 @@ from analysis.runs import finished
 from errors import ConfigError
 from sweep import launchers, status
 from sweep.cost import bench_rates, cost_text, run_rates
+from stats.lr_audit import AUDIT_SEEDS
 from stats.lr_grid import audit_lrs
 from sweep.plan import Plan, grid_pick, run_dir
 
@@ -225,7 +226,8 @@ def ladder_jobs(plan, sizes, lrs, seeds=None):
 
 
 def audit_jobs(plan, best):
-    """The tuning audit's runs: every arm at the largest size on the grid's first seed, at the 4 lrs around its best
+    """The tuning audit's runs: every arm at the largest size on the grid's first AUDIT_SEEDS seeds (its vertex's
+    interval needs residuals besides the seeds' levels: stats/lr_audit.py), at the 4 lrs around its best
     lr (stats/lr_grid.py's audit_lrs). best: {arm: its best lr}; {} before the grid has picked: then each job's lr is
     its factor of the pick ("0.354x"), for the dry run's words, and its options hold no lr (its FLOPs need none)."""
     ladder = plan.ladder
@@ -233,10 +235,10 @@ def audit_jobs(plan, best):
         return []
     if not best:
         factors = [f"{f:g}x" for f in audit_lrs(1, ladder.lrs)]
-        return [(label, [*opts, *plan.size_options[ladder.audit_size]], ladder.lr_seeds[0], ladder.audit_size, f)
-                for label, opts, _ in plan.variants for f in factors]
+        return [(label, [*opts, *plan.size_options[ladder.audit_size]], seed, ladder.audit_size, f)
+                for seed in ladder.lr_seeds[:AUDIT_SEEDS] for label, opts, _ in plan.variants for f in factors]
     return ladder_jobs(plan, [ladder.audit_size], {a: audit_lrs(best[a], ladder.lrs) for a in plan.labels},
-                       ladder.lr_seeds[:1])
+                       ladder.lr_seeds[:AUDIT_SEEDS])
 
 
 def launch(plan, overrides, out, jobs):
