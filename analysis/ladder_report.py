@@ -9,9 +9,10 @@ plan's lr_seeds the grid ran on its own seeds, and the arms are compared on the 
 favours the arm it picked for. Without them the pick was made on the compared runs, and every comparison at that size
 is marked "exploratory" (the winner's curse: an arm with a flat lr curve gains most from picking the luckiest point).
 The grid's own pairs are always exploratory. The tuning
-audit (the plan's audit_size, on the first of lr_seeds): each arm's pick against the vertex of its own small grid at
-the largest size (stats/lr_grid.py's audit); every multiplier and trend sentence names the lrs, where and on which
-seeds they were picked, and the audit's result. Several sizes: stats/ladder_fit.py gives the estimator's numbers
+audit (the plan's audit_size, on the first two of lr_seeds): each arm's optimum at the largest size with its interval,
+and the lr it ran there judged within or beyond the tolerance (stats/lr_audit.py); an arm whose lr it refutes
+declares nothing where it rests on that lr (withheld). Every multiplier and trend sentence names the lrs, where and on
+which seeds they were picked, and the audit's result. Several sizes: stats/ladder_fit.py gives the estimator's numbers
 (estimate in stats/scaling.py: each arm's multiplier at the largest rung with its interval, the ladder average, the
 curve-free multiplier at every size, the trend) and its coverage measured on ladders drawn from the configuration
 this ladder implies; this module only formats them; scaling.png. Verdicts (the per-size pairs, the multipliers, the
@@ -25,17 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.lr_grid_plot import plot_lr_grid
+from analysis.ladder_audit import audit_section, ci_text, rate_text, size_label, verdicts, withheld, withhold
 from analysis.ladder_points import SHAPE, by_size_arm_lr, plan_of, read_points, shape_of
 from analysis.runs import RunError, markdown_table
 from analysis.scaling_plot import plot_scaling
 from errors import ConfigError
-from stats import ladder_fit, lr_grid, scaling
+from stats import ladder_fit, lr_audit, lr_grid, scaling
 from stats.family import adjust
 from stats.significance import paired
-
-
-def size_label(size):
-    return "L{}-d{}-h{}".format(*size)
 
 
 def throughput_ratios(files, ladder_compute, baseline):
@@ -81,28 +79,46 @@ def target_of(text):
         raise ConfigError(f"--target {text!r}: give a compute in FLOPs (e.g. 1e13) or gpt2-124m-10b") from None
 
 
-def ladder_report(out_dir, baseline=None, throughput=None, target=None, extrapolate=False, level=0.95,
-                  resamples=400, seed=0, reference=None):
-    """Writes sweep.md, sweep.json, lr_grid.png (several lrs) and scaling.png (several sizes); returns the markdown.
-    target: --target's text; level: the intervals' confidence (verdicts at family-wise rate 1 - level); resamples,
-    seed: the simulated ladders that measure the interval's coverage, and their seed; reference: the compute (FLOPs)
-    of the headline multiplier, None for the largest rung."""
+@dataclass(frozen=True)
+class ReportOptions:
+    """What a ladder's report depends on besides its runs (python -m sweep's options of the same names). target:
+    --target's text (a compute in FLOPs or gpt2-124m-10b), None for none; extrapolate: print a target the ladder
+    cannot support, marked as one; level: the intervals' confidence (verdicts at family-wise rate 1 - level);
+    resamples, seed: the simulated ladders that measure the interval's coverage, and their seed; reference: the
+    compute (FLOPs) of the headline multiplier, None for the largest rung; tolerance: how far from its audited optimum
+    an arm's lr may lie before the audit refutes it and its verdicts are not declared (stats/lr_audit.py)."""
+    target: str | None = None
+    extrapolate: bool = False
+    level: float = 0.95
+    resamples: int = 400
+    seed: int = 0
+    reference: float | None = None
+    tolerance: float = 1.4
+
+    def estimator(self):
+        return scaling.Options(self.level, self.reference)
+
+    def audit(self):
+        return lr_audit.AuditOptions(self.tolerance, self.level)
+
+
+def ladder_report(out_dir, baseline=None, throughput=None, options=ReportOptions()):
+    """Writes sweep.md, sweep.json, lr_grid.png (several lrs) and scaling.png (several sizes); returns the
+    markdown."""
     out = Path(out_dir)
     try:
         points, unfinished = read_points(out)
-        return _report(out, points, unfinished, baseline, throughput or [],
-                       dict(target=target_of(target), extrapolate=extrapolate, level=level, resamples=resamples,
-                            seed=seed, reference=reference))
+        target_of(options.target)  # a bad --target is an error before anything is written
+        if not options.tolerance > 1:
+            raise ConfigError(f"--lr-tolerance {options.tolerance:g}: a factor above 1 (e.g. 1.4: an lr within "
+                              "1.4x of its audited optimum, either way, passes)")
+        return _report(out, points, unfinished, baseline, throughput or [], options)
     except (RunError, ConfigError) as e:
         raise SystemExit(f"error: {out}: {e}") from None
 
 
 def _mean(points, key):
     return statistics.mean(p[key] for p in points)
-
-
-def _ci(low, high, fmt="{:.3g}"):
-    return "[" + ", ".join("-" if v is None else fmt.format(v) for v in (low, high)) + "]"
 
 
 @dataclass
@@ -118,7 +134,7 @@ class LadderRuns:
     grid_runs: int  # how many runs the lr grid's own seeds have
     audit_size: tuple | None = None  # where the tuning audit ran (the plan's audit_size)
     audit: dict | None = None  # its runs {arm: {lr: {seed: point}}}
-    lr_design: str = "smallest"  # the plan's lr design (stats/ladder_noise.py DESIGNS), for the calibration
+    lr_design: str = "smallest"  # the plan's lr design (stats/lr_grid.py DESIGNS), for the calibration
 
     def at(self, size, arm, lr):
         """{seed: point} of one arm at one size and lr, or None."""
@@ -230,48 +246,6 @@ def lr_choices(ladder, result, chosen):
     return ["## Each arm's lr", "", *[f"- {a}: {text}." for a, text in result["lr_choice"].items()], ""]
 
 
-def audit_section(ladder, result):
-    """The tuning audit into result["audit"] (None without one): each arm's pick against the vertex of its own grid
-    at the audit's size (stats/lr_grid.py's audit); its markdown."""
-    if ladder.audit_size is None:
-        result["audit"] = None
-        return []
-    where, arms, missing = size_label(ladder.audit_size), {}, []
-    for a in ladder.arms:
-        grid = {lr: {seed: p["loss"] for seed, p in seeds.items()} for lr, seeds in ladder.audit.get(a, {}).items()}
-        picked = next(iter(result["best_lr"].get(a, {}).values()), None)
-        if picked is None or len(grid) < len(lr_grid.AUDIT_STEPS):
-            missing.append(a)
-            continue
-        arms[a] = lr_grid.audit(a, picked, grid)
-    seeds = sorted({seed for a in arms.values() for seed in a["seeds"]})
-    flagged = [a for a, x in arms.items() if x["flagged"]]
-    text = (f"the tuning audit at {where} (seed {', '.join(map(str, seeds)) or '-'}) " +
-            ("is incomplete: no finished audit grid for " + ", ".join(missing) if missing else
-             "flags " + ", ".join(f"{a} ({_audit_words(arms[a])})" for a in flagged) if flagged else
-             f"is clean: every arm's pick within {lr_grid.AUDIT_FACTOR:g}x of its vertex there"))
-    result["audit"] = {"size": where, "seeds": seeds, "arms": arms, "flagged": flagged, "missing": missing,
-                       "text": text}
-    lines = [f"- {a}: picked {x['picked']:g}; at {where} {_audit_words(x)}"
-             + (": **flagged**." if x["flagged"] else f": within {lr_grid.AUDIT_FACTOR:g}x.") for a, x in arms.items()]
-    return ["## Tuning audit", "", f"Each arm again at {where}, on the grid's seed {', '.join(map(str, seeds))}, at 4 "
-            f"lrs around its pick (each half a grid step and one and a half from it); the audit's vertex is the "
-            f"parabola of the rule above. An arm whose pick lies more than {lr_grid.AUDIT_FACTOR:g}x from its vertex, "
-            "or whose audit is lowest at its edge, is flagged: its lr did not carry over to that size, and the ladder "
-            "compares it off its optimum there.", "", *lines, "", f"Result: {text}.", ""]
-
-
-def _audit_words(x):
-    """How far one arm's audit vertex lies from its pick, in words."""
-    if x["edge"]:
-        return (f"its lowest loss is at the audit's {'lowest' if x['edge'] == 'low' else 'highest'} lr "
-                f"{x['best_lr']:g}, {x['best_lr'] / x['picked']:.3g}x the pick: the vertex lies beyond")
-    if x["vertex"] is None:
-        return f"no vertex (the losses around its best audit lr {x['best_lr']:g} are not convex)"
-    return (f"its vertex is {x['vertex']:.3g}, {x['factor']:.2f}x "
-            f"{'above' if x['vertex'] > x['picked'] else 'below'} the pick")
-
-
 def basis(result, baseline, arm):
     """What a multiplier or trend of `arm` over the baseline rests on: the lrs, where and on which seeds they were
     picked, and the tuning audit's result."""
@@ -283,7 +257,7 @@ def basis(result, baseline, arm):
 
 def size_pairs(ladder, result, chosen, cursed, family):
     """Each arm against the baseline at each size, paired by seed at the lrs compared, into result["pairs"]; those
-    not exploratory join the family. Returns [(size, arm, pair)]."""
+    neither exploratory nor withheld by the audit join the family. Returns [(size, arm, pair)]."""
     pair_rows = []
     for s in ladder.sizes:
         base = ladder.at(s, ladder.baseline, chosen.get((s, ladder.baseline)))
@@ -294,8 +268,10 @@ def size_pairs(ladder, result, chosen, cursed, family):
             pair = paired({k: p["loss"] for k, p in base.items()}, {k: p["loss"] for k, p in arm.items()})
             pair["exploratory"] = s in cursed
             result["pairs"].setdefault(size_label(s), {})[a] = pair
-            if pair["p"] is not None and not pair["exploratory"]:
-                family.append(("pair", f"{a} - {ladder.baseline} at {size_label(s)}", pair["p"], pair))
+            claim = f"{a} - {ladder.baseline} at {size_label(s)}"
+            if pair["p"] is not None and not pair["exploratory"] and not withhold(
+                    result, a, size_label(s), ("pair", claim, pair)):
+                family.append(("pair", claim, pair["p"], pair))
             pair_rows.append((s, a, pair))
     return pair_rows
 
@@ -318,7 +294,8 @@ def fit_input(compared, complete, shared, arms):
 
 def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family):
     """The multiplier fit (its verdicts join the family, Holm-adjusted here, unless a fitted size's lr was picked
-    on the compared runs: the calibration does not simulate that pick, so they are then exploratory) and its
+    on the compared runs: the calibration does not simulate that pick, so they are then exploratory; or the audit
+    withholds them) and its
     markdown; without enough sizes, the family is adjusted alone. The fit pairs every arm at every size on the same
     seeds: a half-finished ladder is fitted on the sizes every arm has finished, on the seeds all of them share, and
     says which."""
@@ -337,18 +314,24 @@ def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family
     losses, compute_at = fit_input(compared, complete, shared, ladder.arms)
     speeds = throughput_ratios(throughput, compute_at, ladder.baseline) if throughput else None
     vocab = {p["vocab"] for p in ladder.points}
-    fit = ladder_fit.fit_ladder(losses, ladder.baseline, scaling.Options(opts["level"], opts["reference"]),
-                                target=opts["target"], extrapolate=opts["extrapolate"],
-                                vocab=vocab.pop() if len(vocab) == 1 else None, throughput=speeds,
-                                n_sims=opts["resamples"], rng=opts["seed"],
+    fit = ladder_fit.fit_ladder(losses, ladder.baseline, opts.estimator(), target=target_of(opts.target),
+                                extrapolate=opts.extrapolate, vocab=vocab.pop() if len(vocab) == 1 else None,
+                                throughput=speeds, n_sims=opts.resamples, rng=opts.seed,
                                 lr_design=(ladder.lr_design, max(len(ladder.lr_seeds), 1)))
+    if isinstance(fit, ladder_fit.NotFitted):
+        adjust([(p, where) for _, _, p, where in family])
+        result["fit"] = {"not_fitted": fit.reason}
+        return md + [f"No fit: {fit.reason}.", ""]
     fit["exploratory"] = [size_label(s) for s in complete if s in cursed]
     for a, m in fit["multipliers"].items():
         if fit["exploratory"]:
             continue
-        family.append(("multiplier", f"{a}'s multiplier over {ladder.baseline}", m["headline"]["p"], m["headline"]))
-        if m["trend"]:
-            family.append(("trend", f"{a}'s trend", m["trend"]["p"], m["trend"]))
+        # the fit spans every size: an arm the audit withholds anywhere is withheld here
+        claims = [("multiplier", f"{a}'s multiplier over {ladder.baseline}", m["headline"])] + (
+            [("trend", f"{a}'s trend", m["trend"])] if m["trend"] else [])
+        for kind, claim, where in claims:
+            if not withhold(result, a, None, (kind, claim, where)):
+                family.append((kind, claim, where["p"], where))
     adjust([(p, where) for _, _, p, where in family])
     md += fit_section(fit, complete, speeds, opts, {a: basis(result, ladder.baseline, a) for a in ladder.arms[1:]})
     plot_scaling(fit, out / "scaling.png")
@@ -359,15 +342,16 @@ def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family
 def _report(out, points, unfinished, baseline, throughput, opts):
     ladder = read_ladder(out, points, baseline)
     result = {"baseline": ladder.baseline, "arms": ladder.arms, "sizes": [size_label(s) for s in ladder.sizes],
-              "unfinished": unfinished, "level": opts["level"], "lr_grid": {}, "best_lr": {}, "lr_choice": {},
-              "pairs": {}, "lr_basis": {}}
+              "unfinished": unfinished, "level": opts.level, "lr_grid": {}, "best_lr": {}, "lr_choice": {},
+              "pairs": {}, "lr_basis": {}, "not_declared": []}
     md = runs_section(out, ladder, unfinished)
     lr_md, chosen, cursed = lr_sections(out, ladder, result)
-    md += lr_md + lr_choices(ladder, result, chosen) + audit_section(ladder, result)
+    md += lr_md + lr_choices(ladder, result, chosen) + audit_section(ladder, result, chosen, opts)
+    result["withheld"] = withheld(ladder, result, out)
     family = []  # the report's verdicts, one Holm family: (kind, name, p, the dict its adjusted p is written into)
     pair_rows = size_pairs(ladder, result, chosen, cursed, family)
     md += fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family)
-    md += pairs_section(pair_rows, ladder.baseline, opts["level"]) + verdicts(family, opts["level"])
+    md += pairs_section(pair_rows, ladder.baseline) + verdicts(family, opts.level, result["not_declared"])
     result["family"] = [{"kind": kind, "claim": name, "p": p, "p_holm": where.get("p_holm")}
                         for kind, name, p, where in family]
     text = "\n".join(md)
@@ -377,6 +361,8 @@ def _report(out, points, unfinished, baseline, throughput, opts):
 
 
 def _holm(where, level):
+    if "not_declared" in where:
+        return f"; not declared: {where['not_declared']}"
     p = where.get("p_holm")
     return "; unadjusted, exploratory" if p is None else \
         f"; Holm p {p:.3g}: {'declared' if p < 1 - level else 'not declared'}"
@@ -384,11 +370,7 @@ def _holm(where, level):
 
 def _parameter(v):
     """E or alpha with its interval, or "not identified" in words."""
-    return f"{v['value']:.3g} ({v['not_identified']})" if "not_identified" in v else f"{v['value']:.3g} {_ci(*v['ci'])}"
-
-
-def _rate(r):
-    return f"{r['rate']:.1%} [{r['ci'][0]:.1%}, {r['ci'][1]:.1%}]"
+    return f"{v['value']:.3g} ({v['not_identified']})" if "not_identified" in v else f"{v['value']:.3g} {ci_text(*v['ci'])}"
 
 
 def calibration_sentence(fit, opts):
@@ -396,16 +378,16 @@ def calibration_sentence(fit, opts):
     by what the fit cannot see), of which truths, with its Monte-Carlo interval."""
     cal, level = fit["calibration"], f"{fit['confidence']:.0%}"
     worst = cal.get("worst", {})
-    text = (f"Coverage measured: {_rate(cal['coverage'])} of the {level} headline intervals held the true "
+    text = (f"Coverage measured: {rate_text(cal['coverage'])} of the {level} headline intervals held the true "
             f"multiplier at {fit['reference']:.3g} FLOPs, the worst over {len(cal.get('truths', [])) or 1} truths "
             f"of {cal['n']} ladders each (Monte-Carlo 95% interval over the ladders; simulation seed {cal['seed']})"
-            f": the fit's own twin ({_rate(cal['twin']['coverage'])}) and it perturbed by what the fit cannot see"
+            f": the fit's own twin ({rate_text(cal['twin']['coverage'])}) and it perturbed by what the fit cannot see"
             f"; the worst: {worst.get('coverage')}")
     if cal.get("false_alarm"):
-        text += (f". With no arm differing, the trend verdict fired in {_rate(cal['false_alarm'])} of the ladders "
+        text += (f". With no arm differing, the trend verdict fired in {rate_text(cal['false_alarm'])} of the ladders "
                  f"({worst['false_alarm']})")
     if cal.get("family_wise"):
-        text += f" and Holm's family declared something in {_rate(cal['family_wise'])} ({worst['family_wise']})"
+        text += f" and Holm's family declared something in {rate_text(cal['family_wise'])} ({worst['family_wise']})"
     text += (f". The lr stage in them: {lr_grid.DESIGNS.get(cal['lr_design'], 'none')}. The fitted configuration: "
              f"{cal['assumptions']}.")
     if cal["coverage"]["rate"] < 0.9 or (cal.get("family_wise") or {"rate": 0})["rate"] > 1 - fit["confidence"]:
@@ -418,6 +400,10 @@ def fit_section(fit, sizes, speeds, opts, bases):
     level, base = f"{fit['confidence']:.0%}", fit["baseline"]
     md = ["## Compute multiplier", "", f"Fit: {fit['form_text']}; {level} intervals: {fit['interval']}.", "",
           calibration_sentence(fit, opts), ""]
+    if len(fit["seeds"]) == 1:
+        md += [f"One seed ({fit['seeds'][0]}) at every fitted size: the seed noise cannot be fitted (one run "
+               "per cell measures no spread), so every interval below rests on the curve's residuals alone, and no "
+               "seed's own ladder is fitted beside it.", ""]
     if fit["exploratory"]:
         md += [f"Exploratory: the lr at {', '.join(fit['exploratory'])} was picked on the compared runs, a pick the "
                "calibration does not simulate; the multipliers and trends below are unadjusted and declare "
@@ -436,9 +422,9 @@ def fit_section(fit, sizes, speeds, opts, bases):
     for a, m in fit["multipliers"].items():
         h, avg = m["headline"], m["average"]
         md.append(f"- {a}: {base} needs {h['multiplier']:.3g}x the compute to reach {a}'s loss at "
-                  f"{h['compute']:.3g} FLOPs ({level} interval {_ci(*h['ci'])}, the {h['form']} fit"
-                  f"{_holm(h, opts['level'])}); ladder average, assumes constant m: {avg['multiplier']:.3g} "
-                  f"{_ci(*avg['ci'])}; {bases[a]}.")
+                  f"{h['compute']:.3g} FLOPs ({level} interval {ci_text(*h['ci'])}, the {h['form']} fit"
+                  f"{_holm(h, opts.level)}); ladder average, assumes constant m: {avg['multiplier']:.3g} "
+                  f"{ci_text(*avg['ci'])}; {bases[a]}.")
         if m.get("per_seed"):
             ps = m["per_seed"]
             spread = "-" if ps["spread_over_model"] is None else f"{ps['spread_over_model']:.3g}"
@@ -449,15 +435,15 @@ def fit_section(fit, sizes, speeds, opts, bases):
                          "the interval may be too narrow**)" if ps["flag"] else "") + ".")
         if m["trend"]:
             t = m["trend"]
-            md.append(f"- {a}'s trend: slope of log m on log C {t['slope']:+.3g} {_ci(*t['ci'], fmt='{:+.3g}')} "
+            md.append(f"- {a}'s trend: slope of log m on log C {t['slope']:+.3g} {ci_text(*t['ci'], fmt='{:+.3g}')} "
                       f"(alpha_{a} / alpha_{base} - 1, the trend fit; > 0: the gain grows with compute"
-                      f"{_holm(t, opts['level'])}); {bases[a]}.")
+                      f"{_holm(t, opts.level)}); {bases[a]}.")
         if m["target"]:
             t, name = m["target"], fit["target"]["name"]
             word = "EXTRAPOLATION (beyond what the ladder supports, asked for by --extrapolate)" \
                 if fit["target"]["extrapolation"] else "inside the ladder's reach"
             md.append(f"- {a} at {name} ({t['compute']:.3g} FLOPs), {word}: {t['multiplier']:.3g}x "
-                      f"{_ci(*t['ci'])} ({fit['form']} fit).")
+                      f"{ci_text(*t['ci'])} ({fit['form']} fit).")
     if speeds and speeds["missing"]:
         md.append(f"- Wall-clock: not measured for {', '.join(speeds['missing'])} (no contender of that label in "
                   "the --throughput files).")
@@ -468,11 +454,11 @@ def fit_section(fit, sizes, speeds, opts, bases):
     for a, m in fit["multipliers"].items():
         for s, row in zip(sizes, m["at_sizes"]):
             status = row["curve_free_status"]
-            free = f"{row['curve_free']:.3g} {_ci(*row['curve_free_ci'])}" if status == "ok" else \
+            free = f"{row['curve_free']:.3g} {ci_text(*row['curve_free_ci'])}" if status == "ok" else \
                 "-" if status == "outside" else status
             rows.append([size_label(s), a, f"{row['compute']:.3g}", free,
-                         f"{row['fit']['multiplier']:.3g} {_ci(*row['fit']['ci'])}",
-                         "-" if row["wall_clock"] is None else f"{row['wall_clock']:.3g} {_ci(*row['wall_clock_ci'])}",
+                         f"{row['fit']['multiplier']:.3g} {ci_text(*row['fit']['ci'])}",
+                         "-" if row["wall_clock"] is None else f"{row['wall_clock']:.3g} {ci_text(*row['wall_clock_ci'])}",
                          "**fit and curve-free disagree**" if row["disagree"] else ""])
     md += [f"Per size, by compute: the curve-free multiplier ({base}'s compute read off its observed points along "
            "its fitted curve shifted through them, Fieller interval, '-' outside them, 'not resolved' where "
@@ -486,26 +472,12 @@ def fit_section(fit, sizes, speeds, opts, bases):
     return md
 
 
-def pairs_section(pair_rows, baseline, level):
+def pairs_section(pair_rows, baseline):
     rows = [[size_label(s), f"{a} - {baseline}", pair["n"], f"{pair['mean']:+.4f}",
-             "-" if pair["ci95"] is None else _ci(*pair["ci95"], fmt="{:+.4f}"),
+             "-" if pair["ci95"] is None else ci_text(*pair["ci95"], fmt="{:+.4f}"),
              "-" if pair["p"] is None else f"{pair['p']:.3g}",
-             "exploratory" if pair["exploratory"] else
+             "exploratory" if pair["exploratory"] else "not declared (audit)" if "not_declared" in pair else
              "-" if pair.get("p_holm") is None else f"{pair['p_holm']:.3g}"] for s, a, pair in pair_rows]
     return ["## Paired by seed at each size", "", "Final val loss differences at the lrs compared (negative favours "
             "the arm), 95% t interval over the seeds.", "",
             markdown_table(["size", "pair", "seeds", "diff", "95% CI", "p", "Holm p"], rows), ""] if rows else []
-
-
-def verdicts(family, level):
-    alpha = 1 - level
-    declared = [f"{name} (Holm p {where['p_holm']:.3g})" for _, name, _, where in family if where["p_holm"] < alpha]
-    kinds = {"pair": "per-size pairs", "multiplier": "headline multipliers (m = 1 at the reference compute?)",
-             "trend": "trends (slope 0?)"}
-    counts = ", ".join(f"{sum(k == kind for k, *_ in family)} {text}" for kind, text in kinds.items())
-    return ["## Verdicts", "", f"Error control: family-wise error rate {alpha:.3g}, Holm over the {len(family)} "
-            f"verdicts of this report ({counts}); the lr grids' pairs and the comparisons at a size whose lr was "
-            "picked on the compared runs (and the fit's, where it spans such a size) are unadjusted, exploratory, "
-            "and declare nothing. Every verdict is conditional on the lr picks: Holm controls its error with the lrs "
-            "held fixed, not over the lr stage (configuration f in docs/comparing_runs.md).", "",
-            f"Declared: {'; '.join(declared) if declared else 'none'}.", ""]

@@ -18,13 +18,13 @@ difference (from the final evaluation's items files, eval/hellaswag_items.py): t
 Written to sweep.md, sweep.json and compare.png (analysis/sweep_plot.py) in the sweep directory.
 """
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from analysis import literature_measures
 from analysis.compare import plot_telemetry, table
 from analysis.run_setup import flag_lines, kernel_text
+from analysis.arms import arms_of
 from analysis.runs import HELLASWAG_ACC_NORM, RunError, finished, load_runs, markdown_table, metrics_of, summary
 from analysis.sweep_plot import plot_sweep
 from eval import hellaswag_items
@@ -41,12 +41,6 @@ HELLA = HELLASWAG_ACC_NORM.name  # the in-loop HellaSwag number with items files
 SPREAD_FLAG = 2.0  # a variant's seed std above this multiple of its baseline's gets flagged
 PARAM_FLAG = 0.005  # a variant whose non-embedding parameter count differs from its baseline's by more gets flagged
 ALPHA = 0.05  # the family-wise error rate of the report's verdicts: Holm over a family of claims (holm_family)
-
-
-def variant_of(run):
-    """The variant label of a run: its directory name without `_seedN`, else its activation."""
-    match = re.fullmatch(r"(.+)_seed\d+", run.path.name)
-    return match.group(1) if match else run.setting("act")
 
 
 def _num(x):
@@ -71,7 +65,7 @@ def items_of(runs):
     found = {}
     for run in runs:
         path = hellaswag_items.newest(run.path)
-        if path is not None and variant_of(run) is not None:
+        if path is not None and run.arm is not None:
             try:
                 items = hellaswag_items.read(path)
             except ItemsError as e:
@@ -80,7 +74,7 @@ def items_of(runs):
                 raise SystemExit(f"error: {path} holds eval/hellaswag.py's scoring, which an older nanoact wrote over "
                                  "the run's own final evaluation; move it out of the run directory (the item-level "
                                  "interval then leaves this run out)")
-            found[(variant_of(run), run.setting("seed"))] = items
+            found[(run.arm, run.setting("seed"))] = items
     return found
 
 
@@ -175,7 +169,7 @@ def kernel_paths(runs):
     different paths is named MIXED with each seed's (its seeds then differ by more than the seed)."""
     per = {}
     for run in runs:
-        per.setdefault(variant_of(run), {})[run.setting("seed")] = kernel_text(run.kernels)
+        per.setdefault(run.arm, {})[run.setting("seed")] = kernel_text(run.kernels)
     return {a: next(iter(set(seeds.values()))) if len(set(seeds.values())) == 1 else
             "MIXED: " + "; ".join(f"seed {seed}: {text}" for seed, text in sorted(seeds.items(), key=str))
             for a, seeds in per.items()}
@@ -266,11 +260,11 @@ def seed_values(done, order, candidates):
     """({variant: {metric key: {seed: value}}} of the finished runs, the candidates (key, name) any run has)."""
     rows = {a: {} for a in order}
     for run in done:
-        if variant_of(run) in rows:
+        if run.arm in rows:
             s = summary(run)
             for key, _ in candidates:
                 if s.get(key) is not None:
-                    rows[variant_of(run)].setdefault(key, {})[run.setting("seed")] = s[key]
+                    rows[run.arm].setdefault(key, {})[run.setting("seed")] = s[key]
     return rows, [(k, name) for k, name in candidates if any(k in r for r in rows.values())]
 
 
@@ -289,7 +283,7 @@ class SweepRuns:
     in_loop: list  # the plotted in-loop metrics (training/in_loop.py's Metric) the finished runs declare
 
     def of(self, variant):
-        return [run for run in self.compared if variant_of(run) == variant]
+        return [run for run in self.compared if run.arm == variant]
 
 
 def read_sweep(out, acts=None, baseline=None):
@@ -303,22 +297,23 @@ def read_sweep(out, acts=None, baseline=None):
         runs = load_runs(dirs)
     except RunError as e:
         raise SystemExit(f"error: {e}") from None
-    for run in runs:
-        if variant_of(run) is not None and run.setting("seed") is not None:
-            run.label = f"{variant_of(run)}/seed{run.setting('seed')}"
+    for run, arm in zip(runs, arms_of(runs, plan.get("variants") or {})):
+        run.arm = arm  # analysis/arms.py's rule, the ladder report's too
+        if run.setting("seed") is not None:
+            run.label = f"{run.arm}/seed{run.setting('seed')}"
     done = [run for run in runs if finished(run.path)]
     unfinished = [run.label for run in runs if run not in done]
-    order = acts or plan.get("acts") or sorted({variant_of(r) for r in done})
-    order = [a for a in order if any(variant_of(r) == a for r in done)]
+    order = acts or plan.get("acts") or sorted({r.arm for r in done})
+    order = [a for a in order if any(r.arm == a for r in done)]
     baseline = baseline or plan.get("baseline") or (order[0] if order else None)
     control = plan.get("control") if plan.get("control") in order else None
     if control:  # shown first, right after its baseline
         order.remove(control)
         order.insert(order.index(baseline) + 1 if baseline in order else 0, control)
     rank = {a: i for i, a in enumerate(order)}
-    runs.sort(key=lambda r: (rank.get(variant_of(r), len(rank)), str(variant_of(r)), r.setting("seed") or 0))
+    runs.sort(key=lambda r: (rank.get(r.arm, len(rank)), str(r.arm), r.setting("seed") or 0))
     baselines = {a: (plan.get("baselines") or {}).get(a) or baseline for a in order}
-    return SweepRuns(out, runs, done, [r for r in done if variant_of(r) in rank], unfinished, order, baseline,
+    return SweepRuns(out, runs, done, [r for r in done if r.arm in rank], unfinished, order, baseline,
                      control, baselines, [m for m in metrics_of(done).values() if m.plotted])
 
 
@@ -347,7 +342,7 @@ def variant_params(runs):
     params = {}
     for run in runs:
         if run_params(run):
-            params.setdefault(variant_of(run), run_params(run))
+            params.setdefault(run.arm, run_params(run))
     return params
 
 

@@ -12,6 +12,7 @@ model's per-size sd and seed correlations, a fixed simulation seed (common rando
 differ only through what they estimate), its Monte-Carlo interval over the ladders and its assumptions in words.
 """
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,6 +22,51 @@ from stats.ladder_unseen import report_calibration
 
 EXTRAPOLATION_LIMIT = 10.0  # a target beyond this times the ladder's largest compute is an extrapolation
 CURVE_POINTS = 40  # compute values at which the figure's multiplier band is drawn
+# the largest |log m| a fit may give and still be read: beyond, the exponent is so close to 0 that the arms' gap in
+# loss maps to a multiplier no ladder measures (e^50 ~ 5e21), and the calibration's truth would have none
+LOG_MULTIPLIER_LIMIT = 50.0
+
+
+@dataclass(frozen=True)
+class NotFitted:
+    """A ladder the power law cannot describe, with why in one sentence: the report prints its runs and pairs
+    and this in place of the fit (never a traceback, never a multiplier read off a curve that does not fall)."""
+    reason: str
+
+
+def not_falling(arms, log_c, losses):
+    """NotFitted where an arm's mean loss does not fall with compute (the slope of its seeds' mean on log C is not
+    negative: a flat ladder, one whose losses rise, a smoke test's few steps), else None. L = E + A C^-alpha with
+    A, alpha > 0 only falls: fitted to such points it pins alpha at its bound and reads any multiplier at all."""
+    means = losses.mean(axis=2)
+    x = log_c - log_c.mean(axis=1, keepdims=True)
+    slope = (means * x).sum(axis=1) / (x ** 2).sum(axis=1)
+    if (bad := np.flatnonzero(~(slope < 0))).size:
+        a = bad[0]
+        points = ", ".join(f"{v:.4g}" for v in means[a])
+        return NotFitted(f"{arms[a]}'s mean loss does not fall with compute ({points}"
+                         f" from {math.exp(log_c[a].min()):.3g} to {math.exp(log_c[a].max()):.3g} FLOPs), and "
+                         "L = E + A C^-alpha only falls, so no curve and no multiplier can be read from this ladder; "
+                         "train the sizes long enough that the loss falls with size")
+    return None
+
+
+def unreadable(est, arms, log_c):
+    """NotFitted where the fit's multipliers cannot be read (not finite, or |log m| over LOG_MULTIPLIER_LIMIT:
+    the exponent so near 0 that the gap between arms maps to no measurable compute), else None."""
+    for key in ("headline", "average"):
+        if est[key] is None:
+            continue
+        value, se = est[key]["value"][0], est[key]["se"][0]
+        if (bad := np.flatnonzero(~(np.isfinite(value) & np.isfinite(se) & (np.abs(value) < LOG_MULTIPLIER_LIMIT))
+                                  )).size:
+            alpha = est["fits"][est["headline"]["form"]]["alpha"][0][0]
+            exponents = ", ".join(f"{v:.3g}" for v in alpha)
+            return NotFitted(f"the {key} fit puts {arms[1 + bad[0]]}'s log multiplier at {value[bad[0]]:.3g} "
+                             f"(exponents {exponents}): the losses fall too little over the ladder's "
+                             f"{math.exp(np.ptp(log_c)):.3g}x of compute for a multiplier to be read; train the "
+                             "sizes longer or over a wider range of compute")
+    return None
 
 
 def _value(x):
@@ -92,7 +138,7 @@ def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapo
     {"ratio": {arm: {C: X's compute per second over the baseline's}}, "source": text}; n_sims, rng: the calibration's
     ladders per truth and seed; lr_design: (the plan's lr design, its grid's seeds) for the calibration
     (stats/ladder_unseen.py; None: no lr stage, each arm at its optimum at every size). Each verdict carries its p
-    ("p")."""
+    ("p"). A ladder the power law cannot describe gives NotFitted."""
     arms, log_c, losses, seeds = scaling.check_ladder(ladder, baseline)
     computes = [sorted(ladder[a]) for a in arms]  # the given values: a throughput ratio is looked up by them
     k, n_sizes, n = losses.shape
@@ -103,7 +149,11 @@ def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapo
     if options.reference is not None and not bottom * (1 - 1e-9) <= options.reference <= top * (1 + 1e-9):
         raise ConfigError(f"reference compute {options.reference:.3g} FLOPs lies outside the ladder "
                           f"({bottom:.3g}-{top:.3g}); read a multiplier beyond it with --target")
+    if refused := not_falling(arms, log_c, losses):
+        return refused
     est = scaling.estimate(losses[None], log_c, options)
+    if refused := unreadable(est, arms, log_c):
+        return refused
     head, average, slope = est["headline"], est["average"], est["slope"]
     result = {"form": head["form"], "form_text": scaling.FORMS[head["form"]], "baseline": baseline, "seeds": seeds,
               "confidence": level, "sizes": n_sizes, "target": target, "reference": est["reference"],

@@ -7,10 +7,9 @@ neighbour on each side, a parabola through those three means in log lr gives an 
 never used to pick: no run was trained there). A best lr at an end of the grid is flagged: the optimum may lie
 outside, and a comparison at it understates that arm.
 
-The tuning audit: a ladder whose lr was picked at one size checks the pick at another (its largest) on a small grid
-of its own around the pick (audit_lrs: half a grid step and one and a half on each side); the audit's vertex (the
-same parabola) more than AUDIT_FACTOR from the pick, or the audit's lowest loss at its edge, flags the arm: the lr
-did not transfer to that size, and the ladder compares that arm off its optimum there.
+The tuning audit's lrs: a ladder whose lr was picked at one size checks the pick at another (its largest) on a small
+grid of its own around the pick (audit_lrs: half a grid step and one and a half on each side); stats/lr_audit.py
+estimates the optimum there with its interval and judges the pick.
 
 Comparisons are paired by seed (stats/significance.py's paired): each arm at its best lr against the baseline at its own
 best lr ("what is X worth, both tuned"), and at the baseline's best lr ("X dropped into the baseline's recipe").
@@ -33,7 +32,6 @@ DESIGNS = {"smallest": "each arm's lr picked on a grid at the smallest size and 
                       "largest's, interpolated in log tokens between them (CompleteP carrying width and depth)",
            "ends": "each arm's lr the vertex of a grid at the smallest size and one at the largest, interpolated in "
                    "log tokens between them"}
-AUDIT_FACTOR = 2.0  # a pick this far from the audit's vertex (either way) is flagged
 AUDIT_STEPS = (-1.5, -0.5, 0.5, 1.5)  # the audit's lrs: the pick times the grid's ratio to these powers
 
 
@@ -107,17 +105,6 @@ def audit_lrs(lr, lrs):
     r^-0.5, r^0.5, r^1.5, so that a vertex a factor 2 away (r = 2) lies between audit points, not at an edge."""
     ratio = (max(lrs) / min(lrs)) ** (1 / (len(lrs) - 1))
     return [float(f"{lr * ratio ** k:.3g}") for k in AUDIT_STEPS]
-
-
-def audit(arm, picked, grid):
-    """One arm's audit: its pick `picked` (the lr the ladder ran) against the vertex of its audit grid
-    {lr: {seed: loss}}: {"picked", "vertex" (None at an edge or without a vertex), "edge", "factor" (the vertex over
-    the pick or the pick over the vertex, >= 1; None without a vertex), "flagged", "grid"}."""
-    p = pick(arm, grid)
-    vertex = p["interpolated_lr"]
-    factor = None if vertex is None else max(vertex / picked, picked / vertex)
-    return {"picked": picked, "vertex": vertex, "edge": p["edge"], "best_lr": p["best_lr"], "factor": factor,
-            "flagged": factor is None or factor > AUDIT_FACTOR, "seeds": p["seeds"], "grid": p["grid"]}
 
 
 def compare(grids, baseline):

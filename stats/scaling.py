@@ -124,7 +124,7 @@ def _start(y, x, idx, form):
     floor = (y.min(axis=2) if form == "per_arm" else y.min(axis=(1, 2))[:, None].repeat(k, 1))
     best, best_cost = None, np.full(b, np.inf)
     for frac in (0.0, 0.5, 0.8, 0.9, 0.95):
-        e = frac * floor
+        e = floor - (1 - frac) * np.abs(floor)  # frac x floor, below it for a drawn ladder's negative floor too
         z = np.log(y - e[:, :, None])
         xc = x - x.mean(axis=1, keepdims=True)
         slope = (z * xc).sum(2) / (xc ** 2).sum(1)  # per arm (B, K)
@@ -241,6 +241,22 @@ def size_effect_variance(r, jac, whiten, k, s):
     return np.maximum(((r ** 2).sum(axis=1) - dof) / np.maximum(trace, 1e-300), 0.0)
 
 
+def bounds(y, form, p, idx):
+    """(lower, upper) (B, p) of the parameters of a batch of ladders' means y (B, K, S): a loss floor between 0 and
+    the lowest loss it bounds, an exponent between 0 and 5; outside, the curve is no longer a loss (a ladder too noisy
+    to identify E would otherwise send it to -infinity with alpha to 0). A simulated ladder's lowest loss may lie at
+    or below 0 (normal noise on a steep curve): E then stays below it, down to twice it, so that the bounds are never
+    empty (scipy would refuse them, and the calibration with them)."""
+    e_idx, al, _, _ = idx
+    b, k, _ = y.shape
+    floor = y.min(axis=2) if form == "per_arm" else y.min(axis=(1, 2))[:, None].repeat(k, 1)
+    lower, upper = np.full((b, p), -np.inf), np.full((b, p), np.inf)
+    lower[:, e_idx] = np.minimum(0.0, 2 * floor - 1e-6)
+    upper[:, e_idx] = floor - 1e-6 * np.maximum(np.abs(floor), 1e-12)
+    lower[:, al], upper[:, al] = 1e-4, 5.0
+    return lower, upper
+
+
 def fit(y, x, form, cov_means, size_effect=True):
     """Generalised least-squares fits of a batch of ladders' means y (B, K, S) at centred log C x (K, S) in one
     form, one scipy.optimize.least_squares per ladder (analytic Jacobian): (theta (B, p), covariance (B, p, p),
@@ -255,17 +271,16 @@ def fit(y, x, form, cov_means, size_effect=True):
     scaling), so a curve that still misses its points widens every interval. A parameter held at its bound keeps
     its column in J: its interval is then the one the data alone would give."""
     idx = layout(form, y.shape[1])
-    e_idx, al, _, p = idx
+    p = idx[3]
     b, k, s = y.shape
     whiten = np.linalg.inv(np.linalg.cholesky(cov_means))
-    # a loss floor between 0 and the lowest loss it bounds, an exponent between 0 and 5: outside, the curve is no
-    # longer a loss (a ladder too noisy to identify E would otherwise send it to -infinity with alpha to 0)
-    floor = y.min(axis=2) if form == "per_arm" else y.min(axis=(1, 2))[:, None].repeat(k, 1)
-    lower, upper = np.full((b, p), -np.inf), np.full((b, p), np.inf)
-    lower[:, e_idx], upper[:, e_idx] = 0.0, floor * (1 - 1e-6)
-    lower[:, al], upper[:, al] = 1e-4, 5.0
+    lower, upper = bounds(y, form, p, idx)
     flat = y.reshape(b, -1)
-    theta = np.clip(_start(y, x, idx, form), lower, np.where(np.isfinite(upper), upper * (1 - 1e-6), upper))
+    # strictly inside the bounds: scipy refuses a start on or outside them
+    inside = upper.copy()
+    finite = np.isfinite(upper)
+    inside[finite] -= 1e-6 * np.maximum(np.abs(upper[finite]), 1e-12)
+    theta = np.clip(np.nan_to_num(_start(y, x, idx, form)), lower, inside)
     for i in range(b):
         theta[i] = _solve(flat[i], x, idx, whiten[i], theta[i], lower[i], upper[i])
     r, jac = _whitened(theta, y, x, idx, whiten)
@@ -423,24 +438,34 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
         value, se = trend_slope(f["theta"], f["cov"], k)
         out["slope"] = {"value": value, "se": se, "dof": dof}
     if report:
-        base = out["fits"][head]
-        # one seed measures no noise: the headline fit's residuals scale the model's placeholder then
-        scale = base["residual_scale"] ** 2 if n == 1 else np.ones(b)
+        out.update(_readings(out, losses, log_c, head, ref - centre, options))
+    return out
 
-        def baseline(i):  # the baseline's fitted loss at log C
-            return lambda u: base["E"][0][i, 0] + base["A"][i, 0] * np.exp(-base["alpha"][0][i, 0] * u)
 
-        # each size's own deviation (the fit's size effect) is in every mean there, the baseline's read and X's
-        sizes = base["size_effect_sd"][:, None, None] ** 2 * _cell_masks(k, s)[1]
-        readings = [curve_free(log_c, means[i], cov_means[i] * scale[i] + sizes[i], baseline(i),
-                               base["dof"] if n == 1 else k * s * (n - 1), options.confidence) for i in range(b)]
-        out["curve_free"] = {"value": np.array([r[0] for r in readings]),
-                             "status": np.array([r[1] for r in readings])}
-    if report and n > 1:
+def _readings(est, losses, log_c, head, ref, options):
+    """The report's numbers that no verdict rests on (estimate's "curve_free", and "per_seed" with several seeds)
+    from an estimate `est` of losses (B, K, S, seeds) at log C (K, S): head, the headline's form; ref, the
+    reference compute's centred log C."""
+    b, k, s, n = losses.shape
+    x = log_c - est["centre"]
+    means, cov_means, out = est["means"], est["cov_means"], {}
+    base = est["fits"][head]
+    # one seed measures no noise: the headline fit's residuals scale the model's placeholder then
+    scale = base["residual_scale"] ** 2 if n == 1 else np.ones(b)
+
+    def baseline(i):  # the baseline's fitted loss at log C
+        return lambda u: base["E"][0][i, 0] + base["A"][i, 0] * np.exp(-base["alpha"][0][i, 0] * u)
+
+    # each size's own deviation (the fit's size effect) is in every mean there, the baseline's read and X's
+    sizes = base["size_effect_sd"][:, None, None] ** 2 * _cell_masks(k, s)[1]
+    readings = [curve_free(log_c, means[i], cov_means[i] * scale[i] + sizes[i], baseline(i),
+                           base["dof"] if n == 1 else k * s * (n - 1), options.confidence) for i in range(b)]
+    out["curve_free"] = {"value": np.array([r[0] for r in readings]), "status": np.array([r[1] for r in readings])}
+    if n > 1:
         one = losses.transpose(0, 3, 1, 2).reshape(b * n, k, s)
         theta, cov, _, _ = fit(one, x, head, np.repeat(cov_means * n, n, axis=0), options.size_effect)
-        value = log_multiplier(theta, cov, head, k, np.array([ref - centre]))[0][..., 0].reshape(b, n, k - 1)
-        implied = out["headline"]["se"] * math.sqrt(n)
+        value = log_multiplier(theta, cov, head, k, np.array([ref]))[0][..., 0].reshape(b, n, k - 1)
+        implied = est["headline"]["se"] * math.sqrt(n)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = value.std(axis=1, ddof=1) / implied
         out["per_seed"] = {"value": value, "ratio": ratio, "flag": ratio > PER_SEED_FLAG}

@@ -24,7 +24,7 @@ OUT_DIR/{corpus}. Before anything runs, the sweep prints its cost (sweep/cost.py
 in all; GPU-hours with --throughput or finished runs). Runs go one after another, seed by seed (every variant's
 seed 1, then seed 2 ...), each a subprocess writing to OUT_DIR[/{corpus}]/{label}_seed{seed} (its output in
 train.out); --launcher local or slurm (or the plan's [launcher] table) runs them side by side or as SLURM jobs
-instead (sweep/launchers.py). A variant's later seeds
+instead (sweep/launchers/). A variant's later seeds
 run the activation kernels' path its first seed decided (the trainer's --kernels-from), or the one its options
 pin (act_kwargs {"impl": ...}); the report names each variant's path. A run whose final
 evaluation (translation: its test-set BLEU) is logged is skipped; an unfinished one continues from its newest
@@ -58,11 +58,12 @@ HellaSwag pairs also get the item-level interval of their difference, from the r
 (train with --hellaswag-interval): another sample of items, beside the seeds' another seed of training.
 """
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from analysis.ladder_points import is_ladder
-from analysis.ladder_report import ladder_report
+from analysis.ladder_report import ReportOptions, ladder_report
 from analysis.sweep_report import report
 from errors import ConfigError
 from sweep import launchers, status
@@ -87,8 +88,8 @@ def lr_list(text):
 
 def parser():
     # no abbreviations: a trainer option such as --act must not be taken for --acts
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="python -m sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--config", help="trainer TOML config (e.g. configs/gpt2_cpu_tiny.toml)")
     p.add_argument("--trainer", choices=sorted(TRAINERS), help="train_gpt2.py (default) or train_translation.py")
     p.add_argument("--acts", type=lambda s: [a for a in s.split(",") if a], help="comma-separated activations")
@@ -127,6 +128,9 @@ def parser():
     p.add_argument("--resamples", type=int, default=400,
                    help="simulated ladders that measure the coverage of a ladder's multiplier interval")
     p.add_argument("--resample-seed", type=int, default=0, help="the seed of those simulations")
+    p.add_argument("--lr-tolerance", type=float, default=ReportOptions.tolerance, metavar="FACTOR",
+                   help="how far from its audited optimum an arm's lr may lie: beyond it (every optimum in the "
+                        "audit's interval), the arm's multipliers and trends are not declared")
     p.add_argument("--target-diff", type=float, metavar="NATS",
                    help="final val loss difference whose seeds the report counts (default: the observed one)")
     return p
@@ -134,7 +138,7 @@ def parser():
 
 def parse_args(argv):
     """(the command line's options, the Plan of the sweep it runs: None for --report-only and --status, which only
-    read runs); a plan that cannot run is argparse's error, with the usage."""
+    read runs); a plan that cannot run is one line naming the plan file (no usage: the command line was right)."""
     p = parser()
     args, overrides = p.parse_known_args(argv)
     if args.report_only or args.status:
@@ -144,7 +148,9 @@ def parse_args(argv):
     try:
         return args, from_args(args, overrides)
     except ConfigError as e:
-        p.error(str(e))
+        where = f"--plan {args.plan}: " if args.plan and f"--plan {args.plan}" not in str(e) else ""
+        print(f"error: {where}{e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def sweep_dirs(out):
@@ -165,15 +171,25 @@ def run(plan, out):
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     if queued:
-        print(f"{len(queued)} runs queued as SLURM jobs (job.json in each run's directory), a ladder's sizes after its "
-              f"lr grid in a job that waits for it. Follow them with `python -m sweep --status {out}`; once they "
-              "end, run this command again: it skips finished runs, leaves queued ones alone, resubmits failed ones "
-              "and writes the report")
+        after_grid = plan.ladder and plan.ladder.lr_size  # a ladder's other sizes wait in a job after its grid
+        print(f"{len(queued)} runs queued as {plan.resources.kind} jobs (job.json in each run's directory)"
+              + (", the ladder's sizes after its lr grid in a job that waits for it" if after_grid else "")
+              + f". Follow them with `python -m sweep --status {out}`; once they end, run this command again: it "
+              "skips finished runs, leaves queued ones alone, resubmits failed ones and writes the report")
     return not (queued or plan.dry_run)
 
 
 def main(argv=None):
-    args, plan = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        dispatch(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `--status DIR | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's own flush does not fail
+        raise SystemExit(1) from None
+
+
+def dispatch(argv):
+    args, plan = parse_args(argv)
     if args.status:
         if not Path(args.status).is_dir():
             raise SystemExit(f"error: {args.status}: no such sweep directory")
@@ -188,9 +204,9 @@ def main(argv=None):
     acts, baseline = (plan.labels, plan.baseline) if plan else (args.acts, args.baseline)
     for directory in sweep_dirs(out):
         if is_ladder(directory):
-            print(ladder_report(directory, None if args.plan else baseline, args.throughput, args.target,
-                                args.extrapolate, args.level, args.resamples, args.resample_seed,
-                                reference=args.reference))
+            print(ladder_report(directory, None if args.plan else baseline, args.throughput, ReportOptions(
+                args.target, args.extrapolate, args.level, args.resamples, args.resample_seed, args.reference,
+                args.lr_tolerance)))
         else:
             print(report(directory, acts, None if args.plan else baseline, args.target_diff))
         print(f"wrote {directory / 'sweep.md'}, sweep.json and the PNGs there")

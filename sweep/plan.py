@@ -27,8 +27,8 @@ Beside those, a plan file may name a ladder:
 
 Sizes are ordered by their compute, n_layer x n_embd^2 x max_steps (the blocks' parameters times the tokens). With
 lr_size and lr_seeds below the largest size, a tuning audit follows the grid: every arm again at the largest size, on
-the first of lr_seeds, at 4 lrs around its pick (stats/lr_grid.py's audit_lrs); the report flags an arm whose pick
-lies more than 2x from the audit's vertex. A pick at the grid's edge stops the plan before the other sizes run (the
+the first two of lr_seeds, at 4 lrs around its pick (stats/lr_grid.py's audit_lrs); the report refutes an arm's lr
+where the audit's optimum lies beyond its tolerance from it (stats/lr_audit.py). A pick at the grid's edge stops the plan before the other sizes run (the
 optimum may lie outside the grid): extend lrs (in a new --out-dir), or pass --allow-edge-lr to run the ladder at
 it.
 
@@ -83,8 +83,8 @@ class Ladder:
     sizes: dict  # name -> its table; {None: {}}: the config's size
     lr_size: str | None
     lr_seeds: list | None = None  # the grid's own seeds (None: the sweep's seeds, the choice then made on them)
-    audit_size: str | None = None  # where the tuning audit re-grids every arm (the largest size), on lr_seeds[0]
-    design: str = "smallest"  # stats/ladder_noise.py DESIGNS: how each arm's lr at each size is chosen
+    audit_size: str | None = None  # where the tuning audit re-grids every arm (the largest size), on lr_seeds[:2]
+    design: str = "smallest"  # stats/lr_grid.py DESIGNS: how each arm's lr at each size is chosen
     grid_sizes: dict | None = None  # {name: its table} where the grids run; None: lr_size alone
 
     def grids(self):
@@ -384,7 +384,7 @@ def check_runs(trainer, config, variants, corpora, sizes, overrides):
                     model = trainer_config(trainer, ["--config", config, *options, *shape, *corpus_options,
                                                      *overrides])
                 except ConfigError as e:
-                    raise ConfigError(f"{where}: {e}") from None
+                    raise ConfigError(f"{where}: {plan_source(e, trainer, [config, *options, *shape])}") from None
                 if trainer == "gpt2":  # a parametrization it knows, with the base it scales from
                     from model import size_multipliers
 
@@ -398,6 +398,18 @@ def check_runs(trainer, config, variants, corpora, sizes, overrides):
                                       "change n_head (or the width) in the plan")
                 devices.add(model.run.device)
     return devices
+
+
+def plan_source(error, trainer, plan_argv):
+    """The trainer's error about its options, which it says came from "the command line": "the plan" when the
+    plan's own options (config, variant, size) make it."""
+    if "the command line" not in str(error):
+        return str(error)
+    try:
+        trainer_config(trainer, ["--config", *plan_argv])
+    except ConfigError:
+        return str(error).replace("in the command line", "in the plan")
+    return str(error)
 
 
 def check_names(variants, corpora, baseline, nproc_per_node):

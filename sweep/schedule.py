@@ -20,6 +20,7 @@ from analysis.runs import finished
 from errors import ConfigError
 from sweep import launchers, status
 from sweep.cost import bench_rates, cost_text, run_rates
+from stats.lr_audit import AUDIT_SEEDS
 from stats.lr_grid import audit_lrs
 from sweep.plan import Plan, grid_pick, lr_at, run_dir
 
@@ -53,8 +54,8 @@ def run_sweep(plan, out, corpus_options=()):
     print(cost_text(plan.trainer, plan.config, [run[:2] for run in runs], *throughput(plan, out),
                     [run[2] for run in runs]))
     if plan.dry_run:
-        if plan.resources.kind == "slurm":
-            print(sbatch_text(plan, out, phases))
+        if text := submission_text(plan, out, phases):
+            print(text)
         for label, opts, seed, size, lr in phases[0]:
             path = run_dir(out, label, seed, size, lr)
             print(f"{path}: {' '.join(train_argv(plan, opts, seed, path, overrides))}")
@@ -62,31 +63,49 @@ def run_sweep(plan, out, corpus_options=()):
             print(f"{label} size {size} seed {seed}: after the lr grid, " + (
                 f"the tuning audit at {lr} {label}'s best lr" if lr else f"at {label}'s best lr"))
         return []
+    scheduler = launcher(plan, out) if launchers.LAUNCHERS[plan.resources.kind].queues else None
+    if scheduler:  # nothing submitted that it could never finish, the job after the grid included
+        scheduler.preflight(after=bool(ladder and phases[1]))
+    new_out, new_plan = not out.exists(), not (out / "sweep_plan.json").exists()
     write_plan(plan, overrides, out)
-    queued = launch(plan, overrides, out, phases[0])
+    try:
+        queued = launch(plan, overrides, out, phases[0])
+    except ConfigError:  # a refused submission leaves nothing a corrected rerun would take for this sweep
+        if new_plan:
+            (out / "sweep_plan.json").unlink()
+        for folder in [out / "submitit", *([out] if new_out else [])]:
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
     if ladder is None or not phases[1]:
         return queued
     if not queued:
         return AfterGrid(plan, out, overrides, rest)()
-    # the grid's jobs are on a scheduler: a job of its own picks the lrs once they end, then submits the sizes
-    after = launchers.array_ids(queued)
+    submit_after_grid(scheduler, plan, out, overrides, rest, queued)
+    return queued
+
+
+def submit_after_grid(scheduler, plan, out, overrides, sizes, queued):
+    """The grid's jobs are on a scheduler: a job of its own picks the lrs once they end, then submits the sizes
+    (AfterGrid), unless such a job already waits on them."""
+    after = scheduler.waits_on(queued)
     record = read_after_grid(out)
     if set(after) <= set(record.get("after", [])) and launchers.still_queued(
             record, launchers.job_states({"after_grid": record}, out / "submitit").get("after_grid")):
-        tqdm.write(f"job {record['job_id']} already waits for the lr grid to run sizes {', '.join(rest)}")
-        return queued
+        tqdm.write(f"job {record['job_id']} already waits for the lr grid to run sizes {', '.join(sizes)}")
+        return
     token = uuid.uuid4().hex  # recorded first: the job may start before sbatch has answered
-    write_after_grid(out, launcher="slurm", job_id=None, after=after, token=token, state="submitted", error=None)
+    write_after_grid(out, launcher=scheduler.name, job_id=None, after=after, token=token, state="submitted",
+                     error=None)
     try:
-        job_id = launcher(plan, out).launch_after(after, AfterGrid(plan, out, overrides, rest, token))
+        job_id = scheduler.launch_after(after, AfterGrid(plan, out, overrides, sizes, token))
     except ConfigError as e:
-        write_after_grid(out, state="failed", error=str(e))
+        write_after_grid(out, state="not submitted", error=str(e))
         raise
     write_after_grid(out, job_id=job_id)
+    audit = plan.ladder.audit_size
     tqdm.write(f"job {job_id}: once the lr grid's jobs ({', '.join(after)}) end, picks each arm's lr and submits "
-               f"sizes {', '.join(rest)}" + (f" and the tuning audit at {ladder.audit_size}" if ladder.audit_size
-                                             else ""))
-    return queued
+               f"sizes {', '.join(sizes)}" + (f" and the tuning audit at {audit}" if audit else ""))
 
 
 @dataclass(frozen=True)
@@ -126,17 +145,25 @@ class AfterGrid:
                     "--out-dir, or pass --allow-edge-lr to run the ladder at the edge")
             lrs = size_lrs(plan, picks, self.sizes)
         except ConfigError as e:
-            if self.token:
-                write_after_grid(out, state="failed", error=str(e))
-            raise
+            if not self.token:
+                raise
+            # the scheduled job's decision, not its failure: a state with its sentence (--status), the job ends well
+            write_after_grid(out, state="stopped", error=str(e))
+            tqdm.write(f"stopped: {e}")
+            return []
         best = {label: lrs[label][ladder.audit_size or self.sizes[-1]] for label in plan.labels}
         tqdm.write("lr by size: " + "; ".join(f"{a} " + ", ".join(f"{s} {lr:g}" for s, lr in by_size.items())
                                                for a, by_size in lrs.items()))
-        if self.token:
-            write_after_grid(out, state="ended", best=best, lrs=lrs)
-        return launch(plan, self.overrides, out, ladder_jobs(
-            plan, self.sizes, {a: {size: [lr] for size, lr in by_size.items()} for a, by_size in lrs.items()})
-                      + audit_jobs(plan, best))
+        jobs = ladder_jobs(plan, self.sizes, {a: {size: [lr] for size, lr in by_size.items()}
+                                              for a, by_size in lrs.items()}) + audit_jobs(plan, best)
+        if not self.token:
+            return launch(plan, self.overrides, out, jobs)
+        write_after_grid(out, state="ended", best=best, lrs=lrs)
+        try:
+            return launch(plan, self.overrides, out, jobs)
+        except ConfigError as e:
+            write_after_grid(out, state="not submitted", error=str(e))
+            raise
 
 
 def size_lrs(plan, picks, sizes):
@@ -157,21 +184,18 @@ def write_after_grid(out, **changes):
     return launchers.write_job(out, launchers.AFTER_GRID, **changes)
 
 
-def sbatch_text(plan, out, phases):
-    """What --launcher slurm would submit: each job's #SBATCH and setup lines, as submitit writes them."""
-    parameters = launchers.sbatch_parameters(plan.resources, plan.nproc_per_node)
-    folder = out / "submitit"
+def submission_text(plan, out, phases):
+    """What the plan's launcher would submit (the dry run): each job it asks its scheduler for; None without one."""
     todo = [label for label, _, seed, size, lr in phases[0] if not finished(run_dir(out, label, seed, size, lr))]
-    title = f"job array of {len(todo)} runs" + (" (the lr grid)" if len(phases) > 1 else "")
-    blocks = [(title, launchers.script_lines(parameters, folder, len(todo)) if todo else ["(all finished)"])]
+    jobs = [(f"job array of {len(todo)} runs" + (" (the lr grid)" if len(phases) > 1 else ""), len(todo), False)]
     if len(phases) > 1 and phases[1]:
         if todo:  # else this command picks the lrs itself
-            blocks.append(("job after the lr grid (picks each arm's lr, submits the array below)",
-                           launchers.script_lines(launchers.after_parameters(parameters, ["GRID_JOB_ID"]), folder, 1)))
+            jobs.append(("job after the lr grid (picks each arm's lr, submits the array below)", 1, True))
         audit = f", the tuning audit at {plan.ladder.audit_size}" if plan.ladder.audit_size else ""
-        blocks.append((f"job array of {len(phases[1])} runs (the other sizes, at each arm's lr{audit})",
-                       launchers.script_lines(parameters, folder, len(phases[1]))))
-    return "\n".join(f"{title}:\n" + "\n".join(f"  {line}" for line in lines) for title, lines in blocks)
+        jobs.append((f"job array of {len(phases[1])} runs (the other sizes, at each arm's lr{audit})",
+                     len(phases[1]), False))
+    return launchers.LAUNCHERS[plan.resources.kind].submission_text(plan.resources, plan.nproc_per_node,
+                                                                    out / "submitit", jobs)
 
 
 def throughput(plan, out):
@@ -222,7 +246,8 @@ def ladder_jobs(plan, sizes, lrs, seeds=None):
 
 
 def audit_jobs(plan, best):
-    """The tuning audit's runs: every arm at the largest size on the grid's first seed, at the 4 lrs around its best
+    """The tuning audit's runs: every arm at the largest size on the grid's first AUDIT_SEEDS seeds (its vertex's
+    interval needs residuals besides the seeds' levels: stats/lr_audit.py), at the 4 lrs around its best
     lr (stats/lr_grid.py's audit_lrs). best: {arm: its best lr}; {} before the grid has picked: then each job's lr is
     its factor of the pick ("0.354x"), for the dry run's words, and its options hold no lr (its FLOPs need none)."""
     ladder = plan.ladder
@@ -230,20 +255,22 @@ def audit_jobs(plan, best):
         return []
     if not best:
         factors = [f"{f:g}x" for f in audit_lrs(1, ladder.lrs)]
-        return [(label, [*opts, *plan.size_options[ladder.audit_size]], ladder.lr_seeds[0], ladder.audit_size, f)
-                for label, opts, _ in plan.variants for f in factors]
+        return [(label, [*opts, *plan.size_options[ladder.audit_size]], seed, ladder.audit_size, f)
+                for seed in ladder.lr_seeds[:AUDIT_SEEDS] for label, opts, _ in plan.variants for f in factors]
     return ladder_jobs(plan, [ladder.audit_size], {a: audit_lrs(best[a], ladder.lrs) for a in plan.labels},
-                       ladder.lr_seeds[:1])
+                       ladder.lr_seeds[:AUDIT_SEEDS])
 
 
 def launch(plan, overrides, out, jobs):
     """Hands the jobs not finished yet to the launcher; returns those it left queued on a scheduler."""
-    runs = []
+    runs, created = [], set()
     for label, opts, seed, size, lr in jobs:
         path = run_dir(out, label, seed, size, lr)
         if finished(path):
             tqdm.write(f"{path}: finished, skipped")
             continue
+        if not path.is_dir():
+            created.add(path)
         path.mkdir(parents=True, exist_ok=True)
         # every seed of an arm on the numerical path its first seed's run decided (activations/policy.py), where
         # that run has started when this one starts (side by side, each may decide: the report names the paths)
@@ -253,7 +280,13 @@ def launch(plan, overrides, out, jobs):
                                          f"{label}{where} seed {seed}", first))
     if not runs:
         return []
-    return launcher(plan, out).launch(runs)
+    try:
+        return launcher(plan, out).launch(runs)
+    except ConfigError:  # refused (sbatch): no new directory left behind for a corrected rerun to find
+        for path in created:
+            if not any(path.iterdir()):
+                path.rmdir()
+        raise
 
 
 def launcher(plan, out):

@@ -14,10 +14,12 @@ log. Notes are cut from the right.
 """
 import fnmatch
 import json
+import math
 from pathlib import Path
 
 from analysis.runs import RunError, finished, load_run, markdown_table
 from sweep import launchers
+from stats.lr_audit import AUDIT_SEEDS
 from sweep.plan import run_dir
 
 NOTE_WIDTH = 200
@@ -39,9 +41,8 @@ def planned_runs(plan, out):
                     name = run_dir(out, label, seed, size, lr).name
                     names.append(name if grid else name.replace(f"_seed{seed}", f"_lr*_seed{seed}"))
     if ladder and ladder.audit_size:  # the tuning audit: 4 lrs per arm around its pick, known after the grid
-        seed = ladder.lr_seeds[0]
         names += [run_dir(out, label, seed, ladder.audit_size).name.replace(f"_seed{seed}", f"_lr*_seed{seed}")
-                  for label in plan.labels]
+                  for seed in ladder.lr_seeds[:AUDIT_SEEDS] for label in plan.labels]
     return names
 
 
@@ -75,41 +76,57 @@ def status_rows(directory):
     names = run_names(directory)
     jobs = {name: launchers.read_job(directory / name) for name in names}
     after_grid = launchers.read_job(directory, launchers.AFTER_GRID)
-    states = launchers.job_states({**jobs, launchers.AFTER_GRID: after_grid}, directory / "submitit")
+    jobs[launchers.AFTER_GRID] = after_grid
+    states = launchers.job_states(jobs, directory / "submitit")
+    reasons = launchers.pending_reasons({key: job for key, job in jobs.items() if states.get(key) in WAITING})
     rows = []
     for name in names:
         path, job = directory / name, jobs[name]
         if "*" in name:  # after a ladder's lr grid: its lr, hence its directory, is not known yet
             job = {"job_id": after_grid.get("job_id")}
-            state, note = "pending", after_grid_note(after_grid, states.get(launchers.AFTER_GRID))
+            state, note = after_grid_state(after_grid, states.get(launchers.AFTER_GRID),
+                                           reasons.get(launchers.AFTER_GRID))
         else:
             state, note = run_state(path, job, states.get(name))
+            if state in ("pending", "requeued") and name in reasons:
+                note = shorten(reasons[name])
         rows.append((name, state, job.get("job_id") or "", requeues(job, state), last_step(path), note))
     return rows
 
 
-def after_grid_note(record, scheduler):
-    """What a run after a ladder's lr grid waits on: the job that picks the lr (OUT/after_grid.json), or the grid."""
+WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD"}  # the scheduler states in which a job has a reason to wait
+
+
+def after_grid_state(record, scheduler, reason):
+    """(state, note) of a run after a ladder's lr grid: it waits on the job that picks the lr (OUT/after_grid.json,
+    and why that job waits when the scheduler says), on the grid, or that job's decision stopped the ladder."""
     if not record:
-        return "waits on the lr grid: runs at each arm's best lr once the grid has finished"
+        return "pending", "waits on the lr grid: runs at each arm's best lr once the grid has finished"
+    if record.get("state") == "not submitted":
+        return "not submitted", shorten(f"the job after the lr grid was not submitted: {record.get('error')}")
+    if record.get("state") == "stopped":  # its decision (an edge pick, an unfinished grid), not a failure
+        return "stopped", shorten(f"the job after the lr grid stopped the ladder: {record.get('error')}")
     if record.get("state") == "failed":
-        return f"job {record['job_id']} after the lr grid stopped: {record.get('error')}"
+        return "failed", shorten(f"job {record['job_id']} after the lr grid failed: {record.get('error')}")
     if launchers.still_queued(record, scheduler):
-        return (f"waits on the lr grid: job {record['job_id']} picks each arm's lr once jobs "
-                f"{', '.join(record['after'])} end")
-    return f"job {record['job_id']} after the lr grid ended ({scheduler}) without submitting it: rerun the sweep"
+        return "pending", shorten(f"waits on the lr grid: job {record['job_id']} picks each arm's lr once jobs "
+                                  f"{', '.join(record['after'])} end" + (f"; it waits itself ({reason})" if reason
+                                                                        else ""))
+    return "pending", (f"job {record['job_id']} after the lr grid ended ({scheduler}) without submitting it: rerun "
+                       "the sweep")
 
 
 def run_state(path, job, scheduler):
     """(state, note) of one run from its directory, its job.json and its scheduler state (None: not asked)."""
     if finished(path):
         return "done", ""
+    if job.get("state") == "not submitted" and not launchers.still_queued(job, scheduler):
+        return "not submitted", shorten(job.get("error") or "")
     if scheduler == "CANCELLED":  # scancel: the trainer saved on its SIGTERM, as on a preemption
         return "stopped", "cancelled: rerun the sweep to continue it from its last checkpoint"
-    timeouts, capped = launchers.timeouts(job) if scheduler in launchers.ENDED_BADLY else (0, False)
+    timeouts, capped = launchers.time_limits(job) if scheduler in launchers.ENDED_BADLY else (0, False)
     if capped:
-        return "stopped", (f"time limit reached {timeouts} times (max_num_timeout {timeouts - 1}): raise timeout_min "
-                           "or max_num_timeout in [launcher], then rerun the sweep (it resumes)")
+        return "stopped", time_limit_note(path, timeouts)
     if job.get("state") == "failed" or scheduler in launchers.ENDED_BADLY:
         return "failed", shorten(" | ".join(job.get("error") or launchers.log_tail(path, 1)))
     if scheduler == "RUNNING" and job.get("state") != "requeued":
@@ -124,10 +141,29 @@ def run_state(path, job, scheduler):
     return "stopped", f"the job ended without finishing the run ({scheduler or job.get('state')}): rerun the sweep"
 
 
+def time_limit_note(path, timeouts):
+    """A run its job stopped requeuing: how often it met the time limit, and the max_num_timeout that lets a new job
+    finish it at the pace of this one (its steps per time limit)."""
+    note = f"time limit reached {timeouts} times (max_num_timeout {timeouts - 1})"
+    try:
+        run = load_run(path)
+        step, total = run.last_step, run.setting("max_steps")
+    except RunError:
+        step = total = None
+    if not (step and total and step < total):
+        return shorten(note + ": raise max_num_timeout or timeout_min in [launcher], then rerun the sweep (it resumes)")
+    needed = math.ceil((total - step) / (step / timeouts)) - 1  # the time limits its rest meets at this job's pace
+    if needed <= timeouts - 1:  # a new job counts from 0 again
+        return shorten(f"{note} at step {step} of {total}: about {needed} more at this pace, which a new job allows; "
+                       "rerun the sweep (it resumes)")
+    return shorten(f"{note} at step {step} of {total}: about {needed} more at this pace; set max_num_timeout = "
+                   f"{needed} or raise timeout_min in [launcher], then rerun the sweep (it resumes)")
+
+
 def requeues(job, state):
-    """The requeues of a run: the count its job wrote when it last started or requeued itself, plus the one SLURM
-    made since (preemption, `scontrol requeue`) when the job is queued again with no word from it."""
-    return (job.get("requeues") or 0) + (state == "requeued" and job.get("state") != "requeued")
+    """The requeues of a run: the count its job wrote when it last started (with its earlier jobs'), plus the one the
+    scheduler made since when it is queued again (its own time limit, preemption, `scontrol requeue`)."""
+    return (job.get("requeues") or 0) + (state == "requeued")
 
 
 def shorten(note, width=NOTE_WIDTH):

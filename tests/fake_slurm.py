@@ -1,17 +1,23 @@
-"""Stand-in sbatch, srun, sacct and scontrol for tests/test_launchers.py: `fake_slurm.py NAME ARGS` behaves as
-command NAME (install() writes a script per name into a directory that goes first on PATH); they keep their state
-in $FAKE_SLURM (a directory).
+"""Stand-in sbatch, srun, sacct, scontrol, sinfo and squeue for tests/test_launchers.py: `fake_slurm.py NAME ARGS`
+behaves as command NAME (install() writes a script per name into a directory that goes first on PATH); they keep
+their state in $FAKE_SLURM (a directory).
 
+$FAKE_SLURM_PARTITIONS lists the cluster's partitions, the first its default, each NAME or NAME:MINUTES (its
+MaxTime; none: no limit): `sinfo -h -o "%P|%l"` prints them as Slurm 22.05 does ("short*|10:00").
 sbatch FILE records FILE's #SBATCH options and the names of the SLURM_* variables it was given (submissions.jsonl)
 and answers "Submitted batch job ID"; it refuses, in Slurm 22.05's words, a partition not listed in
-$FAKE_SLURM_PARTITIONS (when set) and any GPU request when $FAKE_SLURM_NO_GPUS is set. An array's tasks are ID_0,
+$FAKE_SLURM_PARTITIONS (when set), any GPU request when $FAKE_SLURM_NO_GPUS is set, and a time over its partition's
+MaxTime when $FAKE_SLURM_ENFORCE_LIMITS is set (EnforcePartLimits); without it such a job is queued and pends for
+ever, squeue's reason PartitionTimeLimit. squeue -h -r -t PD -o "%i|%r" -j IDS prints each pending task's reason:
+Dependency while a job it waits on runs, BeginTime once requeued, else Resources. An array's tasks are ID_0,
 ID_1 ...; a job without --array is ID. The tasks listed in $FAKE_SLURM_RUN (task numbers, or "all") run in the
 background, one after another, as SLURM would run the script (its environment variables, srun starting the command),
 once every job their --dependency=afterany:ID:... names has ended; the others stay PENDING. When the file
 $FAKE_SLURM_SIGNAL_WHEN appears during a task's first run, the task's processes (srun's command and everything below
 it; not the batch shell, not srun) get SIGUSR2, as SLURM signals a job ahead of its time limit (--signal). scontrol
 requeue ID marks the task: when its script ends, it runs again (SLURM_RESTART_COUNT 1, 2, ...). sacct -j ID prints
-the tasks' states in the --parsable2 form submitit reads.
+the tasks' states in the --parsable2 form submitit reads. submitit_log() is what submitit itself writes into a
+job's log at its time limits (each warning twice: its logger writes to stdout and stderr, one file here).
 """
 import json
 import os
@@ -47,12 +53,17 @@ def sbatch(script):
     """Refuses what Slurm 22.05 refuses here (a partition not in $FAKE_SLURM_PARTITIONS, GPUs on a cluster without
     them: $FAKE_SLURM_NO_GPUS) in its words, else queues the job (an array's tasks ID_0, ID_1 ...)."""
     options = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", Path(script).read_text(), re.M))
-    partitions = os.environ.get("FAKE_SLURM_PARTITIONS")
-    if partitions and options.get("partition") not in partitions.split(","):
+    partitions = partition_limits()
+    if partitions and options.get("partition", default_partition()) not in partitions:
         sys.exit(f"sbatch: error: invalid partition specified: {options.get('partition')}\n"
                  "sbatch: error: Batch job submission failed: Invalid partition name specified")
     if os.environ.get("FAKE_SLURM_NO_GPUS") and ({"gpus-per-node", "gres", "gpus"} & set(options)):
         sys.exit("sbatch: error: Batch job submission failed: Invalid generic resource (gres) specification")
+    limit = partition_limits().get(options.get("partition") or default_partition())
+    over = limit is not None and int(options.get("time", 0)) > limit
+    if over and os.environ.get("FAKE_SLURM_ENFORCE_LIMITS"):
+        sys.exit("sbatch: error: Batch job submission failed: Requested time limit is invalid (missing or exceeds "
+                 "some limit)")
     ids = STATE / "next_id"
     job_id = int(ids.read_text()) if ids.exists() else 1000
     ids.write_text(str(job_id + 1))
@@ -64,15 +75,63 @@ def sbatch(script):
         tasks = [f"{job_id}_{task}" for task in range(count)]
     else:
         tasks = [str(job_id)]
-    for task in tasks:
-        write_task(task, state="PENDING", restarts=0, requeue=False)
-    wanted = os.environ.get("FAKE_SLURM_RUN", "")
-    run = [t for t in tasks if wanted == "all" or t.split("_")[-1] in wanted.split(",")]
     after = options.get("dependency", "afterany").split(":")[1:]
+    for task in tasks:
+        write_task(task, state="PENDING", restarts=0, requeue=False,
+                   reason="PartitionTimeLimit" if over else "Dependency" if after else "Resources")
+    wanted = os.environ.get("FAKE_SLURM_RUN", "")
+    run = [t for t in tasks if not over and (wanted == "all" or t.split("_")[-1] in wanted.split(","))]
     if run:
         subprocess.Popen([sys.executable, __file__, "_run", script, ",".join(after), *run],
                          stdout=subprocess.DEVNULL, stderr=open(STATE / "runner.err", "a"), start_new_session=True)
     print(f"Submitted batch job {job_id}")
+
+
+def partition_limits():
+    """{partition: MaxTime in minutes or None} from $FAKE_SLURM_PARTITIONS (NAME or NAME:MINUTES, comma-separated)."""
+    listed = [entry.split(":") for entry in os.environ.get("FAKE_SLURM_PARTITIONS", "").split(",") if entry]
+    return {entry[0]: int(entry[1]) if len(entry) > 1 else None for entry in listed}
+
+
+def default_partition():
+    return next(iter(partition_limits()), None)
+
+
+def sinfo(argv):
+    """`sinfo -h -o "%P|%l"`: each partition and its time limit, the default one marked *."""
+    assert argv == ["-h", "-o", "%P|%l"], argv
+    for name, minutes in partition_limits().items():
+        limit = "infinite" if minutes is None else (f"{minutes // 60}:{minutes % 60:02d}:00" if minutes >= 60
+                                                    else f"{minutes}:00")
+        print(f"{name}{'*' if name == default_partition() else ''}|{limit}")
+
+
+def squeue(argv):
+    """`squeue -h -r -t PD -o "%i|%r" -j IDS`: each pending task of the jobs IDS and squeue's reason."""
+    assert argv[:6] == ["-h", "-r", "-t", "PD", "-o", "%i|%r"] and argv[6] == "-j", argv
+    ids = argv[7].split(",")
+    for path in sorted(STATE.glob("task_*.json")):
+        job = path.stem[len("task_"):]
+        task = read_task(job)
+        if job.split("_")[0] in ids and task["state"] in ("PENDING", "REQUEUED"):
+            print(f"{job}|{'BeginTime' if task['state'] == 'REQUEUED' else task.get('reason', 'Resources')}")
+
+
+def submitit_log(job_id, host, timeouts, max_num_timeout):
+    """What submitit writes into a job's log (stdout and stderr: one file) when the job meets its time limit
+    `timeouts` times under max_num_timeout: a WARNING goes to both streams, an INFO to stdout only."""
+    lines = []
+    for n in range(timeouts):
+        stamp = f"2026-12-01 00:{n:02d}:00,{n:03d}"
+        lines += [f"submitit INFO ({stamp}) - Job has timed out. Ran 5 minutes out of requested 5 minutes."]
+        lines += [f"submitit WARNING ({stamp}) - Caught signal SIGUSR2 on {host}: this job is timed-out."] * 2
+        lines += [f"submitit INFO ({stamp}) - Calling checkpoint method."]
+        if n < max_num_timeout:
+            lines += [f"submitit INFO ({stamp}) - Requeued job {job_id} ({max_num_timeout - n - 1} remaining "
+                      "timeouts)"]
+        else:
+            lines += [f"submitit INFO ({stamp}) - Job not requeued because: timed-out too many times."]
+    return "\n".join(lines) + "\n"
 
 
 def process_children():
@@ -168,8 +227,9 @@ def scontrol(argv):
 def install(directory):
     """A script per command in `directory` (put it first on PATH), each calling this file."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ("sbatch", "srun", "sacct", "scontrol"):
-        (directory / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" "{__file__}" {name} "$@"\n')
+    for name in ("sbatch", "srun", "sacct", "scontrol", "sinfo", "squeue"):
+        # -S: no site-packages (it needs none), a third less CPU per call
+        (directory / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "{__file__}" {name} "$@"\n')
         (directory / name).chmod(0o755)
     return directory
 
@@ -186,3 +246,7 @@ if __name__ == "__main__":
         sacct(argv)
     elif command == "scontrol":
         scontrol(argv)
+    elif command == "sinfo":
+        sinfo(argv)
+    elif command == "squeue":
+        squeue(argv)

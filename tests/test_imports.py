@@ -85,8 +85,11 @@ def module_graph(folder):
     """{module: the modules of `folder` it imports}, counting importlib.import_module("...") by name too (how the
     circle activations/impl.py -> selfcheck.py -> aglu.py -> impl.py used to hide)."""
     graph = {}
-    for path in sorted((ROOT / folder).glob("*.py")):
-        source = path.read_text()
+    # a package inside the folder (sweep/launchers/) is one module of it, its files' imports together
+    for path in sorted([*(ROOT / folder).glob("*.py"), *(ROOT / folder).glob("*/__init__.py")]):
+        source = path.read_text() if path.name != "__init__.py" or path.parent == ROOT / folder else \
+            "\n".join(p.read_text() for p in sorted(path.parent.glob("*.py")))
+        path = path if path.parent == ROOT / folder else path.parent
         named = {n.args[0].value for n in ast.walk(ast.parse(source))
                  if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "import_module"
                  and n.args and isinstance(n.args[0], ast.Constant)}
@@ -94,7 +97,9 @@ def module_graph(folder):
         for name in {*imports(source), *named}:
             parts = name.split(".")
             if parts[0] == folder:
-                module = parts[1] if len(parts) > 1 and (ROOT / folder / f"{parts[1]}.py").is_file() else "__init__"
+                module = parts[1] if len(parts) > 1 and ((ROOT / folder / f"{parts[1]}.py").is_file() or
+                                                         (ROOT / folder / parts[1] / "__init__.py").is_file()) \
+                    else "__init__"
                 targets.add(module)
         graph[path.stem] = targets - {path.stem}
     return graph

@@ -101,12 +101,12 @@ def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path
     assert calls == []
 
 
-def test_lr_seeds_pick_on_their_own_runs_an_edge_pick_stops_and_the_audit_flags_an_lr_that_moved(tmp_path,
-                                                                                                 monkeypatch):
+def test_lr_seeds_pick_on_their_own_runs_an_edge_pick_stops_and_the_audit_refutes_an_lr_that_moved(
+        tmp_path, monkeypatch):
     """The plan's param reaches every run (grid, sizes, audit); the grid at the smallest size on lr_seeds; relu's pick
     at the grid's top edge stops the plan until --allow-edge-lr; every size then runs on the other seeds, and the
-    audit at the largest size (4 lrs around each pick, seed 7) flags relu, whose optimum there is 3x its pick, and
-    not gelu, whose optimum is 1.3x its pick."""
+    audit at the largest size (4 lrs around each pick, seed 7) refutes relu's lr, its optimum there 3x its pick
+    (beyond the 1.4x tolerance), and not gelu's, 1.3x; relu's comparison there is then not declared."""
     calls = []
     moved = {"gelu": 1.3, "relu": 3.0}  # each arm's optimum at size b over its optimum at size a
 
@@ -140,9 +140,14 @@ def test_lr_seeds_pick_on_their_own_runs_an_edge_pick_stops_and_the_audit_flags_
     text = (tmp_path / "s" / "sweep.md").read_text()
     assert "gelu: 0.002 at every size (picked on the grid at L1-d32-h2 on seeds 7, compared on the others)" in text
     assert "exploratory" not in json.dumps(result["family"])
-    assert result["audit"]["flagged"] == ["relu"] and result["audit"]["arms"]["gelu"]["factor"] == pytest.approx(1.3)
-    assert ("Result: the tuning audit at L2-d32-h2 (seed 7) flags relu (its lowest loss is at the audit's highest lr "
-            "0.0113, 2.82x the pick: the vertex lies beyond).") in text
+    audit = result["audit"]
+    assert audit["refuted"] == ["relu"] and audit["arms"]["gelu"]["ratio"] == pytest.approx(1 / 1.3)
+    assert audit["arms"]["gelu"]["status"] == "within"
+    assert ("Result: the tuning audit at L2-d32-h2 (seeds 7) refutes relu's lr (its optimum 0.012 [0.012, 0.012], "
+            "the lr 0.333x it [0.333, 0.333]).") in text
+    # relu's comparison at L2 rests on an lr 3x off its optimum there: not declared, out of the Holm family
+    assert [c["claim"] for c in result["not_declared"]] == ["relu - gelu at L2-d32-h2"]
+    assert [c["claim"] for c in result["family"]] == ["relu - gelu at L1-d32-h2"]
 
 
 @pytest.mark.parametrize("change, message", [

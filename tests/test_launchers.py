@@ -14,7 +14,7 @@ import torch
 import fake_slurm
 from analysis import ladder_report
 from analysis.runs import finished
-from sweep import cli, launchers, plan
+from sweep import cli, launchers, plan, schedule
 from sweep.status import status_rows
 from model import GPT, GPTConfig
 from test_sweep import fake_run
@@ -185,7 +185,7 @@ def fake_slurm_state(state, job):
 def test_dry_run_prints_the_cost_and_the_runs_and_launches_nothing(tmp_path, monkeypatch, capsys):
     """FLOPs per run: model.py's count for the run's model x tokens; GPU-hours at the bench file's FLOP/s per GPU
     (here 1e9 for gelu, and the slowest measured for relu, which the file lacks)."""
-    monkeypatch.setattr(launchers, "subprocess", None)  # any launch would fail
+    monkeypatch.setattr(launchers.local, "subprocess", None)  # any launch would fail
     (tmp_path / "plan.toml").write_text(PLAN.replace("seeds = [1, 2]", 'seeds = [1, 2]\nlrs = [1e-3, 2e-3]\n'
                                                                      'lr_size = "a"'))
     (tmp_path / "bench.json").write_text(json.dumps({"device": "Test GPU", "results": {
@@ -245,7 +245,7 @@ def test_status_names_every_run_with_its_state_job_and_last_step(tmp_path, monke
     monkeypatch.setenv("PATH", f"{fake_slurm.install(tmp_path / 'bin')}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SLURM", str(state))
     out = tmp_path / "s"
-    names = ["gelu_seed1", "relu_seed1", "gelu_seed2", "relu_seed2", "gelu_seed3"]
+    names = ["gelu_seed1", "relu_seed1", "gelu_seed2", "relu_seed2", "gelu_seed3", "relu_seed3"]
     out.mkdir()
     (out / "sweep_plan.json").write_text(json.dumps({"runs": names, "acts": ["gelu", "relu"]}))
     fake_run(out / "gelu_seed1", "gelu", 1, 3.0)
@@ -255,21 +255,31 @@ def test_status_names_every_run_with_its_state_job_and_last_step(tmp_path, monke
     for name, job, task_state, record in (
             ("gelu_seed1", "1000_0", "COMPLETED", {"state": "ended"}),
             ("relu_seed1", "1000_1", "RUNNING", {"state": "running"}),
-            ("gelu_seed2", "1000_2", "PENDING", {"state": "requeued", "requeues": 2}),
-            ("relu_seed2", "1000_3", "FAILED", {"state": "failed", "error": ["Traceback", "error: out of memory"]})):
+            ("gelu_seed2", "1000_2", "PENDING", {"state": "requeued", "requeues": 1}),
+            ("relu_seed2", "1000_3", "FAILED", {"state": "failed", "error": ["Traceback", "error: out of memory"]}),
+            ("relu_seed3", "1001", "PENDING", {"state": "submitted"})):
+        (out / name).mkdir(exist_ok=True)
         launchers.write_job(out / name, launcher="slurm", job_id=job, **record)
-        (state / f"task_{job}.json").write_text(json.dumps({"state": task_state}))
+        (state / f"task_{job}.json").write_text(json.dumps({"state": task_state, "reason": "PartitionTimeLimit"}))
     cli.main(["--status", str(out)])
     text = capsys.readouterr().out
     rows = {row[0]: row[1:5] for row in status_rows(out)}
     assert rows == {"gelu_seed1": ("done", "1000_0", 0, 10), "relu_seed1": ("running", "1000_1", 0, 6),
                     "gelu_seed2": ("requeued", "1000_2", 2, 3), "relu_seed2": ("failed", "1000_3", 0, 2),
-                    "gelu_seed3": ("pending", "", 0, None)}
-    assert "5 runs, 1 done, 1 failed, 1 pending, 1 requeued, 1 running" in text
+                    "gelu_seed3": ("pending", "", 0, None), "relu_seed3": ("pending", "1001", 0, None)}
+    assert "6 runs, 1 done, 1 failed, 2 pending, 1 requeued, 1 running" in text
     assert "Traceback | error: out of memory" in text
+    assert "| squeue: PartitionTimeLimit: the job's time limit is over its partition's, it never starts" in text
     cli.main(["--report-only", str(out)])
-    assert "missing: 4 run(s) of the plan have not finished (relu_seed1, gelu_seed2, relu_seed2, gelu_seed3)" in \
-        capsys.readouterr().out
+    assert "missing: 5 run(s) of the plan have not finished (relu_seed1, gelu_seed2, relu_seed2, gelu_seed3, " \
+        "relu_seed3)" in capsys.readouterr().out
+
+    reader, writer = os.pipe()  # `--status DIR | head -1`: the reader gone before the table is written
+    os.close(reader)
+    monkeypatch.setattr("sys.stdout", open(writer, "w", buffering=1))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--status", str(out)])
+    assert stop.value.code == 1
 
 
 def test_a_job_runs_torchrun_across_its_nodes_and_a_failing_trainer_fails_it_with_its_last_lines(tmp_path,
@@ -304,12 +314,14 @@ def test_a_job_runs_torchrun_across_its_nodes_and_a_failing_trainer_fails_it_wit
     ("[launcher]\nnodez = 2", "[launcher] has unknown key(s) ['nodez']; it takes kind, nodes,"),
     ("[launcher]\nnodes = \"2\"", "[launcher] nodes = '2'; expected int"),
     ("[launcher]\nkind = \"pbs\"", "launcher 'pbs' is not one of sequential, local, slurm"),
-    ("[launcher]\nkind = \"local\"\nnodes = 2", "the local launcher runs on one machine; nodes = 2 needs slurm")])
+    ("[launcher]\nkind = \"local\"\nnodes = 2", "the local launcher runs on one machine; nodes = 2 needs slurm"),
+    ("[launcher.driver]\ntime = 5", "[launcher.driver] has unknown key 'time'; it takes timeout_min, partition,")])
 def test_bad_launcher_tables_are_one_line_errors(tmp_path, table, message, capsys):
     (tmp_path / "plan.toml").write_text(PLAN + table)
     with pytest.raises(SystemExit):
         cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s")])
-    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "usage" not in err
 
 
 def test_slurm_without_its_commands_is_one_line(tmp_path, monkeypatch):
@@ -328,18 +340,25 @@ def test_slurm_without_its_commands_is_one_line(tmp_path, monkeypatch):
 def test_sbatch_refusing_the_plan_is_one_line_and_a_corrected_rerun_submits_in_the_same_directory(
         tmp_path, monkeypatch, capsys, table, env, said, fix):
     """Slurm 22.05's refusal (the stand-in sbatch prints its words) is one line naming what to change, sbatch's
-    stderr not printed again; no pickle is left in OUT_DIR/submitit, and the plan corrected submits there."""
+    stderr not printed again; it leaves nothing behind (no run directory, no sweep_plan.json, no pickle), and says
+    "not submitted" with the refusal in a run that was there before; the plan corrected submits there, and says
+    nothing about ladders (it is not one)."""
     text = PLAN.replace("seeds = [1, 2]", "seeds = [1]") + f'[launcher]\nkind = "slurm"\n{table}\n'
     argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, text, **env)
     with pytest.raises(SystemExit) as stop:
         cli.main(argv)
     assert str(stop.value).startswith(f"error: sbatch refused the job: {said}; ") and fix in str(stop.value)
     assert "\n" not in str(stop.value) and "sbatch: error" not in capsys.readouterr().err
-    assert not list((tmp_path / "s" / "submitit").glob("*"))
+    assert not (tmp_path / "s").exists()
+    fake_run(tmp_path / "s" / "gelu_a_seed1", "gelu", 1, 3.0, stop_at=2)  # an earlier submission's, stopped
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    assert [p.name for p in (tmp_path / "s").iterdir()] == ["gelu_a_seed1"]
+    assert status_rows(tmp_path / "s")[0][1::4] == ("not submitted", str(stop.value)[len("error: "):])
     (tmp_path / "plan.toml").write_text(text.replace('partition = "gpu"', 'partition = "cpu"')
                                         .replace("gpus_per_node = 1", "gpus_per_node = 0"))
     cli.main(argv)
-    assert submissions(state)[0]["options"]["array"] == "0-3%4"
+    assert submissions(state)[0]["options"]["array"] == "0-3%4" and "ladder" not in capsys.readouterr().out
     assert sorted(launchers.read_job(p)["state"] for p in (tmp_path / "s").glob("*_seed1")) == ["submitted"] * 4
 
 
@@ -366,24 +385,63 @@ def submissions(state):
 
 
 def test_a_ladder_is_one_submission_the_sizes_after_its_grid_wait_in_a_job_after_it(tmp_path, monkeypatch, capsys):
-    """The lr grid's array, then a job of one CPU after it (afterany) that will pick the lrs: --status names the
-    job each later run waits on, and the same command again leaves both alone."""
-    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, LADDER_PLAN)
+    """On a cluster whose partition allows 10 minutes and refuses more (sbatch, Slurm 22.05's words): the lr grid's
+    array, then a job of one CPU after it (afterany, 10 minutes) that will pick the lrs: --status names the job each
+    later run waits on and why it waits (squeue), and the same command again leaves both alone. That job's decision
+    (here: the grid unfinished) ends it well, a state with its sentence."""
+    text = LADDER_PLAN.replace('partition = "cpu"', 'partition = "short"\ntimeout_min = 5')
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, text, FAKE_SLURM_PARTITIONS="short:10,long",
+                                       FAKE_SLURM_ENFORCE_LIMITS="1")
     cli.main(argv)
     grid, after = submissions(state)
     assert grid["options"]["array"] == "0-3%4" and "dependency" not in grid["options"]
     assert "gpus-per-node" not in grid["options"]  # the config's device is the CPU: no GPU asked for
     assert after["options"]["dependency"] == "afterany:1000" and after["options"]["cpus-per-task"] == "1"
-    assert "gpus-per-node" not in after["options"] and after["options"]["partition"] == "cpu"
+    assert "gpus-per-node" not in after["options"] and after["options"]["partition"] == "short"
+    assert after["options"]["time"] == "10"  # the partition's limit, not more
     assert "job 1001: once the lr grid's jobs (1000) end, picks each arm's lr and submits sizes b" in \
         capsys.readouterr().out
     rows = {row[0]: row[1:] for row in status_rows(tmp_path / "s")}
     assert rows["gelu_b_lr*_seed1"][:2] == ("pending", "1001")
-    assert rows["gelu_b_lr*_seed1"][4] == "waits on the lr grid: job 1001 picks each arm's lr once jobs 1000 end"
+    assert rows["gelu_b_lr*_seed1"][4] == ("waits on the lr grid: job 1001 picks each arm's lr once jobs 1000 end; "
+                                           "it waits itself (squeue: Dependency)")
     assert rows["gelu_a_lr0.001_seed1"][:2] == ("pending", "1000_0")
+    assert rows["gelu_a_lr0.001_seed1"][4] == "squeue: Resources"
     cli.main(argv)
     assert len(submissions(state)) == 2
     assert "job 1001 already waits for the lr grid to run sizes b" in capsys.readouterr().out
+
+    _, ladder = cli.parse_args(argv)
+    token = launchers.read_job(tmp_path / "s", launchers.AFTER_GRID)["token"]
+    assert schedule.AfterGrid(ladder, tmp_path / "s", [], ["b"], token)() == []  # the job's decision: no error
+    rows = {row[0]: row[1:] for row in status_rows(tmp_path / "s")}
+    assert rows["relu_b_lr*_seed1"][0] == "stopped" and rows["relu_b_lr*_seed1"][4].startswith(
+        "the job after the lr grid stopped the ladder: the lr grid has 4 unfinished run(s)")
+    assert len(submissions(state)) == 2
+
+
+def test_the_job_after_the_grid_asks_for_its_own_resources_and_what_could_not_finish_is_refused(tmp_path,
+                                                                                                monkeypatch):
+    """[launcher.driver]: the job after the lr grid on its own partition, time and sbatch options. A time over its
+    partition's limit (sinfo), the runs' or that job's, is one line naming the key before anything is submitted,
+    also on a cluster that would take the job and leave it pending for ever."""
+    text = LADDER_PLAN.replace('partition = "cpu"', 'partition = "short"\ntimeout_min = 5')
+    driver = '[launcher.driver]\npartition = "long"\ntimeout_min = 20\nsbatch = {comment = "driver"}\n'
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, text + driver,
+                                       FAKE_SLURM_PARTITIONS="short:10,long:120")
+    cli.main(argv)
+    after = submissions(state)[1]["options"]
+    assert (after["partition"], after["time"], after["comment"]) == ("long", "20", "driver")
+    for plan_text, said in (
+            (text + "[launcher.driver]\ntimeout_min = 30\n", "[launcher.driver] timeout_min = 30 is over partition "
+                                                              "short's time limit of 10 minutes (sinfo): set it to at "
+                                                              "most 10; nothing was submitted"),
+            (text.replace("timeout_min = 5", "timeout_min = 30"), "[launcher] timeout_min = 30 is over partition "
+                                                                  "short's time limit of 10 minutes")):
+        (tmp_path / "plan.toml").write_text(plan_text)
+        with pytest.raises(SystemExit, match=re.escape(f"error: {said}")):
+            cli.main([*argv[:-1], str(tmp_path / "s2")])
+        assert len(submissions(state)) == 2 and not (tmp_path / "s2").exists()
 
 
 @pytest.mark.long
@@ -410,39 +468,57 @@ def test_a_ladder_submitted_once_reaches_its_report(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("change, extra, message", [
     (("n_head = 2\nmax_steps = 4\n[sizes.b]", "n_head = 3\nmax_steps = 4\n[sizes.b]"), [],
-     "error: variant gelu size a: n_head 3 does not divide n_embd 32: change n_head (or the width) in the plan"),
+     "variant gelu size a: n_head 3 does not divide n_embd 32: change n_head (or the width) in the plan"),
     (('act = "relu"', 'act = "relu"\ndata_dir = "d"'), ["--data-dir", "e"],
-     "error: --data-dir on the command line would override variant relu's own; set it in one place"),
-    (('act = "relu"', 'act = "relu"\nwarmup = 3'), [], "error: variant relu size a: unknown config key 'warmup'")])
+     "--data-dir on the command line would override variant relu's own; set it in one place"),
+    (('act = "relu"', 'act = "relu"\nwarmup = 3'), [],
+     "variant relu size a: unknown config key 'warmup' in the plan (did you mean warmup_steps?)")])
 def test_a_plan_that_cannot_run_is_one_line_before_anything_is_submitted(tmp_path, monkeypatch, capsys, change,
                                                                          extra, message):
+    """One line naming the plan file, the variant and the size, under the command's own name: no argparse usage
+    (the command line was right), a key of the plan not said to be on the command line."""
     argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, LADDER_PLAN.replace(*change))
     with pytest.raises(SystemExit):
         cli.main(argv + extra)
-    assert capsys.readouterr().err.strip().splitlines()[-1].split(": ", 1)[1].startswith(message)
+    assert capsys.readouterr().err == f"error: --plan {tmp_path / 'plan.toml'}: {message}\n"
     assert not (state / "submissions.jsonl").exists() and not (tmp_path / "s").exists()
 
 
 def test_a_cpu_config_asks_for_no_gpu_and_a_gpu_config_for_one_per_process():
     _, cpu = cli.parse_args(["--plan", "configs/ladder_cpu.toml", "--out-dir", "x", "--launcher", "slurm"])
     _, gpu = cli.parse_args(["--plan", "configs/ladder_gpu.toml", "--out-dir", "x", "--nproc-per-node", "8"])
-    assert "--gpus-per-node" not in " ".join(launchers.script_lines(
-        launchers.sbatch_parameters(cpu.resources, cpu.nproc_per_node), "x", 2))
-    assert "#SBATCH --gpus-per-node=8" in launchers.script_lines(
-        launchers.sbatch_parameters(gpu.resources, gpu.nproc_per_node), "x", 2)
+    assert "--gpus-per-node" not in " ".join(launchers.slurm.script_lines(
+        launchers.slurm.sbatch_parameters(cpu.resources, cpu.nproc_per_node), "x", 2))
+    assert "#SBATCH --gpus-per-node=8" in launchers.slurm.script_lines(
+        launchers.slurm.sbatch_parameters(gpu.resources, gpu.nproc_per_node), "x", 2)
 
 
-def test_a_job_counts_the_requeues_slurm_made(tmp_path, monkeypatch):
+def test_a_job_counts_the_requeues_slurm_made_and_a_new_job_of_the_run_adds_to_them(tmp_path, monkeypatch):
     """SLURM_RESTART_COUNT (every requeue: submitit's, `scontrol requeue`, preemption) beside the job's own count,
-    which a requeue from outside never saw."""
-    for key, value in dict(SUBMITIT_EXECUTOR="slurm", SLURM_JOB_ID="77", SLURM_JOB_NODELIST="n1", SLURM_NODEID="0",
-                           SLURM_PROCID="0", SLURM_JOB_NUM_NODES="1", SLURM_NTASKS="1",
-                           SLURM_RESTART_COUNT="3").items():
+    which a requeue from outside never saw; the time limit past max_num_timeout (submitit calls checkpoint() and then
+    does not requeue) is no requeue; the run submitted again keeps its count and its new job adds SLURM's."""
+    slurm_env = dict(SUBMITIT_EXECUTOR="slurm", SLURM_JOB_ID="77", SLURM_JOB_NODELIST="n1", SLURM_NODEID="0",
+                     SLURM_PROCID="0", SLURM_JOB_NUM_NODES="1", SLURM_NTASKS="1", SLURM_RESTART_COUNT="3")
+    for key, value in slurm_env.items():
         monkeypatch.setenv(key, value)
-    job = launchers.TrainerJob(launchers.RunCommand(tmp_path, ["-c", "pass"], "x"), nproc_per_node=1)
+    run = launchers.RunCommand(tmp_path, ["-c", "pass"], "x")
+    job = launchers.TrainerJob(run, nproc_per_node=1)
     job.requeues = 1  # submitit's own requeue once, then two by SLURM alone
     job()
     assert (launchers.read_job(tmp_path)["state"], launchers.read_job(tmp_path)["requeues"]) == ("ended", 3)
+    job.checkpoint()
+    assert launchers.read_job(tmp_path)["requeues"] == 3
+
+    for key in slurm_env:  # on the login node: the run submitted again
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PATH", f"{fake_slurm.install(tmp_path / 'bin')}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM", str(tmp_path))
+    launchers.Slurm(launchers.Resources(kind="slurm"), 1, tmp_path / "submitit").launch([run])
+    assert (launchers.read_job(tmp_path)["job_id"], launchers.read_job(tmp_path)["requeues"]) == ("1000", 3)
+    for key, value in {**slurm_env, "SLURM_JOB_ID": "1000", "SLURM_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(key, value)
+    launchers.TrainerJob(run, nproc_per_node=1)()  # the new job, requeued once by SLURM
+    assert launchers.read_job(tmp_path)["requeues"] == 4
 
 
 def test_status_counts_slurms_requeues_names_the_timeout_cap_and_shows_cancelled_as_stopped(tmp_path, monkeypatch):
@@ -461,13 +537,13 @@ def test_status_counts_slurms_requeues_names_the_timeout_cap_and_shows_cancelled
             ("gelu_seed3", "1000_4", "FAILED", {"state": "failed", "requeues": 0, "error": error})):
         fake_run(out / name, name.split("_")[0], int(name[-1]), 3.0, stop_at=2)
         launchers.write_job(out / name, launcher="slurm", job_id=task, folder=str(folder), **record)
-        (state / f"task_{task}.json").write_text(json.dumps({"state": sacct}))
-    (folder / "1000_2_0_log.out").write_text(
-        "submitit WARNING (...) - Caught signal SIGUSR2 on n1: this job is timed-out.\n" * 3
-        + "submitit INFO (...) - Job not requeued because: timed-out too many times.\n")
+        (state / f"task_{task}.json").write_text(json.dumps({"state": sacct, "reason": "BeginTime"}))
+    # what submitit writes at 3 time limits under max_num_timeout 2: each warning on stdout and stderr, one file
+    (folder / "1000_2_0_log.out").write_text(fake_slurm.submitit_log("1000_2", "n1", 3, 2))
     rows = {row[0]: (row[1], row[3], row[5]) for row in status_rows(out)}
-    assert rows["gelu_seed1"] == ("requeued", 1, "") and rows["relu_seed1"] == ("requeued", 2, "")
-    assert rows["gelu_seed2"][:2] == ("stopped", 2)
-    assert rows["gelu_seed2"][2].startswith("time limit reached 3 times (max_num_timeout 2): raise timeout_min")
+    assert rows["gelu_seed1"] == ("requeued", 1, "squeue: BeginTime") and rows["relu_seed1"][:2] == ("requeued", 2)
+    assert rows["gelu_seed2"] == ("stopped", 2, "time limit reached 3 times (max_num_timeout 2) at step 2 of 10: "
+                                                "about 11 more at this pace; set max_num_timeout = 11 or raise "
+                                                "timeout_min in [launcher], then rerun the sweep (it resumes)")
     assert rows["relu_seed2"][:2] == ("stopped", 0) and rows["relu_seed2"][2].startswith("cancelled")
     assert rows["gelu_seed3"][0] == "failed" and rows["gelu_seed3"][2] == error[0][:197] + "..."

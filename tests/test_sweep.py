@@ -21,10 +21,12 @@ FINAL = {("gelu", 1): 3.50, ("gelu", 2): 3.60, ("gelu", 3): 3.40,
          ("relu", 1): 3.55, ("relu", 2): 3.70, ("relu", 3): 3.38}
 
 
-def fake_run(path, act, seed, final, max_steps=10, stop_at=None, hella=None, params=None):
+def fake_run(path, act, seed, final, max_steps=10, stop_at=None, hella=None, params=None, offset=None):
+    """A finished (or stopped) run as the GPT trainer writes it; offset: an A/A control's init seed offset."""
     log = RunLog(path)
     log.write_run_info({"model": {"act": act}, "optim": {"max_steps": max_steps, "total_batch_size": 64},
-                        "run": {"seed": seed}}, {"params": params} if params else {})
+                        "run": {"seed": seed, **({"init_seed_offset": offset} if offset else {})}},
+                       {"params": params} if params else {})
     for step in range(0, (max_steps if stop_at is None else stop_at) + 1):
         if step < max_steps:
             log.record(step, kind="train", loss=5.0 - step / 10, tok_per_s=100.0, tokens=(step + 1) * 64)
@@ -48,7 +50,7 @@ def without_plots(monkeypatch):
 
 def launches(monkeypatch, fake):
     """The sweep's subprocess.run replaced by `fake`; the rest (run.json's git calls) keeps the real one."""
-    monkeypatch.setattr(launchers, "subprocess", SimpleNamespace(run=fake, STDOUT=subprocess.STDOUT))
+    monkeypatch.setattr(launchers.local, "subprocess", SimpleNamespace(run=fake, STDOUT=subprocess.STDOUT))
 
 
 def t_ci(diffs, q):
@@ -362,10 +364,13 @@ def test_bad_plans(tmp_path, plan, message, capsys, monkeypatch):
 def fake_sweep(out, finals, control=None, baseline="gelu"):
     """Finished fake runs {(label, seed): final val loss} and a sweep_plan.json naming them in order."""
     for (label, seed), final in finals.items():
-        fake_run(out / f"{label}_seed{seed}", label.removesuffix("_aa"), seed, final)
+        fake_run(out / f"{label}_seed{seed}", label.removesuffix("_aa"), seed, final,
+                 offset=1_000_000 if label.endswith("_aa") else None)
     acts = list(dict.fromkeys(label for label, _ in finals))
+    variants = {a: ["--act", a.removesuffix("_aa")] + (["--init-seed-offset", "1000000"] if a.endswith("_aa") else [])
+                for a in acts}
     (out / "sweep_plan.json").write_text(json.dumps({"acts": acts, "baseline": baseline, "control": control,
-                                                     "baselines": {a: baseline for a in acts}}))
+                                                     "baselines": {a: baseline for a in acts}, "variants": variants}))
 
 
 def test_report_power_spread_and_control(tmp_path, monkeypatch):
@@ -453,7 +458,8 @@ def test_control_from_the_cli_and_a_plan(tmp_path, monkeypatch):
     def fake_subprocess_run(cmd, stdout=None, stderr=None):
         calls.append(cmd)
         path = Path(cmd[cmd.index("--out-dir") + 1])
-        fake_run(path, cmd[cmd.index("--act") + 1], int(cmd[cmd.index("--seed") + 1]), 3.0)
+        fake_run(path, cmd[cmd.index("--act") + 1], int(cmd[cmd.index("--seed") + 1]), 3.0,
+                 offset=int(cmd[cmd.index("--init-seed-offset") + 1]) if "--init-seed-offset" in cmd else None)
         return subprocess.CompletedProcess(cmd, 0)
 
     launches(monkeypatch, fake_subprocess_run)

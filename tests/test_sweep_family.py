@@ -65,9 +65,10 @@ def test_one_raw_false_alarm_among_the_controls_metrics_is_not_unreliable(tmp_pa
     for s, v in gelu.items():
         fake_run(tmp_path / f"gelu_seed{s}", "gelu", s, v, hella=0.25 + s / 100)
         fake_run(tmp_path / f"gelu_aa_seed{s}", "gelu", s, v + 0.02 + (s - 2) * 0.006,
-                 hella=0.25 + s / 100 + (0.01, -0.01, 0.0)[s - 1])
+                 hella=0.25 + s / 100 + (0.01, -0.01, 0.0)[s - 1], offset=1_000_000)
     (tmp_path / "sweep_plan.json").write_text(json.dumps({"acts": ["gelu", "gelu_aa"], "baseline": "gelu",
-                                                          "control": "gelu_aa"}))
+                                                          "control": "gelu_aa", "variants": {
+        "gelu": ["--act", "gelu"], "gelu_aa": ["--act", "gelu", "--init-seed-offset", "1000000"]}}))
     text = sweep_report.report(tmp_path)
     result = json.loads((tmp_path / "sweep.json").read_text())
     final, hella = result["paired"]["gelu_aa"]["final_val"], result["paired"]["gelu_aa"]["hellaswag_acc_norm"]
