@@ -138,7 +138,8 @@ def main():
     out["curve_free"] = curve_free_coverage(args.curve_free_sims, args.seed)
     for key, row in out["curve_free"].items():
         print(f"curve-free, {key}: coverage {row['all sizes']:.3f} over all sizes, by size "
-              f"{', '.join('-' if v is None else f'{v:.2f}' for v in row['by size'])} ({row['resolved']:.0%} of readings resolved)")
+              f"{', '.join('-' if v is None else f'{v:.2f}' for v in row['by size'])} "
+              f"({row['resolved']:.0%} of readings resolved)")
     out["cpu_s"] = time.process_time() - start
     print(f"{out['cpu_s']:.0f} CPU-s")
     if args.json:

@@ -47,7 +47,7 @@ def test_a_ladder_the_power_law_cannot_describe_gets_its_tables_and_one_sentence
     different signs" in the calibration), one seed at every size: the runs and pairs tables, and one sentence."""
     without_plots(monkeypatch)
     _ladder(tmp_path, loss, seeds)
-    cli.main(["--report-only", str(tmp_path), "--resamples", "20"])
+    cli.main(["--report-only", str(tmp_path), "--resamples", "2"])
     text = (tmp_path / "sweep.md").read_text()
     assert text.count(sentence) == 1 and "| size " in text and "## Paired by seed at each size" in text
     fit = json.loads((tmp_path / "sweep.json").read_text())["fit"]
