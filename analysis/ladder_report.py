@@ -235,7 +235,10 @@ def lr_choices(ladder, result, chosen):
     for a in ladder.arms:
         lrs = [(s, chosen[(s, a)]) for s in ladder.sizes if (s, a) in chosen]
         where = {k: v for k, v in result["best_lr"].get(a, {}).items()}
-        how = (f"picked on the grid at {', '.join(where)} on seeds {seeds}, compared on the others"
+        how = (f"the vertices of the grids on {', '.join(where)}'s shape at its horizon and the largest size's, on "
+               f"seeds {seeds}, as a power of the horizon (lr_design horizon), compared on the others"
+               if ladder.lr_design == "horizon" and ladder.grid_runs and where else
+               f"picked on the grid at {', '.join(where)} on seeds {seeds}, compared on the others"
                if ladder.grid_runs and where else
                f"picked at {', '.join(where)} on the compared seeds themselves (its comparisons there: exploratory)"
                if where else "the one lr it ran")
