@@ -28,6 +28,7 @@ from eval import internals, sparsity
 from eval.hellaswag_in_loop import HellaSwag
 from model import GPT, GPTConfig, mlp_width, mlp_width_args, pretrained_gpt2
 from training import distributed, fsdp, memory
+from training.fsdp import DISTS
 from training.checkpoint import load_checkpoint
 from training.config import ConfigError, EvalConfig, RunConfig, run_cli, to_dict
 from training.loop import Evaluation, Parts, Trainer, no_sync_unless, param_line
@@ -145,8 +146,8 @@ class GPTTrainer(Trainer):
             if d.master:
                 print(f"--init-from {cfg.init_from} not read: the run resumes its own checkpoint", flush=True)
         if d.device_type == "cuda":  # a run that cannot fit its GPU stops here, in one line, before it allocates
-            reason = memory.refusal(cfg.model, o.batch_size, o.seq_len, cfg.run.dist, d.world_size, ctx.precision,
-                                    cfg.run.activation_checkpointing, cfg.speed.loss_chunks,
+            reason = memory.refusal(memory_shape(cfg.model), o.batch_size, o.seq_len, cfg.run.dist, d.world_size,
+                                    ctx.precision, cfg.run.activation_checkpointing, cfg.speed.loss_chunks,
                                     torch.cuda.get_device_properties(d.device).total_memory,
                                     torch.cuda.get_device_name(d.device))
             if reason:
@@ -306,6 +307,27 @@ def build_model(cfg, ctx, source):
         if small is not None:
             fsdp.materialize(model, small, cfg.run.init_seed, model._init_weight, d.device)
     return model, origin
+
+
+def memory_shape(config):
+    """training/memory.py's ModelShape of a GPTConfig, counted on a 1-layer model on the meta device (a 1.5B
+    model's 48 blocks take a CPU-second to build there): the other blocks are the first's size, but for an
+    activation's scalars (plain_top_k's)."""
+    with torch.device("meta"):
+        model = GPT(replace(config, n_layer=1), seed=0)
+    block = sum(p.numel() for p in model.transformer.h[0].parameters())
+    return memory.ModelShape(sum(p.numel() for p in model.parameters()) + (config.n_layer - 1) * block,
+                             max(block, model.transformer.wte.weight.numel()), config.n_layer, config.n_embd,
+                             mlp_width(config), mlp_activation(config.act)[1], config.vocab_size)
+
+
+def memory_estimates(cfg, world_size):
+    """{dist: training/memory.py's Estimate per GPU} of a TrainConfig's run on `world_size` ranks under --dist ddp
+    and fsdp, in bfloat16 where its dtype is auto (CUDA's): what the sweep's cost table prints."""
+    shape = memory_shape(cfg.model)
+    precision = "bfloat16" if cfg.run.dtype in ("auto", "bfloat16") else cfg.run.dtype
+    return {dist: memory.estimate(shape, cfg.optim.batch_size, cfg.optim.seq_len, dist, world_size, precision,
+                                  cfg.run.activation_checkpointing, cfg.speed.loss_chunks) for dist in DISTS}
 
 
 def parametrization_note(model):

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model import GPTConfig  # noqa: E402
-from train_gpt2 import TrainConfig, build_model  # noqa: E402
+from train_gpt2 import TrainConfig, build_model, memory_shape  # noqa: E402
 from training import distributed, fsdp, memory  # noqa: E402
 from training.loop import Context  # noqa: E402
 from training.optimizer import adamw  # noqa: E402
@@ -55,7 +55,7 @@ def main(argv):
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)  # the gradients stay allocated, as the estimate counts them
     peak = rss() - before
-    est = memory.estimate(config, a.batch_size, config.block_size, "fsdp", d.world_size, "float32",
+    est = memory.estimate(memory_shape(config), a.batch_size, config.block_size, "fsdp", d.world_size, "float32",
                           a.activation_checkpointing)
     print(f"rank {d.rank}/{d.world_size} {a.act} {a.shape} B={a.batch_size}: measured peak {peak / 2**20:,.0f} MiB, "
           f"estimate {est.total / 2**20:,.0f} MiB ({est.line()}), ratio {peak / est.total:.3f}", flush=True)

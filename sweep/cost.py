@@ -34,17 +34,14 @@ def gpt2_flops(config, options, cache):
 
 def gpt2_memory(config, options, world_size, cache):
     """(GiB per GPU under --dist ddp, under fsdp, the run's own --dist) of one GPT-2 run on `world_size` ranks:
-    training/memory.py's estimate at the run's micro-batch, in bfloat16 where its dtype is auto (CUDA's)."""
+    train_gpt2.py's estimate (training/memory.py) at the run's micro-batch."""
     key = ("memory", world_size, tuple(options))
     if key not in cache:
-        from training import memory
+        from train_gpt2 import memory_estimates
 
         cfg = trainer_config("gpt2", ["--config", config, *options])
-        precision = "bfloat16" if cfg.run.dtype in ("auto", "bfloat16") else cfg.run.dtype
-        sizes = memory.model_sizes(cfg.model)
-        cache[key] = (*(memory.estimate(cfg.model, cfg.optim.batch_size, cfg.optim.seq_len, dist, world_size,
-                                        precision, cfg.run.activation_checkpointing, cfg.speed.loss_chunks,
-                                        sizes).total / memory.GIB for dist in ("ddp", "fsdp")), cfg.run.dist)
+        estimates = memory_estimates(cfg, world_size)
+        cache[key] = estimates["ddp"].total / 2 ** 30, estimates["fsdp"].total / 2 ** 30, cfg.run.dist
     return cache[key]
 
 

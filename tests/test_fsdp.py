@@ -10,7 +10,7 @@ import torch
 from model import GPT
 from test_train_gpt2 import args, final_weights, train_in_process, train_losses
 from training.checkpoint import load_checkpoint
-from two_rank_runs import FSDP_RESUMED, GPT_RUNS
+from two_rank_runs import FSDP_RESUMED
 
 
 @pytest.mark.long
@@ -68,24 +68,22 @@ def test_fsdp_trains_as_ddp_and_resumes_on_two_ranks_and_on_one(two_rank_runs, t
 def test_memory_estimate_and_the_refusal_of_a_run_that_cannot_fit():
     """GPT-2 XL (1.5B) on 8 GPUs of 80 GB: DDP's 16 bytes a parameter and more do not fit, FSDP's shards do; the
     refusal says so in one line, with what would fit."""
-    from dataclasses import replace
-
-    from train_gpt2 import TrainConfig
+    from train_gpt2 import TrainConfig, memory_estimates, memory_shape
     from training import memory
     from training.config import load_config
 
     cfg = load_config(TrainConfig, ["--config", "configs/gpt2_xl.toml"])
-    n, group = memory.model_sizes(cfg.model)
-    assert 1.5e9 < n < 1.6e9
-    ddp = memory.estimate(cfg.model, cfg.optim.batch_size, cfg.optim.seq_len, "ddp", 8, "bfloat16")
-    fsdp = memory.estimate(cfg.model, cfg.optim.batch_size, cfg.optim.seq_len, "fsdp", 8, "bfloat16")
+    shape = memory_shape(cfg.model)
+    with torch.device("meta"):
+        assert shape.params == sum(p.numel() for p in GPT(cfg.model, seed=0).parameters())
+    assert 1.5e9 < shape.params < 1.6e9
+    both = memory_estimates(cfg, 8)  # bfloat16: the config's dtype is auto
+    ddp, fsdp, n = both["ddp"], both["fsdp"], shape.params
     assert ddp.params == 4 * n and ddp.optimizer == 8 * n and fsdp.optimizer == 8 * n / 8 and fsdp.gathered > 0
     assert fsdp.total < 80e9 < ddp.total  # an 80 GB card
-    line = memory.refusal(cfg.model, cfg.optim.batch_size, cfg.optim.seq_len, "ddp", 8, "bfloat16", False, 0,
-                          80e9, "an 80 GB GPU")
+    micro = (cfg.optim.batch_size, cfg.optim.seq_len)
+    line = memory.refusal(shape, *micro, "ddp", 8, "bfloat16", False, 0, 80e9, "an 80 GB GPU")
     assert "\n" not in line and "per GPU under --dist ddp on 8 ranks" in line and "--dist fsdp needs" in line
-    assert memory.refusal(cfg.model, cfg.optim.batch_size, cfg.optim.seq_len, "fsdp", 8, "bfloat16", False, 0,
-                          80e9, "an 80 GB GPU") is None
-    checkpointed = memory.estimate(replace(cfg.model), cfg.optim.batch_size, cfg.optim.seq_len, "fsdp", 8,
-                                   "bfloat16", checkpointing=True)
+    assert memory.refusal(shape, *micro, "fsdp", 8, "bfloat16", False, 0, 80e9, "an 80 GB GPU") is None
+    checkpointed = memory.estimate(shape, *micro, "fsdp", 8, "bfloat16", checkpointing=True)
     assert checkpointed.activations < fsdp.activations / 2

@@ -14,19 +14,19 @@ unallocated; the small ones (biases, norms, an activation's scalars and buffers)
 plain build. After sharding, each rank draws every large parameter in full from its own stream
 (activations/init_streams.py) and keeps its shard: the same weights as the plain build for a seed.
 
+Checkpoints gather the shards whole on rank 0 (training_states: torch.distributed.checkpoint.state_dict's full
+state dicts), written and verified as DDP's: DCP's own sharded files are read back with pickle.load of their
+.metadata (torch 2.13), and a checkpoint here is data, never code (docs/training.md).
+
 A vocabulary that does not divide by the world size leaves the last rank a shorter shard of the tied
 embedding (pytorch #176076: rows of that shard were not updated on some versions); tests/test_fsdp.py checks
 that every row moves as under DDP on a split that is uneven.
 """
 import contextlib
 import functools
+import sys
 
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
@@ -34,6 +34,20 @@ from activations.init_streams import draw_parameter
 from errors import ConfigError
 
 DISTS = ("ddp", "fsdp")
+
+
+# torch.distributed's fsdp, tensor and checkpoint modules cost about a CPU-second to import: imported where a model
+# is sharded, so that a DDP run and every script reading checkpoints do without. A tensor or module can only be
+# FSDP's once they are imported.
+def _is_dtensor(tensor):
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
+def _whole_options(cpu_offload):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
 
 
 def check_dist(name):
@@ -61,6 +75,9 @@ def meta_init():
 def shard(model, groups, precision, device, world_size):
     """fully_shard each module (or list of modules sharing a weight) of `groups`, then the root `model`.
     precision: the run's (bfloat16: bfloat16 parameters in compute, float32 gradient reduction)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     mesh = init_device_mesh(torch.device(device).type, (world_size,))
     low = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(precision)
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
@@ -75,7 +92,7 @@ def shard(model, groups, precision, device, world_size):
 
 def replicated(model):
     """The parameters of a sharded model that every rank holds whole (shard's scalars)."""
-    return [p for p in model.parameters() if not isinstance(p, DTensor)]
+    return [p for p in model.parameters() if not _is_dtensor(p)]
 
 
 def reduce_replicated(model, world_size):
@@ -100,8 +117,8 @@ def clip_grad_norm(model, max_norm):
     params = [p for p in model.parameters() if p.grad is not None]
     if sharded_root(model) is None:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    sharded = [p.grad for p in params if isinstance(p.grad, DTensor)]
-    whole = [p.grad for p in params if not isinstance(p.grad, DTensor)]
+    sharded = [p.grad for p in params if _is_dtensor(p.grad)]
+    whole = [p.grad for p in params if not _is_dtensor(p.grad)]
     parts = [full_value(torch.nn.utils.get_total_norm(sharded))] if sharded else []
     if whole:
         parts.append(torch.nn.utils.get_total_norm(whole))
@@ -131,7 +148,9 @@ def materialize(model, small, seed, init, device):
             draw_parameter(model, name, value, seed, init)
         else:
             continue
-        if isinstance(tensor, DTensor):  # every rank drew the whole tensor: each keeps its own shard, no messages
+        if _is_dtensor(tensor):  # every rank drew the whole tensor: each keeps its own shard, no messages
+            from torch.distributed.tensor import distribute_tensor
+
             value = distribute_tensor(value.to(device), tensor.device_mesh, tensor.placements, src_data_rank=None)
         tensor.copy_(value)
 
@@ -159,7 +178,8 @@ def checkpoint_activations(block):
 def sharded_root(model):
     """The FSDP2 module under a torch.compile wrapper, or None when `model` is not sharded."""
     inner = getattr(model, "_orig_mod", model)
-    return inner if isinstance(inner, FSDPModule) else None
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return inner if fsdp is not None and isinstance(inner, fsdp.FSDPModule) else None
 
 
 def gradient_sync(model, last):
@@ -172,15 +192,13 @@ def gradient_sync(model, last):
 
 def full_value(tensor):
     """A DTensor's whole value (an all-gather: every rank calls it); a plain tensor as it is."""
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    return tensor.full_tensor() if _is_dtensor(tensor) else tensor
 
 
 def local_value(tensor):
     """This rank's shard of a DTensor; a plain tensor as it is."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if _is_dtensor(tensor) else tensor
 
-
-WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def training_states(model, optimizer):
@@ -189,12 +207,19 @@ def training_states(model, optimizer):
     torch.distributed.checkpoint.state_dict gives), so that any world size, sharded or not, reads it."""
     if sharded_root(model) is None:
         return model.state_dict(), optimizer.state_dict()
-    return get_model_state_dict(model, options=WHOLE), get_optimizer_state_dict(model, optimizer, options=WHOLE)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    whole = _whole_options(cpu_offload=True)
+    return get_model_state_dict(model, options=whole), get_optimizer_state_dict(model, optimizer, options=whole)
 
 
 def whole_model_state(model):
     """A sharded model's weights whole on rank 0 (a collective), {} elsewhere; an unsharded model's state_dict."""
-    return get_model_state_dict(model, options=WHOLE) if sharded_root(model) is not None else model.state_dict()
+    if sharded_root(model) is None:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_whole_options(cpu_offload=True))
 
 
 def load_training_states(model, optimizer, model_state, optimizer_state):
@@ -207,7 +232,9 @@ def load_training_states(model, optimizer, model_state, optimizer_state):
         return
     if not by_name:
         optimizer_state = named_optimizer_state(model, optimizer, optimizer_state)
-    options = StateDictOptions(full_state_dict=True)
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    options = _whole_options(cpu_offload=False)
     set_model_state_dict(model, model_state, options=options)
     set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
 

@@ -13,18 +13,18 @@ A trainer subclasses Trainer and writes only what is its own:
 The base class keeps no attribute a trainer reads: a hook gets what it needs as arguments, or from what the
 trainer itself kept in build (its Context, its loaders). tests/test_loop.py trains a trainer of 40 lines.
 
-fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
-build; resume; the in-loop evaluations built; the preflight (training/preflight.py: the trainer's and the in-loop
+fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume; build;
+resume; the in-loop evaluations built; the preflight (training/preflight.py: the trainer's and the in-loop
 evaluations' inputs, out_dir writable, disk for the checkpoints); the activation kernels' decision
-(activations/policy.py); the run log (run.json records the in-loop metrics); compile and DDP; the loop; the
-trainer's closing work and the summary line. The loop runs, per step: evaluate and the in-loop evaluations due
-(every eval_interval steps and at the end), train step (the trainer's forward_backward, then
-activations.step_statistics: NSwish/NReLU's running statistics from the whole step's batch, one all-reduce; then
-clipping and the optimizer), log, the trainer's after_step, checkpoint (every checkpoint_interval steps and on a
-signal), stop; at the end the checkpoint follows the final evaluation, so the file the closing line names holds
-the numbers it prints. An evaluation that raises (the trainer's closing one included) is logged with its
-traceback, that step's checkpoint is written, and the run goes on (`outcome`, `Evaluation.attempt`). The stdout
-lines' format is training/runlog.py's.
+(activations/policy.py); the run log (run.json records the in-loop metrics); compile and DDP (or the trainer's
+FSDP sharding from build: training/fsdp.py); the loop; the trainer's closing work and the summary line. The loop
+runs, per step: evaluate and the in-loop evaluations due (every eval_interval steps and at the end), train step
+(the trainer's forward_backward, then activations.step_statistics: NSwish/NReLU's running statistics from the
+whole step's batch, one all-reduce; then clipping and the optimizer), log, the trainer's after_step, checkpoint
+(every checkpoint_interval steps and on a signal), stop; at the end the checkpoint follows the final evaluation,
+so the file the closing line names holds the numbers it prints. An evaluation that raises (the trainer's closing
+one included) is logged with its traceback, that step's checkpoint is written, and the run goes on (`outcome`,
+`Evaluation.attempt`). The stdout lines' format is training/runlog.py's.
 
 SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
 a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
@@ -371,7 +371,8 @@ class Trainer:
         return torch.compile(parts.model, dynamic=parts.batch_shapes is None, mode=self.cfg.run.compile_mode)
 
     def wrap(self, ctx, parts, step, log):
-        """(the model evaluations run, the model the steps run): compiled if the run compiles, then DDP."""
+        """(the model evaluations run, the model the steps run): compiled if the run compiles, then DDP; a model the
+        trainer's build sharded (--dist fsdp, training/fsdp.py) steps as it is."""
         model = self.compile(ctx, parts, step, log) if ctx.compile else parts.model
         if not ctx.dist.ddp or fsdp.sharded_root(parts.model) is not None:  # FSDP: sharded by the trainer's build
             return model, model

@@ -21,10 +21,6 @@ The measured peak of a CPU run against this estimate: BENCHMARKS.md, "FSDP2".
 """
 from dataclasses import dataclass
 
-import torch
-
-from activations import mlp_activation
-
 ADAM_MOMENTS = 2
 GIB = 2 ** 30
 
@@ -48,20 +44,22 @@ class Estimate:
                 f"activations {self.activations / GIB:.1f})")
 
 
-def model_sizes(config):
-    """(all parameters, the largest FSDP group's) of a GPTConfig, counted on the meta device."""
-    from model import GPT
+@dataclass
+class ModelShape:
+    """What the estimate needs of a model (a trainer counts it: train_gpt2.py's memory_shape)."""
+    params: int  # all parameters, a tied one once
+    largest_group: int  # the largest FSDP group's parameters (a block, or the tied embedding)
+    n_layer: int
+    n_embd: int
+    mlp_width: int
+    gated: bool
+    vocab_size: int
 
-    with torch.device("meta"):
-        model = GPT(config, seed=0)
-    block = sum(p.numel() for p in model.transformer.h[0].parameters())
-    return sum(p.numel() for p in model.parameters()), max(block, model.transformer.wte.weight.numel())
 
-
-def estimate(config, batch_size, seq_len, dist="ddp", world_size=1, precision="float32",
-             checkpointing=False, loss_chunks=0, sizes=None):
-    """The Estimate per GPU of training `config` (a GPTConfig) at micro-batch (batch_size, seq_len)."""
-    n, group = sizes or model_sizes(config)
+def estimate(shape, batch_size, seq_len, dist="ddp", world_size=1, precision="float32", checkpointing=False,
+             loss_chunks=0):
+    """The Estimate per GPU of training a model of `shape` (ModelShape) at micro-batch (batch_size, seq_len)."""
+    n, group = shape.params, shape.largest_group
     low = 2 if precision in ("bfloat16", "float16") else 4
     sharded = dist == "fsdp" and world_size > 1
     share = world_size if sharded else 1
@@ -69,36 +67,26 @@ def estimate(config, batch_size, seq_len, dist="ddp", world_size=1, precision="f
         gathered = 2 * group * low + 4 * group
     else:
         gathered = 4 * n if world_size > 1 else 0  # DDP's gradient buckets
-    C, L, V = config.n_embd, config.n_layer, config.vocab_size
-    F = _mlp_width(config)
-    gated = mlp_activation(config.act)[1]
-    per_token_layer = (9 * C + (4 if gated else 2) * F) * low
+    C, L, V, F = shape.n_embd, shape.n_layer, shape.vocab_size, shape.mlp_width
+    per_token_layer = (9 * C + (4 if shape.gated else 2) * F) * low
     tokens = batch_size * seq_len
     layers = (L * C * low + per_token_layer) * tokens if checkpointing else L * per_token_layer * tokens
     logits = (16 if low == 4 else 12) * tokens * V / max(loss_chunks, 1)
     return Estimate(4 * n / share, 4 * n / share, ADAM_MOMENTS * 4 * n / share, gathered, layers + logits, sharded)
 
 
-def _mlp_width(config):
-    from model import mlp_width
-
-    return mlp_width(config)
-
-
-def refusal(config, batch_size, seq_len, dist, world_size, precision, checkpointing, loss_chunks, capacity,
+def refusal(shape, batch_size, seq_len, dist, world_size, precision, checkpointing, loss_chunks, capacity,
             device_name):
     """None when the estimate fits `capacity` bytes, else the one-line reason and what would fit."""
-    need = estimate(config, batch_size, seq_len, dist, world_size, precision, checkpointing, loss_chunks)
+    need = estimate(shape, batch_size, seq_len, dist, world_size, precision, checkpointing, loss_chunks)
     if need.total <= capacity:
         return None
-    sizes = model_sizes(config)
     hints = []
     if dist != "fsdp" and world_size > 1:
-        fsdp = estimate(config, batch_size, seq_len, "fsdp", world_size, precision, checkpointing, loss_chunks,
-                        sizes)
+        fsdp = estimate(shape, batch_size, seq_len, "fsdp", world_size, precision, checkpointing, loss_chunks)
         hints.append(f"--dist fsdp needs {fsdp.total / GIB:.1f} GiB")
     if not checkpointing:
-        recomputed = estimate(config, batch_size, seq_len, dist, world_size, precision, True, loss_chunks, sizes)
+        recomputed = estimate(shape, batch_size, seq_len, dist, world_size, precision, True, loss_chunks)
         hints.append(f"--activation-checkpointing {recomputed.total / GIB:.1f} GiB")
     hints.append("a lower --batch-size (gradient accumulation keeps the tokens per step)")
     return (f"this run needs about {need.line()} per GPU under --dist {dist} on {world_size} ranks, more than the "
