@@ -2,6 +2,7 @@
 tests/fsdp_vs_ddp.py's tiny models step by step, and the trainer's runs end to end (checkpoints, resume on 2 ranks
 and on 1 process)."""
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ def test_fsdp_trains_as_ddp_and_resumes_on_two_ranks_and_on_one(two_rank_runs, t
     # checkpoints (eval/hellaswag.py, sample.py, the lm-eval class, the export: GPT.from_checkpoint) loads
     fsdp, ddp = train_losses(two_rank_runs / "fsdp"), train_losses(two_rank_runs / "plain")
     np.testing.assert_allclose(fsdp[0], ddp[0], rtol=0, atol=1e-5)
-    np.testing.assert_allclose(fsdp[1], ddp[1], rtol=0, atol=1e-5)
+    assert len(fsdp[1]) == 1 and abs(fsdp[1][0] - ddp[1][-1]) < 1e-5  # the val loss at the end
     ours, theirs = load_checkpoint(two_rank_runs / "fsdp"), load_checkpoint(two_rank_runs / "plain")
     assert ours["model"].keys() == theirs["model"].keys() and ours["world_size"] == 2
     x = torch.arange(16)[None] % 64
@@ -47,7 +48,7 @@ def test_fsdp_trains_as_ddp_and_resumes_on_two_ranks_and_on_one(two_rank_runs, t
 
     # resumed on 2 ranks from its step-4 checkpoint: the uninterrupted run's steps, bit for bit
     resumed = train_losses(two_rank_runs / FSDP_RESUMED)
-    assert resumed[0] == fsdp[0][4:] and resumed[1] == fsdp[1][1:]
+    assert resumed[0] == fsdp[0][4:] and resumed[1] == fsdp[1]
     for key, value in final_weights(two_rank_runs / "fsdp").items():
         assert torch.equal(final_weights(two_rank_runs / FSDP_RESUMED)[key], value), key
 
@@ -74,9 +75,10 @@ def test_memory_estimate_and_the_refusal_of_a_run_that_cannot_fit():
 
     cfg = load_config(TrainConfig, ["--config", "configs/gpt2_xl.toml"])
     shape = memory_shape(cfg.model)
-    with torch.device("meta"):
-        assert shape.params == sum(p.numel() for p in GPT(cfg.model, seed=0).parameters())
     assert 1.5e9 < shape.params < 1.6e9
+    small = replace(cfg.model, n_layer=3, n_embd=64, n_head=2, act="swiglu")  # counted as 1 layer and 2 more
+    with torch.device("meta"):
+        assert memory_shape(small).params == sum(p.numel() for p in GPT(small, seed=0).parameters())
     both = memory_estimates(cfg, 8)  # bfloat16: the config's dtype is auto
     ddp, fsdp, n = both["ddp"], both["fsdp"], shape.params
     assert ddp.params == 4 * n and ddp.optimizer == 8 * n and fsdp.optimizer == 8 * n / 8 and fsdp.gathered > 0

@@ -16,8 +16,9 @@ GPT_RUNS = {  # run directory -> train_gpt2.py's arguments over test_train_gpt2.
     "elastic": dict(max_steps=40, eval_interval=20, checkpoint_interval=2, dropout=0.1, auto_resume="true"),
     # dropout and NSwish's running statistics: the same noise and statistics as 1 process accumulating 2 batches
     "noise": dict(dropout=0.1, act="nswish"),
-    # tests/test_fsdp.py: "plain" sharded (FSDP2), and the same run resumed from its step-4 checkpoint
-    "fsdp": dict(dist="fsdp"),
+    # tests/test_fsdp.py: "plain" sharded (FSDP2), evaluated at the end only, and the same run resumed from its
+    # step-4 checkpoint
+    "fsdp": dict(dist="fsdp", eval_interval=0),
 }
 FSDP_RESUMED = "fsdp-resumed"
 # tests/test_train_translation.py's step on 2 ranks, 1 batch each: train_translation.py's arguments over that
