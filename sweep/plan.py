@@ -15,6 +15,7 @@ Beside those, a plan file may name a ladder:
     base_width = 64            # base_width and base_depth (else the config's): the lr then transfers across sizes,
     base_depth = 2             # so the grid runs at the smallest size (lr_size defaults to it; another is refused)
     [sizes.s1]                 # a model size (GPT-2 trainer): n_layer, n_embd, n_head and its budget, max_steps
+                               # (optional: batch_size, dist, activation_checkpointing, hellaswag_interval)
     n_layer = 2
     n_embd = 64
     n_head = 2
@@ -61,6 +62,8 @@ PARAM_KEYS = ("param", "base_width", "base_depth")  # the plan's parametrization
 TRANSFERRING = ("mup", "completep")  # parametrizations whose lr transfers across sizes (model.py)
 SHAPE_KEYS = ("n_layer", "n_embd", "n_head")
 SIZE_KEYS = (*SHAPE_KEYS, "max_steps")
+# how a size runs, where it needs it (its memory: training/memory.py), not what it trains: optional per size
+SIZE_RUN_KEYS = ("batch_size", "dist", "activation_checkpointing", "hellaswag_interval")
 LADDER_KEYS = ("lrs", "lr_size", "lr_seeds", "sizes")
 
 
@@ -232,8 +235,9 @@ def check_sizes(sizes, where):
     if sizes is not None and (not isinstance(sizes, dict) or not sizes):
         raise ConfigError(f"{where}: sizes are [sizes.NAME] tables with {', '.join(SIZE_KEYS)}")
     for name, table in (sizes or {}).items():
-        if unknown := sorted(set(table) - set(SIZE_KEYS)):
-            raise ConfigError(f"{where}: size {name} has unknown key(s) {unknown}; a size takes {', '.join(SIZE_KEYS)}")
+        if unknown := sorted(set(table) - set(SIZE_KEYS) - set(SIZE_RUN_KEYS)):
+            raise ConfigError(f"{where}: size {name} has unknown key(s) {unknown}; a size takes {', '.join(SIZE_KEYS)} "
+                              f"and optionally {', '.join(SIZE_RUN_KEYS)}")
         if missing := [k for k in SHAPE_KEYS if k not in table]:
             raise ConfigError(f"{where}: size {name} lacks {', '.join(missing)}")
         if "max_steps" not in table:
@@ -259,8 +263,8 @@ def size_options(ladder, trainer):
     if trainer == "translation" and None not in ladder.sizes:
         raise ConfigError("sizes are GPT-2 shapes (n_layer, n_embd, n_head); the translation trainer's ladder is lrs "
                           "alone")
-    return {name: [o for k in SIZE_KEYS for o in (flag(k), str(table[k]))] if name else []
-            for name, table in ladder.sizes.items()}
+    return {name: [o for k in (*SIZE_KEYS, *SIZE_RUN_KEYS) if k in table for o in (flag(k), str(table[k]))]
+            if name else [] for name, table in ladder.sizes.items()}
 
 
 def from_args(args, overrides):

@@ -49,7 +49,7 @@ def run_sweep(plan, out, corpus_options=()):
     sizes = list(ladder.sizes) if ladder else [None]
     runs = sorted(((size, [*opts, *overrides]) for phase in phases for _, opts, _, size, _ in phase),
                   key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
-    print(cost_text(plan.trainer, plan.config, runs, *throughput(plan, out)))
+    print(cost_text(plan.trainer, plan.config, runs, *throughput(plan, out), plan.nproc_per_node))
     if plan.dry_run:
         if text := submission_text(plan, out, phases):
             print(text)
