@@ -22,7 +22,8 @@ def continuous_scores(ll, n_bytes, gold):
     ll, n_bytes = np.asarray(ll, dtype=np.float64), np.asarray(n_bytes, dtype=np.float64)
     rows, gold = np.arange(len(ll)), np.asarray(gold, dtype=np.int64)
     ll_gold = ll[rows, gold]
-    bpb = -ll_gold / (n_bytes[rows, gold] * math.log(2))
+    with np.errstate(divide="ignore", invalid="ignore"):  # an empty gold continuation (0 bytes): NaN
+        bpb = -ll_gold / (n_bytes[rows, gold] * math.log(2))
     if ll.shape[1] < 2:
         return {"bpb": bpb, "p_gold": np.full_like(bpb, np.nan), "margin": np.full_like(bpb, np.nan)}
     top = ll.max(1)
