@@ -26,6 +26,8 @@ RUNS = {
     "coord_check": (["--smoke", "--params", "completep", "--out", "{root}/coord_check"],
                     r"(?m)^completep: max/min over widths 32-64 and depths 2-4: \|x\| [\d.]+x"),
     "contender_memory": (["--acts", "gelu,aglu", "--batch-size", "2"], r"\naglu .*\nalive after the run: 0\.00 MiB"),
+    "downstream_coverage": (["--sims", "10", "--items", "20", "--truth-draws", "1000"],
+                            r"\nbinary, items dominate +[\d.]+ \[[\d.]+, [\d.]+\] +[\d.]+"),
     "generation": (["--device", "cpu", "--n-layer", "1", "--n-embd", "32", "--prompt-tokens", "4", "--new-tokens",
                     "4", "--rounds", "1"], r'\n\{"device": "cpu".*"same_tokens": true'),
     "hellaswag": (["--limit", "4", "--n-layer", "1", "--n-embd", "32", "--modes", "eager", "--device", "cpu",
