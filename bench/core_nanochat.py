@@ -8,8 +8,8 @@ runs over our GPT (logits cut to GPT-2's 50,257 tokens, max_seq_len = block_size
 with EOT as its BOS, on the item order eval/core.py draws (nanochat's base_eval shuffles and cuts the same way). It
 needs jinja2. Without --nanochat only our side runs. Without --bundle a tiny bundle of every task kind is written
 to a temporary directory (write_tiny_bundle; tests/test_core.py scores the same one). Prints per task our accuracy,
-nanochat's, the largest difference and the items the two call differently; BENCHMARKS.md, "Continuous downstream
-scores", has a result.
+nanochat's, the largest difference and the items the two call differently; a result is in
+BENCHMARKS.md, "Continuous downstream scores".
 """
 import argparse
 import importlib.util
