@@ -1,9 +1,9 @@
 """CORE (DCLM, Li et al. 2024; nanochat's base_eval) of a nanoact checkpoint: few-shot tasks of a bundle in the DCLM
 format, each scored the way nanochat's nanochat/core_eval.py scores it, with the continuous scores beside accuracy.
 
-    python eval/core.py log/aglu --bundle eval_bundle                  # every task of the bundle, every item
-    python eval/core.py log/aglu/model_19073.pt --bundle eval_bundle --max-per-task 500
-    torchrun --nproc_per_node 8 eval/core.py log/aglu --bundle eval_bundle   # rows split over ranks
+    python eval/core.py log/aglu --bundle path/to/eval_bundle                  # every task of the bundle, every item
+    python eval/core.py log/aglu/model_19073.pt --bundle path/to/eval_bundle --max-per-task 500
+    torchrun --nproc_per_node 8 eval/core.py log/aglu --bundle path/to/eval_bundle   # rows split over ranks
 
 The bundle (DCLM's eval bundle, as nanochat downloads it: https://karpathy-public.s3.us-west-2.amazonaws.com/
 eval_bundle.zip, unzipped) is a directory with
