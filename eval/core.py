@@ -270,13 +270,13 @@ def score_task(model, task, enc, device, autocast=None, dist_info=None, batch_ro
     scores, n_bytes = np.full((len(per_item), width), -np.inf), np.ones((len(per_item), width))
     correct = []
     for i, item in enumerate(per_item):
-        scores[i, :len(item)] = [next(ll) if cont else 0.0 for _, cont in item]  # log p of nothing: 0
+        # an empty continuation was not scored: log p of nothing is 0, and nothing is greedy
+        row_ll, row_greedy = zip(*((next(ll), next(greedy)) if cont else (0.0, 1.0) for _, cont in item))
+        scores[i, :len(item)] = row_ll
         n_bytes[i, :len(item)] = [byte_count(cont) for _, cont in item]
         if task.kind == "language_modeling":
-            correct.append(bool(next(greedy)))
+            correct.append(bool(row_greedy[0]))
             continue
-        for _ in filter(lambda row: row[1], item):
-            next(greedy)
         # nanochat's pick: the lowest mean loss per continuation token (NaN for an empty one), by Python's min
         losses = [-scores[i, j] / len(cont) if cont else float("nan") for j, (_, cont) in enumerate(item)]
         correct.append(losses.index(min(losses)) == task.items[i]["gold"])
