@@ -22,9 +22,12 @@ RUNS = {
                           "--backend", "aot_eager"],
                          r"\ngelu +[\d.]+ \(1\.00\)"),
     "checkpoint_io": (["--smoke", "--rounds", "1", "--dir", "{root}"], r"\nread_checkpoint_file +[\d.]+ s"),
+    "core_nanochat": ([], r"\nlm0 +language_modeling +6 +[\d.]+\nCORE ours -?[\d.]+; nanochat not run"),
     "coord_check": (["--smoke", "--params", "completep", "--out", "{root}/coord_check"],
                     r"(?m)^completep: max/min over widths 32-64 and depths 2-4: \|x\| [\d.]+x"),
     "contender_memory": (["--acts", "gelu,aglu", "--batch-size", "2"], r"\naglu .*\nalive after the run: 0\.00 MiB"),
+    "downstream_coverage": (["--sims", "10", "--items", "20", "--truth-draws", "1000"],
+                            r"\nbinary, items dominate +[\d.]+ \[[\d.]+, [\d.]+\] +[\d.]+"),
     "generation": (["--device", "cpu", "--n-layer", "1", "--n-embd", "32", "--prompt-tokens", "4", "--new-tokens",
                     "4", "--rounds", "1"], r'\n\{"device": "cpu".*"same_tokens": true'),
     "hellaswag": (["--limit", "4", "--n-layer", "1", "--n-embd", "32", "--modes", "eager", "--device", "cpu",
@@ -61,7 +64,7 @@ RUNS = {
 }
 # scripts another test starts as `python bench/SCRIPT.py` already, with arguments that run all of it
 STARTED_BY = {"gpu_check": "tests/test_gpu_check.py"}
-GPT2_BPE = {"hellaswag"}  # the scripts that tokenize with GPT-2's BPE: tiktoken online, or ../shared's offline cache
+GPT2_BPE = {"hellaswag", "core_nanochat"}  # the scripts that tokenize with GPT-2's BPE: tiktoken online, or ../shared's offline cache
 LEAK = re.compile(r"nanobind: leaked|leaked (type|function|instance)")
 
 

@@ -286,6 +286,8 @@ def test_cli_writes_json_and_rejects_wrong_checkpoints(make_checkpoint, hellaswa
     out = capsys.readouterr().out
     assert out.splitlines()[0] == f"scoring {ckpt} | step 12 | act gelu"  # which weights, before anything else
     assert "acc_norm" in out and "completion+lm_eval in one pass: " in out
+    bpb = record["results"]["completion"]["bpb_ci95"]
+    assert f"| gold bits/byte {record['results']['completion']['bpb']:.4f} [{bpb[0]:.4f}, {bpb[1]:.4f}]" in out
     other = tmp_path / "translation.pt"
     torch.save({"kind": "translation", "model": {}}, other)
     for bad, message in [(tmp_path / "missing.pt", "no such checkpoint file"), (other, "a 'translation' checkpoint")]:
@@ -328,6 +330,44 @@ def test_items_file_holds_every_prediction_of_both_scorings(tiny, make_checkpoin
             assert line[scoring]["pred_norm"] == int(np.argmax(np.array(ll) / np.array(div, dtype=float)))
         for metric, key in (("acc", "correct"), ("acc_norm", "correct_norm")):
             assert sum(read.correct(scoring, metric, sorted(read.labels))) == record["results"][scoring][key]
+    # the continuous scores, item by item, equal a float64 recomputation from the model's logits
+    # lm-eval's choices are preprocess(ending) (test_real_validation_file_parses_and_matches_lm_eval_preprocessing)
+    continuation = {"completion": lambda item: [" " + e for e in item["endings"]],
+                    "lm_eval": lambda item: [" " + hellaswag.preprocess(e) for e in item["endings"]]}
+    for scoring in SCORINGS:
+        bpbs = []
+        for i, (line, item) in enumerate(zip(lines, items)):
+            ll, label = np.array(ref[scoring][i][0]), item["label"]
+            texts = continuation[scoring](item)
+            n_bytes = [len(t.encode()) for t in texts]
+            assert line[scoring]["bytes"] == n_bytes
+            assert line[scoring]["tok"] == [len(gpt2_enc.encode(t)) for t in texts]
+            bpbs.append(-ll[label] / n_bytes[label] / np.log(2))
+            p_gold = np.exp(ll[label]) / np.exp(ll).sum()
+            margin = ll[label] - np.delete(ll, label).max()
+            np.testing.assert_allclose([line[scoring][k] for k in ("bpb", "p_gold", "margin")],
+                                       [bpbs[-1], p_gold, margin], rtol=1e-5, atol=1e-6)
+            assert read.scores[(scoring, "bpb")][i] == line[scoring]["bpb"]
+        r = record["results"][scoring]
+        half = 1.959964 * np.std(bpbs, ddof=1) / np.sqrt(len(bpbs))
+        np.testing.assert_allclose([r["bpb"], *r["bpb_ci95"]], [np.mean(bpbs), np.mean(bpbs) - half,
+                                                                np.mean(bpbs) + half], rtol=1e-5)
+    assert read.values("completion", "acc", [0, 1]) == [float(x) for x in read.correct("completion", "acc", [0, 1])]
+
+
+def test_lm_eval_samples_read_with_their_continuous_scores(tmp_path):
+    """lm-eval's --log_samples output gives the same continuous scores from its log-likelihoods and the bytes of
+    " " + choice (what lm-eval scored)."""
+    lls = [[-9.0, -7.5, -8.0, -12.0], [-3.0, -4.0, -2.5, -6.0]]
+    choices = ["a cat", "dogs run", "élan", "x"]
+    lines = [{"doc_id": i, "doc": {"gold": 1, "choices": choices}, "filtered_resps": [[x, False] for x in ll],
+              "acc": float(np.argmax(ll) == 1)} for i, ll in enumerate(lls)]
+    path = tmp_path / "samples_hellaswag.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    read = hellaswag_items.read(path)
+    assert read.scores[("lm_eval", "bpb")] == pytest.approx({0: 7.5 / 9 / np.log(2), 1: 4.0 / 9 / np.log(2)})
+    assert read.scores[("lm_eval", "margin")] == pytest.approx({0: 0.5, 1: -1.5})
+    assert read.scores[("lm_eval", "p_gold")][1] == pytest.approx(np.exp(-4) / np.exp(lls[1]).sum())
 
 
 @pytest.mark.skipif(not REAL.is_file(), reason="../shared/assets/hellaswag not present")
