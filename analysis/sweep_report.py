@@ -438,7 +438,7 @@ def downstream_part(sweep, result):
     """The downstream section (analysis/downstream.py): each declared downstream metric's difference with seeds and
     items both sampled, and every compared metric's signal-to-noise over the arms (the A/A control left out)."""
     declared = metrics_of(sweep.done)
-    values = downstream.item_values(sweep.compared, variant_of, declared)
+    values = downstream.item_values(sweep.compared, lambda run: run.arm, declared)
     pairs = downstream.downstream_pairs(values, sweep.baselines)
     keys = [*FIRST, *((m.name, m.label) for m in declared.values() if m.plotted or m.name in downstream.DOWNSTREAM),
             *LAST]
