@@ -10,7 +10,7 @@
 
 Activations GPT-2 has (gelu -> "gelu_new", gelu_exact -> "gelu", relu, relu2, silu) export as a plain
 GPT2LMHeadModel: any GPT-2 tooling reads it, a --param mup or completep model with its multipliers folded into
-its weights (model.py's sp_equivalent). AGLU/APA/NSwish/NReLU (learned parameters, running
+its weights (export/sp_equivalent.py). AGLU/APA/NSwish/NReLU (learned parameters, running
 statistics), any other registered activation, every gated MLP (swiglu, aglu_glu ...), every normalization but
 GPT-2's LayerNorm (--norm rmsnorm, dyt, none) and rotary positions (--pos-emb rope) export with remote code
 copied from the real model.py and activations/ at export time (export/remote_code.py), with the small wrapper
@@ -30,7 +30,9 @@ from activations.basic import GELU, GELUExact, ReLU, ReLU2, SiLU
 from data.tokenizer import EOT, VOCAB_SIZE
 from errors import CheckpointError, NanoactError
 from export.remote_code import AUTO_MAP, write_remote_code
-from model import GPT, nanoact_to_hf, sp_equivalent
+from export.sp_equivalent import sp_equivalent
+from model import GPT
+from model_parts.transformers_layout import nanoact_to_hf
 from training.checkpoint import load_checkpoint
 
 # The activations GPT-2 has, by class, and their names in GPT2Config.activation_function.
