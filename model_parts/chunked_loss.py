@@ -13,10 +13,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     The logit gradient enters the half-precision matmuls before the upstream gradient (a GradScaler's scale)
     is known, so it brings its own: fp16 flushes values under 6e-8 to zero, and softmax / n_valid would put
-    every probability under n_valid * 6e-8 there (the errors with and without it: BENCHMARKS.md, "Chunked loss
-    under fp16"). It is cast as softmax - onehot, within [-1, 1], times the largest power of two (at most 2^14)
-    that keeps each product's largest possible entry finite, and the fp32 product is divided back (a power of
-    two: no rounding).
+    every probability under n_valid * 6e-8 there (the errors with and without it: BENCHMARKS.md,
+    "Chunked loss under fp16"). It is cast as softmax - onehot, within [-1, 1], times the largest power of two
+    (at most 2^14) that keeps each product's largest possible entry finite, and the fp32 product is divided
+    back (a power of two: no rounding).
     """
 
     @staticmethod

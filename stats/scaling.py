@@ -27,10 +27,10 @@ random effect modelled rather than paired away: a pairing by seed would drop the
 persistent one, and would cost the per-size weighting). Intervals: t intervals, the parameters' covariance
 (J' Sigma^-1 J)^-1 scaled by the whitened residual variance over N - p degrees of freedom (Hartung and Knapp), so a
 curve that still misses its points widens every interval; the delta method for log m and the slope; E and alpha,
-which the sizes' shared deviations move, on S - 3 degrees of freedom where a size effect is found. On the CPU
-ladder a residual variance 8x the seed noise's, the size effect unmodelled, scaled the comparison's intervals too
-and left them 2.2-3.3x wide by the sizes chosen; the size effect moves the curve, not the arms' comparison
-(1.3-1.6x: experiments/cpu_ladder.md). docs/comparing_runs.md says why this weighting and not another.
+which the sizes' shared deviations move, on S - 3 degrees of freedom where a size effect is found. Unmodelled,
+the size effect would scale the comparison's intervals too, though it moves the curve, not the arms' comparison
+(what it did on the CPU ladder: experiments/cpu_ladder.md). docs/comparing_runs.md says why this weighting and
+not another.
 """
 import math
 from dataclasses import dataclass
@@ -177,9 +177,9 @@ def size_sd(variance, nu, log_c):
     (made unbiased for the log's chi-square bias) shrunk towards a line in log C by empirical Bayes. A log variance
     from nu degrees of freedom has the known sampling variance trigamma(nu / 2); the sizes' spread about the line
     beyond it (tau^2, by moments over S - 2 degrees of freedom) is how far the line misses, and each size keeps
-    tau^2 / (tau^2 + trigamma) of its own deviation. A line alone weighed the ends of a ladder whose sd falls
-    evenly by rung (not by log C) 22% too noisy and covered 0.971; each size on its own, from 6 degrees of
-    freedom, makes the weights noisy (BENCHMARKS.md, "Ladder estimator calibration")."""
+    tau^2 / (tau^2 + trigamma) of its own deviation. A line alone misweighs the ends of a ladder whose sd falls
+    evenly by rung (not by log C); each size on its own, from few degrees of freedom, makes the weights noisy
+    (both measured: BENCHMARKS.md, "Ladder estimator calibration")."""
     log_var = np.log(np.maximum(variance, 1e-24)) - (digamma(nu / 2) - np.log(nu / 2))
     xs = log_c - log_c.mean()
     slope = (log_var * xs).sum(axis=1, keepdims=True) / (xs ** 2).sum()
@@ -401,8 +401,8 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
                              "level_dof": np.where(size_var > 0, max(min(dof, s - 3), 1), dof)}
     # An arm's own seed effect that persists across sizes moves its whole curve: the residuals cannot see it, only
     # the seeds can, through K (seeds - 1) degrees of freedom; where the noise model finds one, the intervals that
-    # compare arms take their t quantile from those (with the fit's N - p, 30% of the seed variance in it covered
-    # 0.926 with 3 seeds; with these, 0.943: BENCHMARKS.md)
+    # compare arms take their t quantile from those (the coverage with the fit's N - p and with these: BENCHMARKS.md,
+    # "Ladder estimator calibration")
     def arm_dof(form_dof):
         return np.where(fractions[:, 2] > 0, min(form_dof, k * (n - 1)), form_dof)[:, None] if n > 1 else \
             np.full((b, 1), form_dof)

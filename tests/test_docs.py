@@ -40,7 +40,7 @@ def tracked(root, pattern):
     return sorted(p for p in root.glob(glob) if not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
-PACKAGES = ("activations", "analysis", "bench", "data", "eval", "export", "stats", "sweep", "training", "translation")
+PACKAGES = ("activations", "analysis", "bench", "data", "eval", "export", "model_parts", "stats", "sweep", "training", "translation")
 DOCS = tracked(ROOT, "*.md")
 SOURCES = [*sorted(ROOT.glob("*.py")), *(p for pkg in PACKAGES for p in sorted((ROOT / pkg).glob("*.py")))]
 CONFIGS = tracked(ROOT, "configs/*.toml")
