@@ -238,7 +238,7 @@ class Trainer:
             stop = GracefulStop()
             self.loop(state, stop)
             if not stop.requested:
-                self.end(state, start)
+                self.finish_run(state, start)
         except RuntimeError as e:
             message = distributed.failure_message(e, d, self.waiting)
             if message is None:
@@ -316,7 +316,7 @@ class Trainer:
                 print(runlog.changes_line(start, changes), flush=True)
         return history
 
-    def end(self, state, start):
+    def finish_run(self, state, start):
         """After the last step: the trainer's closing evaluations (their record, or their failure) and the
         closing line."""
         closing, failure = outcome(lambda: self.finish(state.step), state.ctx.dist)
@@ -324,7 +324,7 @@ class Trainer:
             self.record_failures(state, {"finish": failure})
         if closing is not None:
             state.log.record(state.step, kind="test", **closing)
-        self.close(state, start)
+        self.summarize(state, start)
 
     def context(self, d):
         """Seed, precision, autocast, GradScaler, TF32 and the compile decision: (Context, the platform, the
@@ -382,7 +382,7 @@ class Trainer:
         while True:
             last = state.step == state.parts.max_steps
             if every(state.step, self.cfg.eval.eval_interval) or last:
-                self.evaluation(state, last)
+                self.evaluate_and_record(state, last)
             if last:  # saved after the final evaluation, so the last checkpoint holds its val loss (and BLEU)
                 self.checkpoint(state)
                 return
@@ -401,8 +401,10 @@ class Trainer:
                           flush=True)
                 return
 
-    def evaluation(self, state, last):
-        result = self.evaluations(state, last)
+    def evaluate_and_record(self, state, last):
+        """evaluate_all at this step, recorded (val loss, log.txt scalars, metrics.jsonl, stdout); a failure
+        recorded too, and this step's weights saved to evaluate again."""
+        result = self.evaluate_all(state, last)
         state.evals.append(result.fields)  # a failed evaluation's: empty, so this step's checkpoint holds no val loss
         val = result.fields.get("val_loss")
         if val is not None and (state.best_val is None or val < state.best_val[0]):
@@ -419,7 +421,7 @@ class Trainer:
             if not last and state.saved_step != state.step:  # the last step saves next anyway
                 self.checkpoint(state)  # this step's weights, to evaluate again
 
-    def evaluations(self, state, last):
+    def evaluate_all(self, state, last):
         """The trainer's evaluate, then its in-loop evaluations that are due: one Evaluation. One that raises leaves
         the others recorded (Evaluation.attempt); where evaluate raises, nothing of the step is."""
         d = state.ctx.dist
@@ -507,7 +509,7 @@ class Trainer:
                                  cfg.run.keep_checkpoints)
         state.saved_step = state.step
 
-    def close(self, state, start_step):
+    def summarize(self, state, start_step):
         """The finished run's numbers for wandb's summary, and the closing stdout line: the best val loss is the
         whole run's (a resumed run's earlier evaluations are in its checkpoint's best_val)."""
         final = state.evals[-1].get("val_loss") if state.evals else None  # None: the final evaluation failed
