@@ -179,7 +179,7 @@ def size_sd(variance, nu, log_c):
     beyond it (tau^2, by moments over S - 2 degrees of freedom) is how far the line misses, and each size keeps
     tau^2 / (tau^2 + trigamma) of its own deviation. A line alone misweighs the ends of a ladder whose sd falls
     evenly by rung (not by log C); each size on its own, from few degrees of freedom, makes the weights noisy
-    (both measured: BENCHMARKS.md, "Ladder estimator calibration")."""
+    (both measured: experiments/ladder_calibration.md)."""
     log_var = np.log(np.maximum(variance, 1e-24)) - (digamma(nu / 2) - np.log(nu / 2))
     xs = log_c - log_c.mean()
     slope = (log_var * xs).sum(axis=1, keepdims=True) / (xs ** 2).sum()

@@ -224,6 +224,17 @@ def test_ci_runs_the_readme_test_command():
         [line for line in ci if "pip install" in line]
 
 
+def test_benchmarks_opens_with_one_current_table_of_a_screen():
+    """BENCHMARKS.md's opening: one table of at most a screen, each row a figure, its value, machine and date, and
+    the command that reproduces it (tests/test_doc_commands.py starts each)."""
+    opening = (ROOT / "BENCHMARKS.md").read_text().split("\n## ", 1)[0]
+    rows = [line for line in opening.splitlines() if line.startswith("|")][2:]
+    assert 5 <= len(rows) and len(opening.splitlines()) <= 30
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert len(cells) == 4 and re.fullmatch(r"`python [^`]+`|the same command", cells[3]), row
+
+
 def test_benchmarks_sections_exist():
     """(BENCHMARKS.md, "Translation: a small-data recipe") names the start of one of its headings."""
     headings = re.findall(r"^#+ (.*)", (ROOT / "BENCHMARKS.md").read_text(), re.M)
