@@ -371,17 +371,6 @@ class GPT(nn.Module):
 
 # Peak dense bf16 tensor throughput (FLOP/s, no sparsity) by device-name substring; first match wins.
 # Unknown devices get no MFU rather than a wrong one.
-PEAK_FLOPS = [
-    ("H200", 989e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),
-    ("GH200", 989e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
-    ("A10G", 70e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-    ("RTX 4090", 165e12),
-    ("RTX 3090", 71e12),
-    ("V100", 125e12),
-]
+PEAK_FLOPS = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("GH200", 989e12), ("B200", 2250e12),
+              ("A100", 312e12), ("A10G", 70e12), ("L40S", 362e12), ("L4", 121e12), ("RTX 4090", 165e12),
+              ("RTX 3090", 71e12), ("V100", 125e12)]

@@ -50,16 +50,13 @@ class Parametrization:
     @classmethod
     def of(cls, config):
         m_width, m_depth = size_multipliers(config)
-        std = config.init_std
-        if config.param == "sp":
-            return cls("sp", m_width, m_depth, hidden_std=std, residual_std=std * (2 * config.n_layer) ** -0.5,
-                       attention_scale=None, branch_scale=1.0, logit_divisor=1.0, hidden_lr_scale=1.0,
-                       hidden_decay_factor=1.0, eps_divisor=1.0)
+        sp, hidden_std = config.param == "sp", config.init_std / math.sqrt(m_width)
         # muP's q.k / d_head keeps the logits' scale as d_head grows, q and k being correlated once trained
-        hidden_std = std / math.sqrt(m_width)
-        return cls(config.param, m_width, m_depth, hidden_std=hidden_std, residual_std=hidden_std,
-                   attention_scale=config.n_head / config.n_embd, branch_scale=1 / m_depth, logit_divisor=m_width,
-                   hidden_lr_scale=1 / m_width, hidden_decay_factor=m_width, eps_divisor=m_width * m_depth)
+        return cls(config.param, m_width, m_depth, hidden_std=hidden_std,
+                   residual_std=hidden_std * (2 * config.n_layer) ** -0.5 if sp else hidden_std,
+                   attention_scale=None if sp else config.n_head / config.n_embd, branch_scale=1 / m_depth,
+                   logit_divisor=m_width, hidden_lr_scale=1 / m_width, hidden_decay_factor=m_width,
+                   eps_divisor=m_width * m_depth)
 
     def optimizer_groups(self, model, weight_decay, eps):
         """AdamW's parameter groups, each with its weight decay, eps and lr_scale (the multiple of the

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from errors import ConfigError
-from export.sp_equivalent import sp_equivalent
+from export.to_transformers import sp_equivalent
 from model import GPT, GPTConfig, rotate
 from model_parts.transformers_layout import nanoact_to_hf
 from training.checkpoint import load_checkpoint

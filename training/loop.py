@@ -1,6 +1,6 @@
 """The training loop both trainers share (train_gpt2.py, train_translation.py), and the contract between them.
 
-A trainer subclasses Trainer and writes only what is its own:
+A trainer subclasses Trainer and writes only what is its own (docs/training.md, "Another trainer"):
 
     build(ctx, ckpt) -> Parts        model, optimizer, data, steps; ctx (a Context) is what fit decided first
     learning_rate(step) -> float
@@ -10,27 +10,19 @@ A trainer subclasses Trainer and writes only what is its own:
               finish(step) -> closing record or None
     in_loop = (InLoopEvaluation classes, ...)   evaluations beside evaluate's, one file each (training/in_loop.py)
 
-The base class keeps no attribute a trainer reads: a hook gets what it needs as arguments, or from what the
-trainer itself kept in build (its Context, its loaders). tests/test_loop.py trains a trainer of 40 lines.
+A hook gets what it needs as arguments, or from what the trainer kept in build: the base class keeps no attribute
+a trainer reads. fit() runs: context (process group, seed, precision, compile decision), the checkpoint to resume,
+build, resume, the in-loop evaluations, the preflight (training/preflight.py), the activation kernels' decision
+(activations/policy.py), the run log, compile and DDP, the loop, finish_run. Each step: the evaluations due (every
+eval_interval steps and at the end), the train step (forward_backward, activations.step_statistics, clipping, the
+optimizer), log, after_step, checkpoint, stop. The last checkpoint follows the final evaluation, so the file the
+closing line names holds the numbers it prints. An evaluation that raises is logged with its traceback, that
+step's checkpoint written, and the run goes on (`outcome`, `Evaluation.attempt`).
 
-fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
-build; resume; the in-loop evaluations built; the preflight (training/preflight.py: the trainer's and the in-loop
-evaluations' inputs, out_dir writable, disk for the checkpoints); the activation kernels' decision
-(activations/policy.py); the run log (run.json records the in-loop metrics); compile and DDP; the loop; the
-trainer's closing work and the summary line. The loop runs, per step: evaluate and the in-loop evaluations due
-(every eval_interval steps and at the end), train step (the trainer's forward_backward, then
-activations.step_statistics: NSwish/NReLU's running statistics from the whole step's batch, one all-reduce; then
-clipping and the optimizer), log, the trainer's after_step, checkpoint (every checkpoint_interval steps and on a
-signal), stop; at the end the checkpoint follows the final evaluation, so the file the closing line names holds
-the numbers it prints. An evaluation that raises (the trainer's closing one included) is logged with its
-traceback, that step's checkpoint is written, and the run goes on (`outcome`, `Evaluation.attempt`). The stdout
-lines' format is training/runlog.py's.
-
-SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
-a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
-handlers and the process group are released on every exit. A collective that waits past --dist-timeout, or
-whose peer died, ends the rank with one line naming the step and what it waited for (`Trainer.waiting`); under
-torchrun --max-restarts the next attempt resumes the newest checkpoint that verifies.
+SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number, so a scheduler sees a
+preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. A collective that waits past
+--dist-timeout, or whose peer died, ends the rank with one line naming the step and what it waited for
+(`Trainer.waiting`); under torchrun --max-restarts the next attempt resumes the newest checkpoint that verifies.
 """
 import contextlib
 import gc
