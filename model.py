@@ -1,4 +1,4 @@
-"""GPT-2 in one file: pre-LN Transformer decoder with a swappable MLP activation.
+"""GPT-2, read top to bottom: a pre-LN Transformer decoder with a swappable MLP activation.
 
 Architecture and init follow OpenAI's GPT-2 (and karpathy/build-nanogpt) by default: learned positions,
 tied input/output embeddings, init std 0.02 with residual projections scaled by (2*n_layer)^-0.5.
@@ -47,7 +47,6 @@ class GPTConfig:
     base_depth: int = 0  # completep: the n_layer they were tuned at (m_depth = n_layer / base_depth)
     pos_emb: str = "learned"  # GPT-2's learned wpe, or rope (rotary, POSITIONS): no wpe, q and k rotated by position
     init_std: float = 0.02  # GPT-2's 0.02, every matrix and embedding; mup, completep: the base's
-
 
 
 # SDPA kernels by name for `attention_backend`; "auto" leaves the choice to PyTorch.
