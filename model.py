@@ -349,13 +349,9 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_dir, act="gelu", act_kwargs=None, seed=0):
-        """Load GPT-2 weights in transformers' GPT2LMHeadModel layout (a local directory or a hub name such as
-        gpt2, gpt2-medium or openai-community/gpt2).
-
-        The vocabulary stays 50257 so logits match transformers' exactly. A non-GELU `act` keeps the
-        pretrained weights and adds the activation's own parameters at their init values (drawn from `seed`
-        where the activation's init is random, as AGLU's).
-        """
+        """GPT-2 weights in transformers' GPT2LMHeadModel layout (a local directory or a hub name such as gpt2 or
+        openai-community/gpt2), vocabulary 50257 so that logits match transformers'. A non-GELU `act` keeps the
+        weights and starts the activation's own parameters at their init (drawn from `seed` where it is random)."""
         if mlp_activation(act)[1]:
             raise ConfigError(f"act {act!r} is a gated MLP: GPT-2's weights are a plain two-matrix MLP, so no weights "
                               "map onto its three matrices; pick a plain activation or train from scratch")

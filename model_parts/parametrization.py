@@ -16,23 +16,6 @@ from errors import ConfigError
 PARAMETRIZATIONS = ("sp", "mup", "completep")
 
 
-def size_multipliers(config):
-    """(m_width, m_depth) of config's parametrization: (1, 1) under sp, m_depth 1 under mup."""
-    if config.param not in PARAMETRIZATIONS:
-        raise ConfigError(f"unknown param {config.param!r}; choose one of {', '.join(PARAMETRIZATIONS)}")
-    if config.param == "sp":
-        return 1.0, 1.0
-    if config.base_width <= 0:
-        raise ConfigError(f"param {config.param} needs base_width > 0: the n_embd its lr was tuned at "
-                          "(--base-width; the tuned model's own n_embd for that model itself)")
-    if config.param == "mup":
-        return config.n_embd / config.base_width, 1.0
-    if config.base_depth <= 0:
-        raise ConfigError("param completep needs base_depth > 0: the n_layer its lr was tuned at (--base-depth; "
-                          "the tuned model's own n_layer for that model itself)")
-    return config.n_embd / config.base_width, config.n_layer / config.base_depth
-
-
 @dataclass(frozen=True)
 class Parametrization:
     name: str
@@ -49,7 +32,17 @@ class Parametrization:
 
     @classmethod
     def of(cls, config):
-        m_width, m_depth = size_multipliers(config)
+        """config's multipliers; a one-line ConfigError for an unknown param or a base it lacks."""
+        if config.param not in PARAMETRIZATIONS:
+            raise ConfigError(f"unknown param {config.param!r}; choose one of {', '.join(PARAMETRIZATIONS)}")
+        if config.param != "sp" and config.base_width <= 0:
+            raise ConfigError(f"param {config.param} needs base_width > 0: the n_embd its lr was tuned at "
+                              "(--base-width; the tuned model's own n_embd for that model itself)")
+        if config.param == "completep" and config.base_depth <= 0:
+            raise ConfigError("param completep needs base_depth > 0: the n_layer its lr was tuned at (--base-depth; "
+                              "the tuned model's own n_layer for that model itself)")
+        m_width = 1.0 if config.param == "sp" else config.n_embd / config.base_width
+        m_depth = config.n_layer / config.base_depth if config.param == "completep" else 1.0
         sp, hidden_std = config.param == "sp", config.init_std / math.sqrt(m_width)
         # muP's q.k / d_head keeps the logits' scale as d_head grows, q and k being correlated once trained
         return cls(config.param, m_width, m_depth, hidden_std=hidden_std,

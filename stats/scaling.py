@@ -15,22 +15,12 @@ three forms of L = E + A C^-alpha:
              largest rung unless stated), comes from this fit where the ladder has the sizes for it.
     per_arm  E, A and alpha per arm (Hoffmann et al.'s floor per arm), from MIN_SIZES["per_arm"] sizes.
 
-Noise (noise_model): a run's deviation has a per-size sd (the seed variance pooled over the arms, its log shrunk
-towards a line in log C as far as the sizes' spread about the line says it misses) and is correlated between the
-cells of a seed, because at a seed every arm starts from the same shared weights and reads the same data order: a
-part common to the seed's arms and sizes, a part shared by its arms at one size, a part one arm's own at every size,
-each estimated from the seeds' pooled correlations. Besides the seeds, each size sits off the smooth law by its
-own amount, the same for every arm there (its shape: depth, width, heads and steps change from rung to rung), which
-no number of seeds shrinks: a random effect of the sizes, its variance by moments from the residuals
-(fit, size_effect_variance). The means are fitted by generalised least squares under that covariance (the seeds'
-random effect modelled rather than paired away: a pairing by seed would drop the shared parts but not an arm's own
-persistent one, and would cost the per-size weighting). Intervals: t intervals, the parameters' covariance
-(J' Sigma^-1 J)^-1 scaled by the whitened residual variance over N - p degrees of freedom (Hartung and Knapp), so a
-curve that still misses its points widens every interval; the delta method for log m and the slope; E and alpha,
-which the sizes' shared deviations move, on S - 3 degrees of freedom where a size effect is found. Unmodelled,
-the size effect would scale the comparison's intervals too, though it moves the curve, not the arms' comparison
-(what it did on the CPU ladder: experiments/cpu_ladder.md). docs/comparing_runs.md says why this weighting and
-not another.
+Noise (noise_model): a run's deviation has a per-size sd and is correlated between the cells of a seed (every
+arm starts from the same shared weights and reads the same data order); each size also sits off the smooth law by
+its own amount, a random effect of the sizes (fit, size_effect_variance). The means are fitted by generalised least
+squares under that covariance, with t intervals scaled by the whitened residual variance (Hartung and Knapp) and
+the delta method for log m and the slope. What each part is, and why: docs/comparing_runs.md ("Weighting, decided
+once").
 """
 import math
 from dataclasses import dataclass

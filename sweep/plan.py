@@ -351,10 +351,10 @@ def check_runs(trainer, config, variants, corpora, sizes, overrides):
                 except ConfigError as e:
                     raise ConfigError(f"{where}: {e}") from None
                 if trainer == "gpt2":  # a parametrization it knows, with the base it scales from
-                    from model_parts.parametrization import size_multipliers
+                    from model_parts.parametrization import Parametrization
 
                     try:
-                        size_multipliers(model.model)
+                        Parametrization.of(model.model)
                     except ConfigError as e:
                         raise ConfigError(f"{where}: {e}") from None
                 width = getattr(model.model, WIDTH[trainer])
