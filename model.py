@@ -130,9 +130,9 @@ class CausalSelfAttention(nn.Module):
         self.rope = config.pos_emb == "rope"
 
     def rotate_qk(self, qkv, start):
-        """c_attn's (B, T, 3C) output with q and k rotated (rotate) and v copied beside them: one tensor, split as
-        the learned-positions path splits it (faster than rotating q and k apart after the heads' transpose:
-        BENCHMARKS.md, "Rotary positions")."""
+        """c_attn's (B, T, 3C) output with q and k rotated (rotate) and v copied beside them: one tensor,
+        split as the learned-positions path splits it (faster than rotating q and k apart after the heads'
+        transpose: BENCHMARKS.md, "Rotary positions")."""
         B, T, C3 = qkv.shape
         heads = qkv.view(B, T, 3, self.n_head, C3 // (3 * self.n_head))
         return torch.cat((rotate(heads[:, :, :2], start), heads[:, :, 2:]), dim=2).view(B, T, C3)
@@ -349,9 +349,9 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_dir, act="gelu", act_kwargs=None, seed=0):
-        """GPT-2 weights in transformers' GPT2LMHeadModel layout (a local directory or a hub name such as gpt2 or
-        openai-community/gpt2), vocabulary 50257 so that logits match transformers'. A non-GELU `act` keeps the
-        weights and starts the activation's own parameters at their init (drawn from `seed` where it is random)."""
+        """GPT-2 weights in transformers' GPT2LMHeadModel layout (a local directory or a hub name such as
+        gpt2 or openai-community/gpt2), vocabulary 50257 so that logits match transformers'. A non-GELU `act`
+        keeps the weights and starts its own parameters at their init (drawn from `seed` where it is random)."""
         if mlp_activation(act)[1]:
             raise ConfigError(f"act {act!r} is a gated MLP: GPT-2's weights are a plain two-matrix MLP, so no weights "
                               "map onto its three matrices; pick a plain activation or train from scratch")

@@ -1,7 +1,7 @@
-"""Comments and docstrings say why, never a measured figure (README, house style): a figure goes stale the day its
-benchmark is rerun, so it lives in BENCHMARKS.md or experiments/ with its command, and a comment names the section.
-The check reads every comment and docstring outside tests/ for unit-bearing numbers: times, memory, throughput,
-decimal speed ratios and coverages. A limit the code enforces reads as one ("at most 60 s", "within 60 s")."""
+"""Comments and docstrings say why, never a measured figure (README, house style): a figure goes stale the day
+its benchmark is rerun, so it lives in BENCHMARKS.md or experiments/ with its command, and a comment names the
+section. The check reads every comment and docstring outside tests/ for unit-bearing numbers: times, memory,
+throughput, decimal speed ratios and coverages. A limit the code enforces reads as one ("at most 60 s")."""
 import ast
 import re
 from pathlib import Path
