@@ -26,7 +26,8 @@ from data.loader import ShardLoader, shards_tokenizer
 from data.tokenizer import TOKENIZERS, VOCAB_SIZE, TokenizerError
 from eval import internals, sparsity
 from eval.hellaswag_in_loop import HellaSwag
-from model import GPT, GPTConfig, mlp_width, mlp_width_args, pretrained_gpt2
+from model import GPT, GPTConfig, mlp_width, mlp_width_args
+from model_parts.transformers_layout import pretrained_gpt2
 from training import distributed, fsdp, memory
 from training.fsdp import DISTS
 from training.checkpoint import load_checkpoint
@@ -335,8 +336,9 @@ def parametrization_note(model):
     c = model.config
     if c.param == "sp":
         return ""
-    depth = f", m_depth {model.m_depth:g} (base n_layer {c.base_depth})" if c.param == "completep" else ""
-    return f"param {c.param}: m_width {model.m_width:g} (base n_embd {c.base_width}){depth} | "
+    p = model.parametrization
+    depth = f", m_depth {p.m_depth:g} (base n_layer {c.base_depth})" if c.param == "completep" else ""
+    return f"param {c.param}: m_width {p.m_width:g} (base n_embd {c.base_width}){depth} | "
 
 
 def check_vocab(tokenizer, vocab_size, data_dir, master):

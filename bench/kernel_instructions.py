@@ -9,10 +9,10 @@ target with no GPU present (Triton's bundled ptxas and cuobjdump), with register
 The kernels are straight-line code (no loops): each thread handles BLOCK / (32 num_warps) elements, unrolled, so
 the static SASS count divided by that is the instructions issued per element, the program's fixed work (loads
 of the parameters, the block reductions) spread over its elements. Precise division and libdevice's slow paths
-count in full (they are in the code even when rarely taken). An H200 has 132 SMs x 128 lanes at ~1.98 GHz: at
-65536x3072 each instruction per element costs ~6 us, while bf16 moves 4 bytes per element forward (~0.17 ms at
-4.8 TB/s) and 6 backward, so above ~28 instructions forward and ~42 backward a kernel waits on issue, not on
-memory (an H100, 3.35 TB/s: ~40 and ~60). MUFU instructions (ex2, rcp, lg2) go through a pipe an eighth as wide
+count in full (they are in the code even when rarely taken). A kernel waits on issue, not on memory, once its
+instructions per element exceed (SMs x lanes x clock) x (bytes per element) / (memory bandwidth): bf16 moves 4
+bytes per element forward and 6 backward (the thresholds for an H200 and an H100:
+BENCHMARKS.md, "The learned activations' kernels"). MUFU instructions (ex2, rcp, lg2) go through a pipe an eighth as wide
 (16 lanes per SM), counted apart: 3 per element cost about as much as 24 others.
 """
 import argparse
@@ -89,7 +89,7 @@ def compile_one(fn, scalars, constexprs, options, dtype, arch):
 
 def sass_counts(cubin, name):
     """(SASS instructions, MUFU instructions) in the cubin's code of kernel `name`, read from its ELF .text section
-    without a disassembler (cuobjdump -sass costs ~0.4 CPU-s a cubin): since Volta every instruction is 16 bytes,
+    without a disassembler (cheaper than a cuobjdump -sass process per cubin): since Volta every instruction is 16 bytes,
     its opcode the low 12 bits. The NOPs padding the end are left out."""
     shoff, = struct.unpack_from("<Q", cubin, 0x28)
     entsize, count, names = struct.unpack_from("<HHH", cubin, 0x3A)

@@ -41,7 +41,7 @@ from data import DataError
 from data.tokenizer import EOT, gpt2_tokenizer
 from errors import NanoactError
 from eval.continuous import continuous_scores
-from eval.hellaswag import describe, interval, length_step, pack_batches, score_plan, summarize
+from eval.hellaswag import describe, interval, length_step, pack_batches, score_row_batches, summarize
 from eval.scoring import block_size_of, byte_count
 from model import GPT
 from training import distributed
@@ -250,8 +250,8 @@ def task_rows(task, enc, block_size):
 
 
 @dataclass
-class TaskPlan:
-    """A task's rows packed for score_plan (eval/hellaswag.py's machinery): n_rows and this rank's batches."""
+class TaskRows:
+    """A task's rows packed for score_row_batches (eval/hellaswag.py's machinery): n_rows and this rank's batches."""
     n_rows: int
     batches: list
 
@@ -261,10 +261,10 @@ def score_task(model, task, enc, device, autocast=None, dist_info=None, batch_ro
     d = dist_info or distributed.Dist()
     per_item = task_rows(task, enc, block_size_of(model))
     rows = [row for item in per_item for row in item if row[1]]
-    plan = TaskPlan(len(rows), pack_batches(rows, block_size_of(model), batch_rows, d.rank, d.world_size,
-                                            length_step(model)))
-    ll, greedy = score_plan(model, plan, device, autocast, progress=False, dist_info=d, greedy=True,
-                            desc=task.label)
+    packing = TaskRows(len(rows), pack_batches(rows, block_size_of(model), batch_rows, d.rank, d.world_size,
+                                               length_step(model)))
+    ll, greedy = score_row_batches(model, packing, device, autocast, progress=False, dist_info=d, greedy=True,
+                                   desc=task.label)
     ll, greedy = iter(ll.tolist()), iter(greedy.tolist())
     width = max(len(item) for item in per_item)
     scores, n_bytes = np.full((len(per_item), width), -np.inf), np.ones((len(per_item), width))

@@ -231,7 +231,7 @@ def tokenize(items, scorings, data_path=None, limit=None, cache=False):
 
 
 @dataclass
-class Plan:
+class RowBatches:
     """Every distinct (context, continuation) row of the scorings asked for, packed once into this rank's
     batches. Rows shared by scorings or items are scored once; index[scoring] maps (item, ending) to rows."""
     n_rows: int
@@ -260,8 +260,8 @@ def pack_batches(rows, block_size, batch_rows, rank=0, world_size=1, length_step
     return batches
 
 
-def make_plan(requests, gold, block_size, batch_rows, rank=0, world_size=1, length_step=64):
-    """The Plan of the scorings' requests: distinct rows, packed by pack_batches."""
+def make_row_batches(requests, gold, block_size, batch_rows, rank=0, world_size=1, length_step=64):
+    """The RowBatches of the scorings' requests: distinct rows, packed by pack_batches."""
     ids, index, divisors = {}, {}, {}
     for name, reqs in requests.items():
         index[name] = torch.tensor([[ids.setdefault((tuple(ctx), tuple(c)), len(ids)) for c in conts]
@@ -272,35 +272,36 @@ def make_plan(requests, gold, block_size, batch_rows, rank=0, world_size=1, leng
     row_tokens = torch.tensor([len(c) for _, c in rows], dtype=torch.float64)
     row_bytes = torch.tensor([byte_count(c) for _, c in rows], dtype=torch.float64)
     batches = pack_batches(rows, block_size, batch_rows, rank, world_size, length_step)
-    return Plan(len(rows), index, divisors, gold, batches, {name: row_tokens[i] for name, i in index.items()},
+    return RowBatches(len(rows), index, divisors, gold, batches, {name: row_tokens[i] for name, i in index.items()},
                 {name: row_bytes[i] for name, i in index.items()})
 
 
-_PLANS = {}  # the newest plan, kept for the next in-loop call: tokenized and packed once per run
+_ROW_BATCHES = {}  # the newest packing, kept for the next in-loop call: tokenized and packed once per run
 
 
 def prepare(data_path, limit, scorings, block_size, batch_rows, rank=0, world_size=1, length_step=64, cache=True):
-    """The Plan for a data file, from memory when the file is unchanged since the last call."""
+    """The RowBatches for a data file, from memory when the file is unchanged since the last call."""
     stat = require_file(data_path).stat()
     key = (str(Path(data_path).resolve()), stat.st_mtime_ns, stat.st_size, limit, tuple(scorings), block_size,
            batch_rows, rank, world_size, length_step)
-    if key not in _PLANS:
+    if key not in _ROW_BATCHES:
         items = load_items(data_path, limit)
         requests = tokenize(items, scorings, data_path, limit, cache)
         gold = torch.tensor([item["label"] for item in items], dtype=torch.long)
-        _PLANS.clear()
-        _PLANS[key] = make_plan(requests, gold, block_size, batch_rows, rank, world_size, length_step)
-    return _PLANS[key]
+        _ROW_BATCHES.clear()
+        _ROW_BATCHES[key] = make_row_batches(requests, gold, block_size, batch_rows, rank, world_size, length_step)
+    return _ROW_BATCHES[key]
 
 
-def score_plan(model, plan, device, autocast=None, progress=True, dist_info=None, greedy=False, desc="hellaswag"):
+def score_row_batches(model, packing, device, autocast=None, progress=True, dist_info=None, greedy=False,
+                      desc="hellaswag"):
     """Summed log-likelihood of every row (float64, on the CPU), the same on every rank; with `greedy` also
     whether each row's continuation is the model's greedy one (1.0/0.0)."""
-    ll = torch.zeros(plan.n_rows, dtype=torch.float64, device=device)
-    hits = torch.zeros(plan.n_rows, dtype=torch.float64, device=device)
+    ll = torch.zeros(packing.n_rows, dtype=torch.float64, device=device)
+    hits = torch.zeros(packing.n_rows, dtype=torch.float64, device=device)
 
     def score_rows():
-        for share, idx, tgt in tqdm(plan.batches, desc=desc, unit="batch", disable=not progress, leave=False):
+        for share, idx, tgt in tqdm(packing.batches, desc=desc, unit="batch", disable=not progress, leave=False):
             sums, _, all_greedy = score_batch(model, idx.to(device), tgt.to(device), autocast, greedy=greedy)
             ll.index_copy_(0, share.to(device), sums[:len(share)])
             if greedy:
@@ -335,7 +336,7 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
                    progress=True, batch_items=32, cache=False, items_file=None, about=None):
     """HellaSwag accuracies: {"completion": {acc, acc_norm, n, acc_ci95, acc_norm_ci95, ...}, "lm_eval": {...}}.
 
-    Both scorings come from one pass over their distinct rows (`Plan`). The data is tokenized and packed
+    Both scorings come from one pass over their distinct rows (`RowBatches`). The data is tokenized and packed
     once per process and kept for the next call (`prepare`); with `cache` the tokens are also kept on disk
     under $NANOACT_CACHE. Under torchrun pass dist_info (training.distributed.Dist): each rank scores a
     share of the rows and the log-likelihoods are all-reduced, so every rank returns the same numbers. The
@@ -347,36 +348,36 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
         raise ConfigError(f"unknown scoring {scoring!r}; choose completion, lm_eval or both")
     scorings = SCORINGS if scoring == "both" else (scoring,)
     d = dist_info or distributed.Dist()
-    # a file that went bad under one rank: every rank fails here, none waits for it in score_plan's collectives
-    plan = distributed.before_collective(lambda: prepare(data_path or download(), limit, scorings, block_size_of(model),
+    # a file that went bad under one rank: every rank fails here, none waits for it in score_row_batches's collectives
+    packing = distributed.before_collective(lambda: prepare(data_path or download(), limit, scorings, block_size_of(model),
                                                          4 * batch_items, d.rank, d.world_size, length_step(model),
                                                          cache), d)
     was_training = model.training
     model.eval()
     try:
         t0 = time.time()
-        ll = score_plan(model, plan, device, autocast, progress and d.master, d)
+        ll = score_row_batches(model, packing, device, autocast, progress and d.master, d)
         seconds = time.time() - t0
     finally:
         model.train(was_training)
     results = {}
     for name in scorings:
-        scores = ll[plan.index[name]]
+        scores = ll[packing.index[name]]
         # argmax returns the first maximum on ties, as numpy's argmax in lm-eval does
-        k_acc = (scores.argmax(1) == plan.gold).sum().item()
-        k_norm = ((scores / plan.divisors[name]).argmax(1) == plan.gold).sum().item()
-        n = len(plan.gold)
+        k_acc = (scores.argmax(1) == packing.gold).sum().item()
+        k_norm = ((scores / packing.divisors[name]).argmax(1) == packing.gold).sum().item()
+        n = len(packing.gold)
         results[name] = {"acc": k_acc / n, "acc_norm": k_norm / n, "n": n, "acc_ci95": wilson(k_acc, n),
                          "acc_norm_ci95": wilson(k_norm, n), "correct": k_acc, "correct_norm": k_norm,
                          "interval": "wilson", "seconds": seconds, "scored_with": "+".join(scorings),
-                         "rows": plan.n_rows, "forwards": len(plan.batches)}
-        continuous = continuous_scores(scores.numpy(), plan.n_bytes[name].numpy(), plan.gold.numpy())
+                         "rows": packing.n_rows, "forwards": len(packing.batches)}
+        continuous = continuous_scores(scores.numpy(), packing.n_bytes[name].numpy(), packing.gold.numpy())
         for key, values in continuous.items():
             stat = summarize(values)
             results[name].update({key: stat["mean"], f"{key}_ci95": stat["ci95"]})
     if items_file is not None and d.master:
         setup = scoring_setup(model, device, autocast, 4 * batch_items, d.world_size)
-        write_items(items_file, plan, ll, scorings, data_path or download(), limit, {**(about or {}), "setup": setup})
+        write_items(items_file, packing, ll, scorings, data_path or download(), limit, {**(about or {}), "setup": setup})
     return results
 
 
@@ -390,21 +391,21 @@ def scoring_setup(model, device, autocast, batch_rows, world_size):
             "padding": "rows sorted by length, right-padded with EOT to the batch length"}
 
 
-def write_items(path, plan, ll, scorings, data_path, limit, about=None):
+def write_items(path, packing, ll, scorings, data_path, limit, about=None):
     """Every item's label, per-ending log-likelihoods, acc_norm divisors and predictions (eval/hellaswag_items.py)."""
     per_scoring = {}
     for name in scorings:
-        scores = ll[plan.index[name]]
+        scores = ll[packing.index[name]]
         continuous = {key: v.tolist() for key, v in
-                      continuous_scores(scores.numpy(), plan.n_bytes[name].numpy(), plan.gold.numpy()).items()}
-        per_scoring[name] = (scores.tolist(), plan.divisors[name].tolist(), plan.n_tokens[name].tolist(),
-                             plan.n_bytes[name].tolist(), continuous)
+                      continuous_scores(scores.numpy(), packing.n_bytes[name].numpy(), packing.gold.numpy()).items()}
+        per_scoring[name] = (scores.tolist(), packing.divisors[name].tolist(), packing.n_tokens[name].tolist(),
+                             packing.n_bytes[name].tolist(), continuous)
     records = ({"i": i, "label": label,
                 **{name: hellaswag_items.scoring_record(scores[i], divisors[i], tokens[i], n_bytes[i],
                                                         {key: v[i] for key, v in continuous.items()})
                    for name, (scores, divisors, tokens, n_bytes, continuous) in per_scoring.items()}}
-               for i, label in enumerate(plan.gold.tolist()))
-    header = {"n": len(plan.gold), "scorings": list(scorings), **(about or {}), "data": str(data_path),
+               for i, label in enumerate(packing.gold.tolist()))
+    header = {"n": len(packing.gold), "scorings": list(scorings), **(about or {}), "data": str(data_path),
               "data_sha256": hashlib.sha256(Path(data_path).read_bytes()).hexdigest(), "limit": limit}
     return hellaswag_items.write(path, header, records)
 

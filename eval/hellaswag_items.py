@@ -9,7 +9,8 @@ beside its result JSON, `hellaswag_<step>[_limit<N>]_items.jsonl.gz` (`items_fil
 under different settings (the run's precision, compile and kernel path against the CLI's), so their
 log-likelihoods differ in the last bits and a near tie can flip (docs/evaluation.md).
 
-The file is gzip'd JSON lines (about 1.1 MB for 10,042 items and both scorings). Line 1 is a header:
+The file is gzip'd JSON lines (10,042 items and both scorings; its size:
+BENCHMARKS.md, "HellaSwag item by item"). Line 1 is a header:
     {"format": "nanoact-hellaswag-items", "version": 1, "n": 10042, "scorings": ["completion", "lm_eval"],
      "scored_by": "train_gpt2.py final evaluation" | "eval/hellaswag.py", "run" or "checkpoint": ..., "step": ...,
      "act": ..., "setup": {"compile", "dtype", "kernels", "batch_rows", "length_step", "world_size", "padding"},
@@ -73,7 +74,7 @@ def scoring_record(ll, div, tokens=None, n_bytes=None, continuous=None):
 
 def write(path, header, records):
     """The header line and one line per item, gzip'd, atomically (a reader never sees half a file). Level 1:
-    ~5x faster than gzip's default 9 for ~10% more bytes, and other ranks wait while rank 0 writes."""
+    much faster than gzip's default 9 for a few more bytes (BENCHMARKS.md, "HellaSwag item by item"), and other ranks wait while rank 0 writes."""
     path = Path(path)
     with atomic_file(path) as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as f:
         f.write((json.dumps({"format": FORMAT, "version": VERSION, **header}) + "\n").encode())

@@ -11,7 +11,7 @@ Beside those, a plan file may name a ladder:
     lr_seeds = [11, 12]        # optional: the grid on these seeds, disjoint from `seeds`; then every size, lr_size
                                # too, runs each arm at its picked lr on `seeds`: the lr is chosen on other runs than
                                # the ones compared, so the choice's luck (a winner's curse) cannot favour an arm
-    param = "completep"        # optional: every run's parametrization (model.py PARAMETRIZATIONS), with
+    param = "completep"        # optional: every run's parametrization (model_parts/parametrization.py), with
     base_width = 64            # base_width and base_depth (else the config's): the lr then transfers across sizes,
     base_depth = 2             # so the grid runs at the smallest size (lr_size defaults to it; another is refused)
     [sizes.s1]                 # a model size (GPT-2 trainer): n_layer, n_embd, n_head and its budget, max_steps
@@ -355,10 +355,10 @@ def check_runs(trainer, config, variants, corpora, sizes, overrides):
                 except ConfigError as e:
                     raise ConfigError(f"{where}: {plan_source(e, trainer, [config, *options, *shape])}") from None
                 if trainer == "gpt2":  # a parametrization it knows, with the base it scales from
-                    from model import size_multipliers
+                    from model_parts.parametrization import Parametrization
 
                     try:
-                        size_multipliers(model.model)
+                        Parametrization.of(model.model)
                     except ConfigError as e:
                         raise ConfigError(f"{where}: {e}") from None
                 width = getattr(model.model, WIDTH[trainer])

@@ -1,6 +1,6 @@
 """The training loop both trainers share (train_gpt2.py, train_translation.py), and the contract between them.
 
-A trainer subclasses Trainer and writes only what is its own:
+A trainer subclasses Trainer and writes only what is its own (docs/training.md, "Another trainer"):
 
     build(ctx, ckpt) -> Parts        model, optimizer, data, steps; ctx (a Context) is what fit decided first
     learning_rate(step) -> float
@@ -10,27 +10,19 @@ A trainer subclasses Trainer and writes only what is its own:
               finish(step) -> closing record or None
     in_loop = (InLoopEvaluation classes, ...)   evaluations beside evaluate's, one file each (training/in_loop.py)
 
-The base class keeps no attribute a trainer reads: a hook gets what it needs as arguments, or from what the
-trainer itself kept in build (its Context, its loaders). tests/test_loop.py trains a trainer of 40 lines.
+A hook gets what it needs as arguments, or from what the trainer kept in build: the base class keeps no attribute
+a trainer reads. fit() runs: context (process group, seed, precision, compile decision), the checkpoint to resume,
+build, resume, the in-loop evaluations, the preflight (training/preflight.py), the activation kernels' decision
+(activations/policy.py), the run log, compile and DDP (or the trainer's FSDP sharding: training/fsdp.py), the
+loop, finish_run. Each step: the evaluations due (every eval_interval steps and at the end), the train step
+(forward_backward, activations.step_statistics, clipping, the optimizer), log, after_step, checkpoint, stop. The last checkpoint follows the final evaluation, so the file the
+closing line names holds the numbers it prints. An evaluation that raises is logged with its traceback, that
+step's checkpoint written, and the run goes on (`outcome`, `Evaluation.attempt`).
 
-fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume; build;
-resume; the in-loop evaluations built; the preflight (training/preflight.py: the trainer's and the in-loop
-evaluations' inputs, out_dir writable, disk for the checkpoints); the activation kernels' decision
-(activations/policy.py); the run log (run.json records the in-loop metrics); compile and DDP (or the trainer's
-FSDP sharding from build: training/fsdp.py); the loop; the trainer's closing work and the summary line. The loop
-runs, per step: evaluate and the in-loop evaluations due (every eval_interval steps and at the end), train step
-(the trainer's forward_backward, then activations.step_statistics: NSwish/NReLU's running statistics from the
-whole step's batch, one all-reduce; then clipping and the optimizer), log, the trainer's after_step, checkpoint
-(every checkpoint_interval steps and on a signal), stop; at the end the checkpoint follows the final evaluation,
-so the file the closing line names holds the numbers it prints. An evaluation that raises (the trainer's closing
-one included) is logged with its traceback, that step's checkpoint is written, and the run goes on (`outcome`,
-`Evaluation.attempt`). The stdout lines' format is training/runlog.py's.
-
-SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
-a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
-handlers and the process group are released on every exit. A collective that waits past --dist-timeout, or
-whose peer died, ends the rank with one line naming the step and what it waited for (`Trainer.waiting`); under
-torchrun --max-restarts the next attempt resumes the newest checkpoint that verifies.
+SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number, so a scheduler sees a
+preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. A collective that waits past
+--dist-timeout, or whose peer died, ends the rank with one line naming the step and what it waited for
+(`Trainer.waiting`); under torchrun --max-restarts the next attempt resumes the newest checkpoint that verifies.
 """
 import contextlib
 import gc
@@ -239,7 +231,7 @@ class Trainer:
             stop = GracefulStop()
             self.loop(state, stop)
             if not stop.requested:
-                self.end(state, start)
+                self.finish_run(state, start)
         except RuntimeError as e:
             message = distributed.failure_message(e, d, self.waiting)
             if message is None:
@@ -317,7 +309,7 @@ class Trainer:
                 print(runlog.changes_line(start, changes), flush=True)
         return history
 
-    def end(self, state, start):
+    def finish_run(self, state, start):
         """After the last step: the trainer's closing evaluations (their record, or their failure) and the
         closing line."""
         closing, failure = outcome(lambda: self.finish(state.step), state.ctx.dist)
@@ -325,7 +317,7 @@ class Trainer:
             self.record_failures(state, {"finish": failure})
         if closing is not None:
             state.log.record(state.step, kind="test", **closing)
-        self.close(state, start)
+        self.summarize(state, start)
 
     def context(self, d):
         """Seed, precision, autocast, GradScaler, TF32 and the compile decision: (Context, the platform, the
@@ -388,7 +380,7 @@ class Trainer:
         while True:
             last = state.step == state.parts.max_steps
             if every(state.step, self.cfg.eval.eval_interval) or last:
-                self.evaluation(state, last)
+                self.evaluate_and_record(state, last)
             if last:  # saved after the final evaluation, so the last checkpoint holds its val loss (and BLEU)
                 self.checkpoint(state)
                 return
@@ -407,8 +399,10 @@ class Trainer:
                           flush=True)
                 return
 
-    def evaluation(self, state, last):
-        result = self.evaluations(state, last)
+    def evaluate_and_record(self, state, last):
+        """evaluate_all at this step, recorded (val loss, log.txt scalars, metrics.jsonl, stdout); a failure
+        recorded too, and this step's weights saved to evaluate again."""
+        result = self.evaluate_all(state, last)
         state.evals.append(result.fields)  # a failed evaluation's: empty, so this step's checkpoint holds no val loss
         val = result.fields.get("val_loss")
         if val is not None and (state.best_val is None or val < state.best_val[0]):
@@ -425,7 +419,7 @@ class Trainer:
             if not last and state.saved_step != state.step:  # the last step saves next anyway
                 self.checkpoint(state)  # this step's weights, to evaluate again
 
-    def evaluations(self, state, last):
+    def evaluate_all(self, state, last):
         """The trainer's evaluate, then its in-loop evaluations that are due: one Evaluation. One that raises leaves
         the others recorded (Evaluation.attempt); where evaluate raises, nothing of the step is."""
         d = state.ctx.dist
@@ -514,7 +508,7 @@ class Trainer:
                                  cfg.run.keep_checkpoints)
         state.saved_step = state.step
 
-    def close(self, state, start_step):
+    def summarize(self, state, start_step):
         """The finished run's numbers for wandb's summary, and the closing stdout line: the best val loss is the
         whole run's (a resumed run's earlier evaluations are in its checkpoint's best_val)."""
         final = state.evals[-1].get("val_loss") if state.evals else None  # None: the final evaluation failed
