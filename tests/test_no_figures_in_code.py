@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NUMBER = r"(?<![\w.^/-])~?\d[\d,]*(?:\.\d+)?"
+NUMBER = r"(?<![\w.^/-])~?\d(?:[\d,]*\d)?(?:\.\d+)?"  # a trailing comma ends a number ("2022, sec. 4")
 COMMENT = re.compile(r"(?:^\s*|  )#(.*)")
 LIMIT = r"(?:at most|within|under|<=|<|below|limit|budget|timeout|target)\s+"
 FIGURE = re.compile(
