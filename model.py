@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from activations import layer_activation, mlp_activation
+from activations import layer_activation, load_fused_mlp, mlp_activation
 from activations.impl import model_identity
 from activations.gated import GatedProduct, hidden_width
 from errors import CheckpointError, CheckpointNotFound, ConfigError
@@ -243,6 +243,8 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
+        if getattr(self, "fused", False) and (y := load_fused_mlp().forward(self, x)) is not None:
+            return self.dropout(y)
         h = self.act(self.c_fc(x))
         if self.c_up is not None:
             h = self.glu(h, self.c_up(x))

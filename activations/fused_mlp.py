@@ -1,0 +1,246 @@
+"""The plain MLP c_proj(act(c_fc(x))) with the activation fused into its matmuls (Triton), for every activation of
+activations/pointwise.py (the registry's pointwise ones: gelu, gelu_exact, relu, relu2, leaky_relu2, silu, mish,
+xatlu, xgelu, xsilu, apa, aglu).
+
+    forward    one tiled matmul x W_fc^T + b whose epilogue rounds the pre-activation to the input's dtype (as
+               the unfused c_fc writes it), keeps it for the backward and writes act(pre) once; then c_proj
+    backward   one tiled matmul grad_y W_proj (c_proj's input gradient) whose epilogue reads the saved
+               pre-activation and writes grad_pre = grad_h act'(pre) and act(pre) again (for c_proj's weight
+               gradient), and reduces the activation's scalar parameters' gradients per tile; the rest are
+               cuBLAS matmuls on grad_pre
+
+so the 4x-wide hidden tensor is written twice and read twice less than with an elementwise activation between the
+matmuls, and only the pre-activation is saved (the unfused MLP saves it and act's output). Both epilogues take the
+activation from pointwise.py, the definition activations/kernels.py's elementwise kernels use too.
+
+NSwish/NReLU need their batch's statistics before any output (not pointwise): they keep kernels.py's passes, and
+fused_kind() says so. Gated MLPs and channelwise APA/AGLU keep the unfused path.
+
+The path is chosen per run by activations/policy.py's measured probe (mlp.fused, set by select_fused), never by a
+table; forward() is what model.py's MLP calls: the fused output, or None for the unfused path.
+"""
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+import activations.pointwise as pointwise
+from activations.aglu import APA, LAM_MIN
+from activations.basic import GELU, GELUExact, LeakyReLU2, Mish, ReLU, ReLU2, SiLU
+from activations.expanded import XATLU, XGELU, XSiLU
+from activations.kernels import DTYPES, INTERPRETED, _on_device
+
+CLASSES = {GELU: "gelu", GELUExact: "gelu_exact", ReLU: "relu", ReLU2: "relu2", LeakyReLU2: "leaky_relu2",
+           SiLU: "silu", Mish: "mish", XATLU: "xatlu", XGELU: "xgelu", XSiLU: "xsilu"}
+NOT_POINTWISE = {"NSwish": "NSwish normalises with its batch's statistics (not pointwise): kernels.py's passes",
+                 "NReLU": "NReLU normalises with its batch's statistics (not pointwise): kernels.py's passes"}
+
+
+def _configs():
+    """Tiles to autotune over on a GPU (the matmul shapes of GPT-2's MLP); one small tile in the interpreter."""
+    if INTERPRETED:
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_warps=w, num_stages=s)
+            for m, n, k, w, s in [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 64, 64, 4, 4),
+                                  (64, 128, 64, 4, 4), (128, 128, 32, 4, 4), (64, 64, 64, 4, 3)]]
+
+
+CONFIGS = _configs()
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr):
+    """x (fp32) rounded to dtype to nearest even, as a GPU's conversion does; the interpreter's own truncates to bf16,
+    which would bias every sum of the backward by up to an ulp."""
+    if INTERPRETED and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        up = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        return tl.where(x != x, x, up.to(tl.float32, bitcast=True)).to(dtype)
+    else:
+        return x.to(dtype)
+
+
+@triton.autotune(CONFIGS, key=["M", "N", "K", "KIND", "BACKWARD", "SAVE_PRE"])
+@triton.jit
+def _matmul_act_kernel(a_ptr, b_ptr, bias_ptr, pre_ptr, out_ptr, h_ptr, partial_ptr, p0_ptr, p1_ptr, lam_min,
+                       M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       KIND: tl.constexpr, BACKWARD: tl.constexpr, HAS_BIAS: tl.constexpr, SAVE_PRE: tl.constexpr,
+                       IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GROUP_M: tl.constexpr):
+    """acc = a b ([M, K] x [K, N], fp32), then per element of the [M, N] tile:
+    forward   pre = round(acc + bias) to out's dtype, stored when SAVE_PRE; out = act(pre)
+    backward  grad_h = round(acc) (as the unfused c_proj's input gradient is), pre read: out = grad_h act'(pre),
+              h = act(pre), partial[tile] = (sum t0, sum t1) over the tile (pointwise.backward)."""
+    pid = tl.program_id(0)
+    num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n  # grouped order: GROUP_M row tiles share the b tiles in L2
+    first_m = (pid // group) * GROUP_M
+    rows = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % rows
+    pid_n = (pid % group) // rows
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None].to(tl.int64) * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < left) & (offs_n[None, :] < N), other=0.0)
+        if INTERPRETED:  # its dot multiplies bf16's raw bits (numpy has no bf16)
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        if IEEE:  # fp32 as torch's fp32 matmul (no TF32)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    idx = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    dtype = out_ptr.dtype.element_ty
+    p0 = tl.load(p0_ptr).to(tl.float32)
+    p1 = tl.load(p1_ptr).to(tl.float32)
+    if not BACKWARD:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        pre = _round(acc, dtype)
+        if SAVE_PRE:
+            tl.store(pre_ptr + idx, pre, mask=mask)
+        y = pointwise.forward(pre.to(tl.float32), p0, p1, lam_min, KIND)
+        tl.store(out_ptr + idx, _round(y, dtype), mask=mask)
+    else:
+        x = tl.load(pre_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+        y, grad_x, t0, t1 = pointwise.backward(x, _round(acc, dtype).to(tl.float32), p0, p1, lam_min, KIND)
+        tl.store(out_ptr + idx, _round(grad_x, dtype), mask=mask)
+        tl.store(h_ptr + idx, _round(y, dtype), mask=mask)
+        tile = pid_m * num_n + pid_n  # lanes off the edge add exactly 0, whatever t0, t1 are there
+        tl.store(partial_ptr + 2 * tile, tl.sum(tl.sum(tl.where(mask, t0, 0.0), axis=1), axis=0))
+        tl.store(partial_ptr + 2 * tile + 1, tl.sum(tl.sum(tl.where(mask, t1, 0.0), axis=1), axis=0))
+
+
+def _grid(M, N):
+    return lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+
+# ---------------------------------------------------------------- the two epilogue matmuls, as custom ops
+@torch.library.custom_op("nanoact::fc_act", mutates_args=())
+def fc_act(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p0: torch.Tensor, p1: torch.Tensor,
+           kind: int, lam_min: float, save_pre: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(act(x weight^T + bias), the pre-activation or an empty tensor) for x [M, K], weight [N, K]."""
+    M, K = x.shape
+    N = weight.shape[0]
+    out = x.new_empty(M, N)
+    pre = x.new_empty(M, N) if save_pre else x.new_empty(0)
+    with _on_device(x):
+        _matmul_act_kernel[_grid(M, N)](x, weight, bias if bias is not None else x, pre, out, out, out, p0, p1,
+                                        lam_min, M, N, K, x.stride(0), x.stride(1), weight.stride(1),
+                                        weight.stride(0), KIND=kind, BACKWARD=False, HAS_BIAS=bias is not None,
+                                        SAVE_PRE=save_pre, IEEE=x.dtype == torch.float32)
+    return out, pre
+
+
+@fc_act.register_fake
+def _(x, weight, bias, p0, p1, kind, lam_min, save_pre):
+    return x.new_empty(x.shape[0], weight.shape[0]), x.new_empty((x.shape[0], weight.shape[0]) if save_pre else 0)
+
+
+@torch.library.custom_op("nanoact::act_grad", mutates_args=())
+def act_grad(grad_y: torch.Tensor, weight: torch.Tensor, pre: torch.Tensor, p0: torch.Tensor, p1: torch.Tensor,
+             kind: int, lam_min: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_pre, act(pre), fp32 sums of t0 and t1) from grad_y [M, C] and c_proj's weight [C, N]."""
+    M, C = grad_y.shape
+    N = weight.shape[1]
+    grad_pre, h = torch.empty_like(pre), torch.empty_like(pre)
+    tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)  # at least as many as any config's tiles
+    partial = torch.zeros(tiles, 2, device=pre.device, dtype=torch.float32)
+    with _on_device(pre):
+        _matmul_act_kernel[_grid(M, N)](grad_y, weight, grad_y, pre, grad_pre, h, partial, p0, p1, lam_min, M, N, C,
+                                        grad_y.stride(0), grad_y.stride(1), weight.stride(0), weight.stride(1),
+                                        KIND=kind, BACKWARD=True, HAS_BIAS=False, SAVE_PRE=False,
+                                        IEEE=pre.dtype == torch.float32)
+    return grad_pre, h, partial.sum(0)
+
+
+@act_grad.register_fake
+def _(grad_y, weight, pre, p0, p1, kind, lam_min):
+    return torch.empty_like(pre), torch.empty_like(pre), pre.new_empty(2, dtype=torch.float32)
+
+
+def finish(name, sums, p0, p1):
+    """The activation's parameters' gradients from the tiles' sums of t0, t1 (pointwise.backward): xATLU & co.
+    d alpha = sum t0; AGLU/APA d kappa = sum t0 / lam, d lam = sum t1 / lam^2, none below lam's clamp."""
+    params = pointwise.PARAMS.get(name, ())
+    if not params:
+        return None, None
+    if len(params) == 1:
+        return sums[0].to(p0.dtype), None
+    lam = p1.float().clamp_min(LAM_MIN)
+    grad_lam = torch.where(p1.float() >= LAM_MIN, sums[1] / lam.square(), 0.0)
+    return (sums[0] / lam).to(p0.dtype), grad_lam.to(p1.dtype)
+
+
+class FusedMLPFunction(torch.autograd.Function):
+    """c_proj(act(c_fc(x))) for x [M, K]; saves x, the weights and the pre-activation only."""
+
+    @staticmethod
+    def forward(ctx, x, w_fc, b_fc, w_proj, b_proj, p0, p1, name):
+        h, pre = fc_act(x, w_fc, b_fc, p0, p1, pointwise.KINDS[name], LAM_MIN, True)
+        ctx.name, ctx.has_fc_bias, ctx.has_proj_bias = name, b_fc is not None, b_proj is not None
+        ctx.save_for_backward(x, w_fc, w_proj, pre, p0, p1)
+        return F.linear(h, w_proj, b_proj)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, w_fc, w_proj, pre, p0, p1 = ctx.saved_tensors
+        grad_y = grad_y.contiguous()
+        grad_pre, h, sums = act_grad(grad_y, w_proj, pre, p0, p1, pointwise.KINDS[ctx.name], LAM_MIN)
+        grad_p0, grad_p1 = finish(ctx.name, sums, p0, p1)
+        return (grad_pre @ w_fc, grad_pre.t() @ x, grad_pre.sum(0) if ctx.has_fc_bias else None,
+                grad_y.t() @ h, grad_y.sum(0) if ctx.has_proj_bias else None, grad_p0, grad_p1, None)
+
+
+# ---------------------------------------------------------------- what model.py's MLP calls
+def fused_kind(act):
+    """(registry name of `act` for the fused path, None) or (None, why it keeps the unfused path)."""
+    if type(act) in CLASSES:
+        return CLASSES[type(act)], None
+    if isinstance(act, APA):
+        if act.kappa.dim():
+            return None, "channelwise APA/AGLU parameters take the PyTorch path"
+        return ("aglu" if act.gated else "apa"), None
+    name = type(act).__name__
+    return None, NOT_POINTWISE.get(name, f"{name} has no pointwise definition in activations/pointwise.py")
+
+
+def _params(act, name, like):
+    params = [getattr(act, p) for p in pointwise.PARAMS.get(name, ())]
+    if not params:
+        zero = like.new_zeros((), dtype=torch.float32)
+        return zero, zero
+    return params[0], params[-1]
+
+
+def forward(mlp, x):
+    """c_proj(act(c_fc(x))) of model.py's MLP `mlp` through the fused kernels when the run chose them (mlp.fused,
+    activations/policy.py) and they apply here; else None (the caller runs the unfused MLP). Not under telemetry's
+    hooks on the activation, which must see its output."""
+    if not getattr(mlp, "fused", False) or getattr(mlp, "c_up", None) is not None or mlp.act._forward_hooks:
+        return None
+    name, _ = fused_kind(mlp.act)
+    if name is None or x.numel() == 0:
+        return None
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    if dtype not in DTYPES:
+        return None
+    cast = [t if t is None else t.to(dtype) for t in (x, mlp.c_fc.weight, mlp.c_fc.bias, mlp.c_proj.weight,
+                                                        mlp.c_proj.bias)]
+    x2 = cast[0].reshape(-1, x.shape[-1])
+    p0, p1 = _params(mlp.act, name, x)
+    with torch.autocast(x.device.type, enabled=False):
+        if torch.is_grad_enabled():
+            y = FusedMLPFunction.apply(x2, *cast[1:3], *cast[3:], p0, p1, name)
+        else:
+            h, _ = fc_act(x2, cast[1], cast[2], p0, p1, pointwise.KINDS[name], LAM_MIN, False)
+            y = F.linear(h, cast[3], cast[4])
+    return y.reshape(*x.shape[:-1], y.shape[-1])
