@@ -114,3 +114,31 @@ def test_pointwise_edges_as_the_pytorch_path():
                 a = torch.where(b.isfinite(), a, b)
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, equal_nan=True,
                                        msg=lambda s: f"{name} {params} {what}: {s}")
+
+
+def test_a_training_step_with_the_fused_mlp_equals_one_without(monkeypatch):
+    """GPT-2 (tiny, AGLU) through one SGD step with every MLP fused and without: the loss and every parameter
+    after the step, kappa and lam included, within fp32's tolerance (SGD: Adam's first step, lr sign(grad), would
+    turn a gradient's rounding near 0 into a whole step)."""
+    from model import GPT, GPTConfig
+
+    g = torch.Generator().manual_seed(0)
+    idx, targets = torch.randint(0, 96, (2, 8), generator=g), torch.randint(0, 96, (2, 8), generator=g)
+    results, calls = [], []
+    real = fused_mlp.act_grad
+    monkeypatch.setattr(fused_mlp, "act_grad", lambda *a: calls.append(1) or real(*a))
+    for fused in (False, True):
+        model = GPT(GPTConfig(block_size=8, vocab_size=96, n_layer=1, n_head=2, n_embd=16, act="aglu"), seed=0)
+        model.to(DEVICE)
+        for block in model.transformer.h:
+            block.mlp.fused = fused
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        _, loss = model(idx.to(DEVICE), targets.to(DEVICE))
+        loss.backward()
+        optimizer.step()
+        results.append((loss.detach(), {n: p.detach().clone() for n, p in model.named_parameters()}))
+    (loss, params), (loss_fused, params_fused) = results
+    torch.testing.assert_close(loss_fused, loss, rtol=1e-5, atol=1e-6)
+    for name, p in params.items():
+        torch.testing.assert_close(params_fused[name], p, rtol=1e-4, atol=1e-6, msg=name)
+    assert calls == [1]  # one fused layer's backward, in the fused run only
