@@ -225,7 +225,8 @@ def _params(act, name, like):
 def forward(mlp, x):
     """c_proj(act(c_fc(x))) of model.py's MLP `mlp` through the fused kernels when the run chose them (mlp.fused,
     activations/policy.py) and they apply here; else None (the caller runs the unfused MLP). Not under telemetry's
-    hooks on the activation, which must see its output."""
+    hooks on the activation, which must see its output. Under torch.compile, one graph once this module is loaded
+    (activations.load_fused_mlp(), which policy.select_fused calls before the trainers compile)."""
     if not getattr(mlp, "fused", False) or getattr(mlp, "c_up", None) is not None or mlp.act._forward_hooks:
         return None
     name, _ = fused_kind(mlp.act)

@@ -2,7 +2,12 @@
 MLP, in Triton's interpreter (tests/conftest.py) on tiny shapes. The epilogues compute in fp32 whatever the dtype
 (the dtype only changes loads, stores and the matmul's inputs), so every activation runs in fp32 and a few, the
 learned scalars' among them, in bf16 and fp16: each interpreted launch costs ~0.1 CPU-s."""
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,3 +147,24 @@ def test_a_training_step_with_the_fused_mlp_equals_one_without(monkeypatch):
     for name, p in params.items():
         torch.testing.assert_close(params_fused[name], p, rtol=1e-4, atol=1e-6, msg=name)
     assert calls == [1]  # one fused layer's backward, in the fused run only
+
+
+@pytest.mark.long
+@pytest.mark.skipif(not os.environ.get("NANOACT_FUSED_COMPILE"), reason="~15 CPU-s a compile: NANOACT_FUSED_COMPILE=1")
+def test_the_heaviest_fused_epilogue_compiles_without_spills(tmp_path):
+    """AGLU's backward epilogue (the most registers of every activation's, bench/kernel_instructions.py --fused:
+    BENCHMARKS.md) at the largest autotune tile, compiled for sm_90 with no GPU: no register spilled to the stack
+    or local memory. Off by default: the suite's time budget has no room for a matmul compile."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path))
+    code = ("import json, sys; sys.path.insert(0, 'bench'); import kernel_instructions as K\n"
+            "fn, sc, ce, op = next(v for v in K.fused_variants(True, ['aglu']) if v[2]['BACKWARD'])\n"
+            "print(json.dumps(K.usage(K.compile_one(fn, sc, ce, op, 'bf16', 90), fn.__name__)))")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                            timeout=600)
+    if "bundles no" in result.stderr or result.returncode and "ptxas" in result.stderr:
+        pytest.skip(result.stderr[-300:])
+    assert result.returncode == 0, result.stderr[-3000:]
+    usage = json.loads(result.stdout.splitlines()[-1])
+    assert usage["STACK"] == 0 and usage["LOCAL"] == 0, usage
