@@ -315,20 +315,21 @@ def _vote(local, names, dist_info):
 
 
 def fused_groups(model):
-    """{"mlp/NAME": [plain MLPs whose activation NAME has a fused form (activations/fused_mlp.py)]}."""
+    """{"mlp/NAME" or "mlp/NAME_glu" (gated): [the MLPs whose activation NAME has a fused form (fused_mlp.py)]}."""
     fused = activations.load_fused_mlp()
     groups = {}
     for m in model.modules():
-        if all(hasattr(m, a) for a in ("c_fc", "act", "c_proj")) and getattr(m, "c_up", None) is None:
+        if all(hasattr(m, a) for a in ("c_fc", "act", "c_proj")):
             name, _ = fused.fused_kind(m.act)
             if name is not None:
-                groups.setdefault(f"mlp/{name}", []).append(m)
+                gated = activations.GLU_SUFFIX if getattr(m, "c_up", None) is not None else ""
+                groups.setdefault(f"mlp/{name}{gated}", []).append(m)
     return groups
 
 
 def select_fused(model, shape, platform, device, dtype, compiled, dist_info=None, recorded=None, cache=None,
                  reprobe=False, timeout=PROBE_TIMEOUT, work=None):
-    """Set mlp.fused on every plain MLP whose activation has a fused form, where the fused MLP passed its check on
+    """Set mlp.fused on every MLP (plain or gated) whose activation has a fused form, where the fused MLP passed its check on
     every rank and measured faster than the unfused MLP (its activation on the path select() chose) at this run's
     shape: the third path per activation, beside the compiler and the elementwise kernel, decided by measurement as
     they are (cached, recorded, reused on resume). Returns {"mlp/NAME": {impl: "fused" | "unfused", reason,

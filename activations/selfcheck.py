@@ -222,18 +222,22 @@ def blocker(platform):
 
 
 # ---------------------------------------------------------------- the fused MLP (activations/fused_mlp.py)
-class _PlainMLP(torch.nn.Module):
-    """model.py's plain MLP, c_proj(act(c_fc(x))), fused where .fused is set (as model.py's MLP.forward does)."""
+class _MLP(torch.nn.Module):
+    """model.py's MLP, c_proj(act(c_fc(x))) or gated c_proj(act(c_fc(x)) c_up(x)), fused where .fused is set (as
+    model.py's MLP.forward does)."""
 
-    def __init__(self, act, d_model, width):
+    def __init__(self, act, d_model, width, gated=False):
         super().__init__()
-        self.c_fc, self.act, self.c_proj, self.c_up = (torch.nn.Linear(d_model, width), act,
-                                                       torch.nn.Linear(width, d_model), None)
+        self.c_fc, self.act, self.c_proj = torch.nn.Linear(d_model, width), act, torch.nn.Linear(width, d_model)
+        self.c_up = torch.nn.Linear(d_model, width) if gated else None
         self.fused = False
 
     def forward(self, x):
         y = activations.load_fused_mlp().forward(self, x) if self.fused else None
-        return self.c_proj(self.act(self.c_fc(x))) if y is None else y
+        if y is not None:
+            return y
+        h = self.act(self.c_fc(x))
+        return self.c_proj(h if self.c_up is None else h * self.c_up(x))
 
 
 def _mlp_step(mlp, x, grad):
@@ -245,7 +249,8 @@ def _mlp_step(mlp, x, grad):
 
 
 def check_fused(name, device, dtype, state=None):
-    """Raise (ProbeMismatch or the kernel's error) unless the fused MLP of activation `name` (its parameters from
+    """Raise (ProbeMismatch or the kernel's error) unless the fused MLP of `name` (an MLP setting: aglu, swiglu,
+    aglu_glu; the activation's parameters from
     `state`) is within the dtype's tolerance of float64, beyond the unfused MLP's own error: output, input gradient,
     every parameter's gradient (max |error| / max |value|)."""
     device = torch.device(device)
@@ -253,7 +258,8 @@ def check_fused(name, device, dtype, state=None):
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
             torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
         torch.manual_seed(0)
-        mlp = _PlainMLP(activations.build(name), 64, 200)  # 200: the tiles' edges masked
+        act_name, gated = activations.mlp_activation(name)
+        mlp = _MLP(activations.build(act_name), 64, 200, gated)  # 200: the tiles' edges masked
         if state:
             mlp.act.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
         ref = copy.deepcopy(mlp).double().to(device)
@@ -272,13 +278,14 @@ def check_fused(name, device, dtype, state=None):
 
 
 def probe_fused(name, state, shape, device, dtype, compiled, reps=10, warmup=3):
-    """What activations/policy.py's child runs for the fused MLP of activation family `name` ('mlp/aglu'): the
+    """What activations/policy.py's child runs for the fused MLP of `name` ('mlp/aglu', 'mlp/silu_glu'): the
     check, then forward + backward of the unfused MLP (the activation on the path `state["impl"]` that policy
     chose) and of the fused one at the run's (rows, width) and d_model, compiled as the run compiles, interleaved.
     Returns {"triton": fused ms, "torch": unfused ms}."""
-    act_name = name.partition("/")[2]
+    setting = name.partition("/")[2]
+    act_name, gated = activations.mlp_activation(setting)
     device = torch.device(device)
-    check_fused(act_name, device, dtype, state["act"])
+    check_fused(setting, device, dtype, state["act"])
     act = activations.build(act_name)
     act.load_state_dict({k: torch.tensor(v) for k, v in state["act"].items()})
     if state.get("impl") and hasattr(act, "impl"):
@@ -289,7 +296,7 @@ def probe_fused(name, state, shape, device, dtype, compiled, reps=10, warmup=3):
         grad = torch.randn_like(x)
         steps = {}
         for path in ("triton", "torch"):
-            mlp = _PlainMLP(copy.deepcopy(act), state["d_model"], shape[1]).to(device, dtype)
+            mlp = _MLP(copy.deepcopy(act), state["d_model"], shape[1], gated).to(device, dtype)
             mlp.fused = path == "triton"
             fn = torch.compile(mlp, dynamic=False) if compiled else mlp
 

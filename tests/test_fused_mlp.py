@@ -37,13 +37,18 @@ class MLP(nn.Module):
 
     def __init__(self, name, d=16, hidden=40):
         super().__init__()
-        self.c_fc, self.c_proj, self.c_up = nn.Linear(d, hidden), nn.Linear(hidden, d), None
+        name, gated = activations.mlp_activation(name)
+        self.c_fc, self.c_proj = nn.Linear(d, hidden), nn.Linear(hidden, d)
+        self.c_up = nn.Linear(d, hidden) if gated else None
         self.act = activations.build(name)
         self.fused = False
 
     def forward(self, x):
         y = fused_mlp.forward(self, x) if self.fused else None
-        return self.c_proj(self.act(self.c_fc(x))) if y is None else y
+        if y is not None:
+            return y
+        h = self.act(self.c_fc(x))
+        return self.c_proj(h if self.c_up is None else h * self.c_up(x))
 
 
 def mlp(name, dtype=torch.float32):
@@ -51,7 +56,7 @@ def mlp(name, dtype=torch.float32):
     m = MLP(name)
     with torch.no_grad():
         m.c_fc.weight.mul_(6)  # pre-activations over the activations' curved part, |x| up to ~15
-        for key, value in PARAMS.get(name, {}).items():
+        for key, value in PARAMS.get(activations.mlp_activation(name)[0], {}).items():
             getattr(m.act, key).fill_(value)
     return m.to(DEVICE, dtype)
 
@@ -65,16 +70,17 @@ def step(m, x, grad):
     return [out.detach(), xg.grad, *(p.grad for p in m.parameters())]
 
 
-@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("name", FUSED + ["swiglu", "aglu_glu"])
 def test_fused_mlp_matches_float64_and_the_unfused_mlp(name):
     """Output, input gradient and every parameter's gradient (weights, biases, the activation's scalars) of the
     fused MLP within the dtype's tolerance of float64, beyond what the unfused MLP is off by; 2 x 5 tokens, 40 wide
-    (the tile's edges masked)."""
+    (the tile's edges masked); plain and gated (both projections in the forward matmul)."""
     g = torch.Generator().manual_seed(1)
     x, grad = torch.randn(2, 5, 16, generator=g), torch.randn(2, 5, 16, generator=g)
     ref = mlp(name, torch.float64)
     want = step(ref, x.to(DEVICE, torch.float64), grad.to(DEVICE, torch.float64))
-    for dtype in (torch.float32, torch.bfloat16, torch.float16) if name in ("aglu", "gelu") else (torch.float32,):
+    sixteen = (torch.bfloat16, torch.float16) if name in ("aglu", "gelu", "swiglu") else ()
+    for dtype in (torch.float32, *sixteen):
         m = mlp(name, dtype)
         unfused = step(m, x.to(DEVICE, dtype), grad.to(DEVICE, dtype))
         m.fused = True
@@ -83,7 +89,7 @@ def test_fused_mlp_matches_float64_and_the_unfused_mlp(name):
         for what, f, u, w in zip(names, fused, unfused, want):
             scale = w.abs().max().item()
             err_f, err_u = ((f.double() - w).abs().max().item() / scale for f in (f, u))
-            assert f.dtype == dtype and err_f <= err_u + TOL[dtype], f"{name} {dtype} {what}: {err_f:.2e}, {err_u:.2e}"
+            assert f.dtype == dtype and err_f <= err_u + TOL[dtype], f"{name} {dtype} {what}: {err_f:.2e} {err_u:.2e}"
 
 
 EDGES = [0.0, -0.0, 1e-40, -1e-40, 1e-3, -1e-3, 0.5, -0.5, 3.0, -3.0, 19.9, 20.1, -20.0, 30.0, -30.0, 88.0, -88.0,
@@ -122,35 +128,37 @@ def test_pointwise_edges_as_the_pytorch_path():
 
 
 def test_a_training_step_with_the_fused_mlp_equals_one_without(monkeypatch):
-    """GPT-2 (tiny, AGLU) through one SGD step with every MLP fused and without: the loss and every parameter
-    after the step, kappa and lam included, within fp32's tolerance (SGD: Adam's first step, lr sign(grad), would
-    turn a gradient's rounding near 0 into a whole step)."""
+    """GPT-2 (tiny; AGLU, then SwiGLU) through one SGD step with every MLP fused and without: the loss and every
+    parameter after the step, kappa and lam included, within fp32's tolerance (SGD: Adam's first step, lr sign(grad),
+    would turn a gradient's rounding near 0 into a whole step); the fused backward ran, in the fused runs only."""
     from model import GPT, GPTConfig
 
     g = torch.Generator().manual_seed(0)
     idx, targets = torch.randint(0, 96, (2, 8), generator=g), torch.randint(0, 96, (2, 8), generator=g)
-    results, calls = [], []
+    calls = []
     real = fused_mlp.act_grad
     monkeypatch.setattr(fused_mlp, "act_grad", lambda *a: calls.append(1) or real(*a))
-    for fused in (False, True):
-        model = GPT(GPTConfig(block_size=8, vocab_size=96, n_layer=1, n_head=2, n_embd=16, act="aglu"), seed=0)
-        model.to(DEVICE)
-        for block in model.transformer.h:
-            block.mlp.fused = fused
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-        _, loss = model(idx.to(DEVICE), targets.to(DEVICE))
-        loss.backward()
-        optimizer.step()
-        results.append((loss.detach(), {n: p.detach().clone() for n, p in model.named_parameters()}))
-    (loss, params), (loss_fused, params_fused) = results
-    torch.testing.assert_close(loss_fused, loss, rtol=1e-5, atol=1e-6)
-    for name, p in params.items():
-        torch.testing.assert_close(params_fused[name], p, rtol=1e-4, atol=1e-6, msg=name)
-    assert calls == [1]  # one fused layer's backward, in the fused run only
+    for act in ("aglu", "swiglu"):
+        results = []
+        for fused in (False, True):
+            model = GPT(GPTConfig(block_size=8, vocab_size=96, n_layer=1, n_head=2, n_embd=16, act=act), seed=0)
+            model.to(DEVICE)
+            for block in model.transformer.h:
+                block.mlp.fused = fused
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+            _, loss = model(idx.to(DEVICE), targets.to(DEVICE))
+            loss.backward()
+            optimizer.step()
+            results.append((loss.detach(), {n: p.detach().clone() for n, p in model.named_parameters()}))
+        (loss, params), (loss_fused, params_fused) = results
+        torch.testing.assert_close(loss_fused, loss, rtol=1e-5, atol=1e-6)
+        for name, p in params.items():
+            torch.testing.assert_close(params_fused[name], p, rtol=1e-4, atol=1e-6, msg=f"{act} {name}")
+    assert calls == [1, 1]  # one fused layer's backward per activation, in the fused runs only
 
 
 @pytest.mark.long
-@pytest.mark.skipif(not os.environ.get("NANOACT_FUSED_COMPILE"), reason="~15 CPU-s a compile: NANOACT_FUSED_COMPILE=1")
+@pytest.mark.skipif(not os.environ.get("NANOACT_FUSED_COMPILE"), reason="~15 CPU-s: NANOACT_FUSED_COMPILE=1")
 def test_the_heaviest_fused_epilogue_compiles_without_spills(tmp_path):
     """AGLU's backward epilogue (the most registers of every activation's, bench/kernel_instructions.py --fused:
     BENCHMARKS.md) at the largest autotune tile, compiled for sm_90 with no GPU: no register spilled to the stack
