@@ -131,26 +131,32 @@ def peak_bandwidth(device):
     return 2 * clock * 1e3 * bus / 8 if clock and bus else None
 
 
-class PlainMLP(torch.nn.Module):
-    """GPT-2's MLP, c_proj(act(c_fc(x))), through activations/fused_mlp.py where .fused is set."""
+class MLP(torch.nn.Module):
+    """GPT-2's MLP, c_proj(act(c_fc(x))), or gated c_proj(act(c_fc(x)) c_up(x)), through activations/fused_mlp.py
+    where .fused is set."""
 
-    def __init__(self, name, impl, d_model, width):
+    def __init__(self, name, impl, d_model, width, gated):
         super().__init__()
-        self.c_fc, self.c_proj, self.c_up = torch.nn.Linear(d_model, width), torch.nn.Linear(width, d_model), None
+        self.c_fc, self.c_proj = torch.nn.Linear(d_model, width), torch.nn.Linear(width, d_model)
+        self.c_up = torch.nn.Linear(d_model, width) if gated else None
         self.act, self.fused = build(name, impl), False
 
     def forward(self, x):
         y = activations.load_fused_mlp().forward(self, x) if self.fused else None
-        return self.c_proj(self.act(self.c_fc(x))) if y is None else y
+        if y is not None:
+            return y
+        h = self.act(self.c_fc(x))
+        return self.c_proj(h if self.c_up is None else h * self.c_up(x))
 
 
 def bench_mlp(device, rows, dtype, rounds, warmup, names, d_model=768):
-    """The MLP's fwd+bwd, compiled, per activation with a fused form (activations/fused_mlp.py): the compiler's
-    activation, the elementwise kernel (where the activation has one) and the fused MLP, interleaved. Each row:
-    ms, matmul TFLOP/s (the two matmuls' 12 rows d width FLOPs) and its fraction of the dense bf16 peak (model.py's
-    PEAK_FLOPS), and the hidden tensor's traffic in GB/s with its fraction of the memory's peak: 4 passes of rows x
-    width unfused on top of the matmuls' (act reads pre, writes h; its backward reads pre and grad_h, writes
-    grad_pre: 5), fused 5 (pre and h written, pre read, grad_pre and h written) of which the epilogues own all."""
+    """The MLP's fwd+bwd, compiled, per activation with a fused form (activations/fused_mlp.py), and SwiGLU's (the
+    ladder's gated arm, activations/gated.py's width): the compiler's activation, the elementwise kernel (where the
+    activation has one) and the fused MLP, interleaved. Each row: ms, matmul TFLOP/s (the matmuls' 6 rows d width
+    FLOPs each, fwd+bwd) and its fraction of the dense bf16 peak (model.py's PEAK_FLOPS), and the hidden tensor's
+    traffic in GB/s with its fraction of the memory's peak: the fused MLP's passes of rows x width (plain: pre and
+    h written, pre read, grad_pre and h written, 5; gated: up too, 8), the floor an unfused MLP moves more than."""
+    from activations.gated import hidden_width
     from model import PEAK_FLOPS
     fused_mlp = activations.load_fused_mlp()
     name_of_device = torch.cuda.get_device_name(device)
@@ -158,17 +164,19 @@ def bench_mlp(device, rows, dtype, rounds, warmup, names, d_model=768):
     bandwidth = peak_bandwidth(device)
     x = torch.randn(rows, d_model, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn(rows, d_model, device=device, dtype=dtype)
-    cases = {}
-    for name in names:
-        if fused_mlp.fused_kind(build(name, None if name not in ("aglu", "apa") else "torch"))[0] is None:
-            continue
+    cases, shapes = {}, {}
+    for setting in [*names, "swiglu"]:
+        name, gated = activations.mlp_activation(setting)
         takes_impl = "impl" in inspect.signature(type(activations.build(name)).__init__).parameters
+        if fused_mlp.fused_kind(build(name, "torch" if takes_impl else None))[0] is None:
+            continue
+        shapes[setting] = (hidden_width(d_model, WIDTH, gated), 3 if gated else 2, 8 if gated else 5)
         for arm, impl, fused in (("compiler", "torch" if takes_impl else None, False),
-                                 *((("kernel", "triton", False),) if takes_impl else ()), ("fused", None, True)):
-            mlp = PlainMLP(name, impl if arm != "fused" or not takes_impl else "torch", d_model, WIDTH)
-            mlp = mlp.to(device, dtype)
+                                 *((("kernel", "triton", False),) if takes_impl else ()),
+                                 ("fused", "torch" if takes_impl else None, True)):
+            mlp = MLP(name, impl, d_model, shapes[setting][0], gated).to(device, dtype)
             mlp.fused = fused
-            cases[(name, arm)] = (torch.compile(mlp), mlp)
+            cases[(setting, arm)] = (torch.compile(mlp), mlp)
     for fn, module in cases.values():
         for _ in range(warmup):
             step(fn, module, x, grad)
@@ -184,8 +192,9 @@ def bench_mlp(device, rows, dtype, rounds, warmup, names, d_model=768):
     results = []
     for (name, arm), t in times.items():
         seconds = statistics.median(t)
-        flops = 12 * rows * d_model * WIDTH / seconds
-        traffic = 5 * rows * WIDTH * torch.finfo(dtype).bits / 8 / seconds
+        width, matmuls, passes = shapes[name]
+        flops = 6 * matmuls * rows * d_model * width / seconds
+        traffic = passes * rows * width * torch.finfo(dtype).bits / 8 / seconds
         results.append({"name": name, "arm": arm, "ms": 1e3 * seconds, "tflops": flops / 1e12,
                         "flops_fraction": flops / peak_flops if peak_flops else None, "hidden_gbs": traffic / 1e9,
                         "bandwidth_fraction": traffic / bandwidth if bandwidth else None})
@@ -193,8 +202,9 @@ def bench_mlp(device, rows, dtype, rounds, warmup, names, d_model=768):
 
 
 def print_mlp_table(name, rows, dtype, results):
-    print(f"\n{name}  MLP {rows}x768->{WIDTH}->768 {str(dtype).replace('torch.', '')}, compiled, fwd+bwd: ms (ratio to "
-          "the compiler's arm), matmul TFLOP/s (fraction of the dense peak), hidden tensor GB/s (fraction of peak)")
+    print(f"\n{name}  MLP {rows}x768 -> {WIDTH} (gated: 2048) -> 768 {str(dtype).replace('torch.', '')}, compiled, "
+          "fwd+bwd: ms (ratio to the compiler's arm), matmul TFLOP/s (fraction of the dense peak), hidden tensor GB/s "
+          "(fraction of peak)")
     frac = lambda f: "n/a" if f is None else f"{f:.2f}"
     base = {r["name"]: r["ms"] for r in results if r["arm"] == "compiler"}
     for r in results:

@@ -39,7 +39,8 @@ from triton.compiler import ASTSource  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 FLAGS = list(itertools.product((True, False), repeat=2))
-IO = ("x_ptr", "z_ptr", "grad_ptr", "out_ptr", "a_ptr", "b_ptr", "bias_ptr", "pre_ptr", "h_ptr")  # the tensors in the activation's dtype; the rest are fp32
+IO = ("x_ptr", "z_ptr", "grad_ptr", "out_ptr", "a_ptr", "b_ptr", "b2_ptr", "bias_ptr", "bias2_ptr", "pre_ptr", "up_ptr",
+      "out2_ptr", "h_ptr")  # the tensors in the activation's dtype; the rest are fp32
 NOP, MUFU = 0x918, 0x308  # SASS opcodes (sm_70 to sm_90; cuobjdump -sass counts the same on every variant here)
 
 
@@ -80,7 +81,7 @@ def variants(K):
 
 def fused_variants(largest_only=False, kinds=None):
     """(kernel, scalar args, constexprs, options) of activations/fused_mlp.py's matmul: every autotune config (or the
-    one with the largest tile, the most registers), every activation, forward and backward. The matmul's SASS is a
+    one with the largest tile, the most registers), every activation, forward and backward, plain and gated. The matmul's SASS is a
     loop, not straight-line code: its rows report registers and spills, per_element only as the epilogue's bound."""
     import activations.fused_mlp as fused
     import activations.pointwise as pointwise
@@ -90,10 +91,11 @@ def fused_variants(largest_only=False, kinds=None):
     scalars = {"lam_min": "fp32", **{k: "i32" for k in ("M", "N", "K", "stride_am", "stride_ak", "stride_bk",
                                                           "stride_bn")}}
     kinds = kinds or sorted(set(pointwise.KINDS) - {"swish"})
-    for config, name, backward in itertools.product(configs, kinds, (False, True)):
+    for config, name, backward, gated in itertools.product(configs, kinds, (False, True), (False, True)):
         yield (fused._matmul_act_kernel.fn, scalars,
-               dict(KIND=pointwise.KINDS[name], BACKWARD=backward, HAS_BIAS=not backward, SAVE_PRE=not backward,
-                    IEEE=False, **config.kwargs), {"num_warps": config.num_warps, "num_stages": config.num_stages})
+               dict(KIND=pointwise.KINDS[name], BACKWARD=backward, GATED=gated, HAS_BIAS=not backward,
+                    SAVE_PRE=not backward, IEEE=False, **config.kwargs),
+               {"num_warps": config.num_warps, "num_stages": config.num_stages})
 
 
 def compile_one(fn, scalars, constexprs, options, dtype, arch):

@@ -10,7 +10,8 @@
     python bench/train_step.py --acts 'gelu,gelu{"vocab_size": 256}'   # GPT-2's vocabulary against bytes
     python bench/train_step.py --acts 'gelu,gelu{"pos_emb": "rope"}'   # learned positions against rotary
     python bench/train_step.py --preset gpt2_124m --batch-size 32 --seq-len 1024 --compile --acts \
-        'reference,gelu,gelu{"fused_mlp": true},relu2,relu2{"fused_mlp": true},aglu,aglu{"fused_mlp": true},swiglu'
+        'reference,gelu,gelu{"fused_mlp": true},relu2,relu2{"fused_mlp": true},aglu,aglu{"fused_mlp": true},swiglu,\
+swiglu{"fused_mlp": true}'
 
 Contenders (--acts, comma-separated): `reference` is bench/reference_gpt2.py, the textbook GPT-2 (GELU
 inline, full logits, PyTorch's SDPA choice, compile mode default). Any other name is nanoact's GPT with that
