@@ -85,17 +85,17 @@ def fused_variants(largest_only=False, kinds=None):
     loop, not straight-line code: its rows report registers and spills, per_element only as the epilogue's bound."""
     import activations.fused_mlp as fused
     import activations.pointwise as pointwise
-    configs = fused.CONFIGS
-    if largest_only:
-        configs = [max(configs, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"], c.num_warps))]
+    largest = lambda configs: [max(configs, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"], c.num_warps))]
     scalars = {"lam_min": "fp32", **{k: "i32" for k in ("M", "N", "K", "stride_am", "stride_ak", "stride_bk",
                                                           "stride_bn")}}
     kinds = kinds or sorted(set(pointwise.KINDS) - {"swish"})
-    for config, name, backward, gated in itertools.product(configs, kinds, (False, True), (False, True)):
-        yield (fused._matmul_act_kernel.fn, scalars,
-               dict(KIND=pointwise.KINDS[name], BACKWARD=backward, GATED=gated, HAS_BIAS=not backward,
-                    SAVE_PRE=not backward, IEEE=False, **config.kwargs),
-               {"num_warps": config.num_warps, "num_stages": config.num_stages})
+    for name, backward, gated in itertools.product(kinds, (False, True), (False, True)):
+        configs = fused._prune(fused.CONFIGS, {}, GATED=gated, BACKWARD=backward)  # what the autotuner may pick
+        for config in largest(configs) if largest_only else configs:
+            yield (fused._matmul_act_kernel.fn, scalars,
+                   dict(KIND=pointwise.KINDS[name], BACKWARD=backward, GATED=gated, HAS_BIAS=not backward,
+                        SAVE_PRE=not backward, IEEE=False, **config.kwargs),
+                   {"num_warps": config.num_warps, "num_stages": config.num_stages})
 
 
 def compile_one(fn, scalars, constexprs, options, dtype, arch):
