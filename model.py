@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from activations import layer_activation, mlp_activation
+from activations import layer_activation, load_fused_mlp, mlp_activation
 from activations.impl import model_identity
 from activations.gated import GatedProduct, hidden_width
 from errors import CheckpointError, ConfigError
@@ -185,8 +185,11 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.c_proj.residual_scale = True
         self.dropout = nn.Dropout(config.dropout)
+        self.fused = False  # the matmuls with the activation in their epilogues: activations/policy.py decides
 
     def forward(self, x):
+        if self.fused and (y := load_fused_mlp().forward(self, x)) is not None:
+            return self.dropout(y)
         h = self.act(self.c_fc(x))  # (B, T, hidden)
         if self.c_up is not None:
             h = self.glu(h, self.c_up(x))
