@@ -10,6 +10,7 @@ The loop itself (resume, logs, compile/DDP, checkpoints, signals) is training/lo
 train_translation.py; this file holds what is GPT-2's own, top to bottom: its options, the model, the token
 shards, the evaluations (the contract: training/loop.py's docstring).
 """
+import contextlib
 import sys
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
@@ -18,14 +19,17 @@ from pathlib import Path
 import torch
 
 from activations import micro_batch_note, mlp_activation, telemetry
+from activations.anact import batch_mode
 from activations.gated import width_note
 from data.bits_per_byte import bits_per_byte, validation_bytes
 from data.loader import ShardLoader, shards_tokenizer
 from data.tokenizer import TOKENIZERS, VOCAB_SIZE, TokenizerError
 from eval import internals, sparsity
 from eval.hellaswag_in_loop import HellaSwag
-from model import GPT, GPTConfig, mlp_width, mlp_width_args, pretrained_gpt2
-from training import distributed
+from model import GPT, GPTConfig, mlp_width, mlp_width_args
+from model_parts.transformers_layout import pretrained_gpt2
+from training import distributed, fsdp, memory
+from training.fsdp import DISTS
 from training.checkpoint import load_checkpoint
 from training.config import ConfigError, EvalConfig, RunConfig, run_cli, to_dict
 from training.loop import Evaluation, Parts, Trainer, no_sync_unless, param_line
@@ -125,6 +129,7 @@ class GPTTrainer(Trainer):
     """The model (GPT-2 with the run's activation), the token shards with gradient accumulation, and the
     evaluations: validation loss, activation telemetry, HellaSwag and samples at their intervals."""
     kind = "gpt2"
+    shards = True
     lr_flag = "--max-lr"
     in_loop = (HellaSwag,)  # beside the val loss (training/in_loop.py): a new evaluation is one file and one entry
 
@@ -141,10 +146,15 @@ class GPTTrainer(Trainer):
             cfg.model = replace(cfg.model, **architecture(ckpt["model_config"]))
             if d.master:
                 print(f"--init-from {cfg.init_from} not read: the run resumes its own checkpoint", flush=True)
+        if d.device_type == "cuda":  # a run that cannot fit its GPU stops here, in one line, before it allocates
+            reason = memory.refusal(memory_shape(cfg.model), o.batch_size, o.seq_len, cfg.run.dist, d.world_size,
+                                    ctx.precision, cfg.run.activation_checkpointing, cfg.speed.loss_chunks,
+                                    torch.cuda.get_device_properties(d.device).total_memory,
+                                    torch.cuda.get_device_name(d.device))
+            if reason:
+                raise ConfigError(reason)
         # the model before the data: a bad activation, option or speed setting fails first
-        self.model = GPT(cfg.model, cfg.speed.loss_chunks, cfg.speed.attention_backend, seed=cfg.run.init_seed)
-        self.model.to(d.device)
-        origin = init_weights(self.model, *source) if source is not None else "starting from scratch"
+        self.model, origin = build_model(cfg, ctx, source)
         self.tokenizer, unknown = shards_tokenizer(cfg.data.data_dir)
         if self.tokenizer:
             check_vocab(self.tokenizer, cfg.model.vocab_size, cfg.data.data_dir, d.master)
@@ -202,13 +212,18 @@ class GPTTrainer(Trainer):
             bpb = bits_per_byte(val, self.cfg.data.val_tokens, self.val_bytes)
             result.fields["val_bpb"] = bpb
             result.text += f" bpb {bpb:.4f}"
+        model = self.model
+        if fsdp.sharded_root(model) is not None:  # these read modules one by one: a whole copy on rank 0
+            state = fsdp.whole_model_state(model)
+            model = GPT.from_checkpoint({"model_config": to_dict(self.cfg.model), "model": state}, d.device)\
+                if d.master else None
         if d.master:
             self.val_loader.reset()
             batch = self.val_loader.next_batch()[0][:telemetry.MAX_ROWS].to(d.device)
-            result.fields["telemetry"] = telemetry.collect(self.model, batch, self.ctx.autocast)
+            result.fields["telemetry"] = telemetry.collect(model, batch, self.ctx.autocast)
             # the literature's one-batch measurements (eval/measure.py runs them all, CETT and PPL-p% included)
-            result.fields["measure"] = {"sparsity": sparsity.on_batch(self.model, batch, self.ctx.autocast),
-                                        **internals.measure(self.model, batch, self.ctx.autocast)}
+            result.fields["measure"] = {"sparsity": sparsity.on_batch(model, batch, self.ctx.autocast),
+                                        **internals.measure(model, batch, self.ctx.autocast)}
         return result
 
     @torch.no_grad()
@@ -262,13 +277,68 @@ class GPTTrainer(Trainer):
             print(f"step {step} rank {d.rank} sample: {tokenizer.decode(row)!r}", flush=True)
 
 
+def build_model(cfg, ctx, source):
+    """(the run's GPT on its device, where its weights came from). --dist fsdp on several ranks: sharded per block,
+    the tied embedding and head in one group (training/fsdp.py); from scratch it is built on the meta device and
+    each rank draws only its shards' worth of memory, the same weights as a plain build."""
+    d = ctx.dist
+    sharded = cfg.run.dist == "fsdp" and d.world_size > 1
+    if sharded and cfg.eval.hellaswag_interval:  # its ranks score different numbers of batches: FSDP would wait
+        raise ConfigError("--hellaswag-interval with --dist fsdp: score the run's checkpoints with eval/hellaswag.py "
+                          "instead (docs/training.md), or train with --hellaswag-interval 0")
+
+    def make():
+        return GPT(cfg.model, cfg.speed.loss_chunks, cfg.speed.attention_backend, seed=cfg.run.init_seed)
+
+    with fsdp.meta_init() if sharded and source is None else contextlib.nullcontext():
+        model = make()
+    if cfg.run.activation_checkpointing:
+        if batch_mode(model):
+            raise ConfigError(f"--activation-checkpointing with act {cfg.model.act}: the recomputed forward would "
+                              "count its batch statistics twice; train it without")
+        for block in model.transformer.h:
+            fsdp.checkpoint_activations(block)
+    small = fsdp.real_tensors(model) if sharded and source is None else None
+    if small is None:
+        model.to(d.device)
+    origin = init_weights(model, *source) if source is not None else "starting from scratch"
+    if sharded:
+        fsdp.shard(model, [*model.transformer.h, [model.transformer.wte, model.lm_head]], ctx.precision, d.device,
+                   d.world_size)
+        if small is not None:
+            fsdp.materialize(model, small, cfg.run.init_seed, model._init_weight, d.device)
+    return model, origin
+
+
+def memory_shape(config):
+    """training/memory.py's ModelShape of a GPTConfig, counted on a 1-layer model on the meta device (a 1.5B
+    model's 48 blocks take a CPU-second to build there): the other blocks are the first's size, but for an
+    activation's scalars (plain_top_k's)."""
+    with torch.device("meta"):
+        model = GPT(replace(config, n_layer=1), seed=0)
+    block = sum(p.numel() for p in model.transformer.h[0].parameters())
+    return memory.ModelShape(sum(p.numel() for p in model.parameters()) + (config.n_layer - 1) * block,
+                             max(block, model.transformer.wte.weight.numel()), config.n_layer, config.n_embd,
+                             mlp_width(config), mlp_activation(config.act)[1], config.vocab_size)
+
+
+def memory_estimates(cfg, world_size):
+    """{dist: training/memory.py's Estimate per GPU} of a TrainConfig's run on `world_size` ranks under --dist ddp
+    and fsdp, in bfloat16 where its dtype is auto (CUDA's): what the sweep's cost table prints."""
+    shape = memory_shape(cfg.model)
+    precision = "bfloat16" if cfg.run.dtype in ("auto", "bfloat16") else cfg.run.dtype
+    return {dist: memory.estimate(shape, cfg.optim.batch_size, cfg.optim.seq_len, dist, world_size, precision,
+                                  cfg.run.activation_checkpointing, cfg.speed.loss_chunks) for dist in DISTS}
+
+
 def parametrization_note(model):
     """The start line's word on the parametrization: '' under sp, else its multipliers."""
     c = model.config
     if c.param == "sp":
         return ""
-    depth = f", m_depth {model.m_depth:g} (base n_layer {c.base_depth})" if c.param == "completep" else ""
-    return f"param {c.param}: m_width {model.m_width:g} (base n_embd {c.base_width}){depth} | "
+    p = model.parametrization
+    depth = f", m_depth {p.m_depth:g} (base n_layer {c.base_depth})" if c.param == "completep" else ""
+    return f"param {c.param}: m_width {p.m_width:g} (base n_embd {c.base_width}){depth} | "
 
 
 def check_vocab(tokenizer, vocab_size, data_dir, master):

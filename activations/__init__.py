@@ -13,12 +13,14 @@ An MLP/FFN `act` setting also names the MLP's form: a registry name is the plain
 (GLU) name, `NAME_glu` for any registered NAME or Shazeer's swiglu / geglu / reglu, is down(act(x W_gate) * (x W_up))
 with NAME on the gate (activations/gated.py). `mlp_activation(setting)` splits a setting into the two.
 """
+import importlib
 import inspect
 
 from activations.aglu import AGLU, APA
 from activations.anact import NReLU, NSwish, micro_batch_note, step_statistics  # noqa: F401 (the package's API)
 from activations.basic import GELU, GELUExact, LeakyReLU2, Mish, ReLU, ReLU2, SiLU
 from activations.expanded import XATLU, XGELU, XSiLU
+from activations.impl import loaded_kernels
 from activations.polycom import PolyNorm, PolyReLU
 from errors import ConfigError
 
@@ -113,3 +115,14 @@ def build(name, **kwargs):
         choices = ", ".join(valid) if valid else "none"
         raise ConfigError(f"activation {name!r} takes no option(s) {', '.join(bad)}; its options: {choices}")
     return cls(**kwargs)
+
+
+_FUSED_MLP = []
+
+
+def load_fused_mlp():
+    """activations/fused_mlp.py, imported at its first use: Triton is imported only where a run chose the fused MLP
+    (policy.py sets mlp.fused); None without Triton."""
+    if not _FUSED_MLP:
+        _FUSED_MLP.append(importlib.import_module("activations.fused_mlp") if loaded_kernels() is not None else None)
+    return _FUSED_MLP[0]

@@ -22,7 +22,7 @@ kernels = NOT_LOADED  # activations/kernels.py once loaded_kernels() has run, No
 
 def loaded_kernels():
     """activations/kernels.py, imported at its first use, or None without Triton (the PyTorch path everywhere).
-    Importing Triton costs a process ~0.2 CPU-s: a CPU run, which never takes the kernels, does not pay it. Imported
+    Importing Triton costs a process start-up time: a CPU run, which never takes the kernels, does not pay it. Imported
     by name so that code copied without kernels.py (an export) runs too. A plain global, so that dynamo traces a
     forward that reads it without a graph break (the activations load it when built with impl="triton", the
     policy before it trusts a kernel for impl="auto"); a test sets `kernels` to None, as without Triton."""

@@ -27,10 +27,18 @@ def init_parameters(model, seed, init):
     for name, parameter in model.named_parameters():
         if parameter.is_meta:  # a model built on the meta device (a plan's count of FLOPs) holds nothing to draw
             continue
-        owner, _, attr = name.rpartition(".")
-        module = model.get_submodule(owner)
-        generator = parameter_generator(seed, name)
-        if hasattr(module, "init_parameter"):
-            module.init_parameter(attr, generator)
-        else:
-            init(name, module, parameter, generator)
+        draw_parameter(model, name, parameter, seed, init)
+
+
+def draw_parameter(model, name, tensor, seed, init):
+    """init_parameters' draw of the parameter `name` into `tensor`: the parameter itself, or a full-size stand-in
+    for one that is sharded (training/fsdp.py draws it whole and keeps its shard)."""
+    owner, _, attr = name.rpartition(".")
+    module = model.get_submodule(owner)
+    generator = parameter_generator(seed, name)
+    if hasattr(module, "init_parameter"):
+        if tensor is not getattr(module, attr):
+            raise ValueError(f"{name}: its owner draws it itself, in place; it cannot be drawn into a stand-in")
+        module.init_parameter(attr, generator)
+    else:
+        init(name, module, tensor, generator)

@@ -105,6 +105,47 @@ def _block(n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _apa_eta(z, kappa, lam, inv_lam):
+    """(v log2 e, e, s, t, Q(t), softplus(v), eta) of APA at z, lam already clamped (_apa_kernel's docstring)."""
+    # precise log2 (~30 instructions per thread, 2 per element): MUFU.LG2's 2 ulp of log2(1e-4) = -13.3 shift v by
+    # 2e-6, which q = sigmoid(v) / lam amplifies to ~1e-4 of grad_z at lam's clamp, the fp32 tolerance
+    # (bench/kernel_fast_math.py --lg2-ulps 2)
+    v2 = tl.log2(lam) - (kappa * LOG2E) * z  # v log2(e)
+    e = tl.exp2(-tl.abs(v2))
+    s = e * _rcp(2.0 + e)
+    t = s * s
+    q = Q0 + t * (Q1 + t * (Q2 + t * Q3))
+    softplus = tl.maximum(v2, 0.0) * LN2 + s * (2.0 + t * q)
+    eta = tl.exp2(softplus * (-LOG2E * inv_lam))
+    return v2, e, s, t, q, softplus, eta
+
+
+@triton.jit
+def _apa_forward(z, kappa, lam, inv_lam, GATED: tl.constexpr):
+    """AGLU (GATED: z eta) or APA (eta) at z; the one definition the elementwise and the fused MLP kernels share."""
+    _, _, _, _, _, _, eta = _apa_eta(z, kappa, lam, inv_lam)
+    return z * eta if GATED else eta
+
+
+@triton.jit
+def _apa_backward(z, g, kappa, lam, inv_lam, GATED: tl.constexpr):
+    """(out, grad_z, ws z, w D) at z for incoming gradient g: d kappa = sum(ws z) / lam, d lam = sum(w D) / lam^2
+    (_apa_kernel's docstring); shared with the fused MLP kernels."""
+    v2, e, s, t, q, softplus, eta = _apa_eta(z, kappa, lam, inv_lam)
+    ge = g * eta
+    w = ge * z if GATED else ge
+    sigmoid = tl.where(v2 >= 0, 1.0, e) * _rcp(1.0 + e)
+    ws = w * sigmoid  # t lam: 1 / lam is applied to the block's sum and to kappa, once per program
+    kappa_lam = kappa * inv_lam
+    grad_z = ge + ws * kappa_lam if GATED else ws * kappa_lam
+    # For v << 0 softplus and sigmoid are both ~e^v and D ~ e^{2v}/2: their fp32 difference loses about 0.5%
+    # of lam's gradient at lam_min (aglu.py's fp32 path does, against float64). There D = log1p(e) - 2s/(1 + s)
+    # = s (2s / (1 + s) + t Q(t)), with 2s / (1 + s) = e / (1 + e) = sigmoid: all terms positive.
+    d = tl.where(v2 >= 0, softplus - sigmoid, s * (sigmoid + t * q))
+    return z * eta if GATED else eta, grad_z, ws * z, w * d
+
+
+@triton.jit
 def _apa_kernel(z_ptr, grad_ptr, out_ptr, partial_ptr, kappa_ptr, lam_ptr, n, lam_min,
                 GATED: tl.constexpr, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
     """Forward: out = z eta (GATED) or eta. Backward: out = grad_z and, per block, the sums
@@ -125,34 +166,15 @@ def _apa_kernel(z_ptr, grad_ptr, out_ptr, partial_ptr, kappa_ptr, lam_ptr, n, la
     z = tl.load(z_ptr + start + offs, mask=mask, other=tl.where(kappa < 0, -1.0, 1.0)).to(tl.float32)
     lam = tl.maximum(tl.load(lam_ptr).to(tl.float32), lam_min, propagate_nan=NAN)
     inv_lam = _rcp(lam)
-    # precise log2 (~30 instructions per thread, 2 per element): MUFU.LG2's 2 ulp of log2(1e-4) = -13.3 shift v by
-    # 2e-6, which q = sigmoid(v) / lam amplifies to ~1e-4 of grad_z at lam's clamp, the fp32 tolerance
-    # (bench/kernel_fast_math.py --lg2-ulps 2)
-    v2 = tl.log2(lam) - (kappa * LOG2E) * z  # v log2(e)
-    e = tl.exp2(-tl.abs(v2))
-    s = e * _rcp(2.0 + e)
-    t = s * s
-    q = Q0 + t * (Q1 + t * (Q2 + t * Q3))
-    softplus = tl.maximum(v2, 0.0) * LN2 + s * (2.0 + t * q)
-    eta = tl.exp2(softplus * (-LOG2E * inv_lam))
     if not BACKWARD:
-        out = z * eta if GATED else eta
+        out = _apa_forward(z, kappa, lam, inv_lam, GATED)
         tl.store(out_ptr + start + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         g = tl.load(grad_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)  # 0 off the end: no partials
-        ge = g * eta
-        w = ge * z if GATED else ge
-        sigmoid = tl.where(v2 >= 0, 1.0, e) * _rcp(1.0 + e)
-        ws = w * sigmoid  # t lam: 1 / lam is applied to the block's sum and to kappa, once per program
-        kappa_lam = kappa * inv_lam
-        grad_z = ge + ws * kappa_lam if GATED else ws * kappa_lam
+        _, grad_z, ws_z, wd = _apa_backward(z, g, kappa, lam, inv_lam, GATED)
         tl.store(out_ptr + start + offs, grad_z.to(out_ptr.dtype.element_ty), mask=mask)
-        # For v << 0 softplus and sigmoid are both ~e^v and D ~ e^{2v}/2: their fp32 difference loses about 0.5%
-        # of lam's gradient at lam_min (aglu.py's fp32 path does, against float64). There D = log1p(e) - 2s/(1 + s)
-        # = s (2s / (1 + s) + t Q(t)), with 2s / (1 + s) = e / (1 + e) = sigmoid: all terms positive.
-        d = tl.where(v2 >= 0, softplus - sigmoid, s * (sigmoid + t * q))
-        tl.store(partial_ptr + 2 * pid, tl.sum(ws * z, axis=0) * inv_lam)
-        tl.store(partial_ptr + 2 * pid + 1, tl.sum(w * d, axis=0))
+        tl.store(partial_ptr + 2 * pid, tl.sum(ws_z, axis=0) * inv_lam)
+        tl.store(partial_ptr + 2 * pid + 1, tl.sum(wd, axis=0))
 
 
 @triton.jit

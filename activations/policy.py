@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import activations
 from activations import impl, selfcheck
 from activations.aglu import APA
 from activations.anact import _NormalizedActivation
@@ -55,10 +56,16 @@ PROBE_TIMEOUT = 600.0  # seconds for one family's child: Python and torch start-
 PROBE_SHARE = 0.8
 
 
+# device types where select_fused probes the fused MLP: the tests that let "auto" take the kernels on CPU tensors
+# (impl.KERNEL_DEVICES) leave it out, its interpreted probe costing seconds; one adds "cpu" here
+FUSED_DEVICES = ("cuda",)
+
+
 def probe_bound(dist_timeout):
     """Seconds all of a rank's probes may take, so that the vote's collective never times out on the others."""
     return min(PROBE_TIMEOUT, PROBE_SHARE * dist_timeout)
-HASHED = ("kernels.py", "selfcheck.py")  # a change to the kernels or to what proves them invalidates every verdict
+HASHED = ("kernels.py", "selfcheck.py", "fused_mlp.py", "pointwise.py")  # a change to the kernels or to what proves
+# them invalidates every verdict
 
 
 def kernel_hash():
@@ -232,12 +239,13 @@ SOURCES = {"recorded": "the recorded decision, not timed again", "probed": "prob
 
 
 def select(model, shape, platform, device, dtype, compiled, dist_info=None, recorded=None, cache=None,
-           reprobe=False, timeout=PROBE_TIMEOUT, work=None):
+           reprobe=False, timeout=PROBE_TIMEOUT, work=None, fused_work=None):
     """Fix impl on every impl="auto" parametric activation of `model`: the Triton kernels where they pass on
     every rank and are faster at `shape` = (rows, width) of the MLP, else the PyTorch path. `recorded`: the
     decisions of a checkpoint or an earlier run, reused where their key is this run's; `cache`: the verdict
     directory (default cache_dir()); `reprobe`: ignore both; `timeout`: seconds all its probes may take together
-    (the trainers': probe_bound(--dist-timeout)); `work`: what the child runs (selfcheck.probe).
+    (the trainers': probe_bound(--dist-timeout)); `work`: what the child runs (selfcheck.probe). Then
+    select_fused (`fused_work`: its child's work), whose records join these under "mlp/NAME".
     Prints one line per family on a CUDA platform; returns {family: {"impl", "reason", "triton_ms",
     "torch_ms", "key", "source"}} for run.json and checkpoints. Every rank must call it (one all_reduce under
     DDP, whatever the platform, so ranks on different hardware still agree)."""
@@ -245,8 +253,9 @@ def select(model, shape, platform, device, dtype, compiled, dist_info=None, reco
     for m in model.modules():
         if getattr(m, "impl", None) == "auto" and isinstance(m, (APA, _NormalizedActivation)):
             groups.setdefault(selfcheck.family(m), []).append(m)
+    fused = (model, shape, platform, device, dtype, compiled, dist_info, recorded, cache, reprobe, timeout, fused_work)
     if not groups:
-        return {}
+        return select_fused(*fused)
     master = dist_info is None or dist_info.master
     blocked = selfcheck.blocker(platform)
     where = f"{platform.name}, {str(dtype).replace('torch.', '')}"
@@ -268,16 +277,9 @@ def select(model, shape, platform, device, dtype, compiled, dist_info=None, reco
         local[name] = (reason, ms, source)
 
     names = list(groups)
-    # one collective: per family, the ranks that cannot use the kernel, and the summed timings
-    votes = torch.tensor([[float(local[n][0] is not None), *(local[n][1] or {"triton": 0.0, "torch": 0.0}).values()]
-                          for n in names], dtype=torch.float64)
-    if dist_info is not None and dist_info.ddp:
-        on = votes.to(dist_info.device) if dist_info.device_type == "cuda" else votes
-        dist.all_reduce(on, op=dist.ReduceOp.SUM)
-        votes = on.cpu()
     decisions = {}
     world = dist_info.world_size if dist_info is not None else 1
-    for name, (failed, triton_ms, torch_ms) in zip(names, votes.tolist()):
+    for name, (failed, triton_ms, torch_ms) in zip(names, _vote(local, names, dist_info)):
         reason, _, source = local[name]
         record = {"impl": "torch", "reason": reason, "triton_ms": None, "torch_ms": None, "key": key,
                   "source": source}
@@ -297,4 +299,83 @@ def select(model, shape, platform, device, dtype, compiled, dist_info=None, reco
             label = "Triton kernel" if record["impl"] == "triton" else "PyTorch path"
             how = SOURCES.get(source, f"verdict {source}; --kernel-reprobe probes again")
             print(f"{name or 'channelwise'}: {label} ({record['reason']}{'; ' + how if how else ''})", flush=True)
+    return {**decisions, **select_fused(*fused[:-2], max(0.0, deadline - time.monotonic()), fused_work)}
+
+
+def _vote(local, names, dist_info):
+    """Per family (ranks that cannot use it, summed Triton or fused ms, summed PyTorch or unfused ms) over the
+    ranks: one all_reduce (a "no" on any rank is a "no" everywhere)."""
+    votes = torch.tensor([[float(local[n][0] is not None), *(local[n][1] or {"triton": 0.0, "torch": 0.0}).values()]
+                          for n in names], dtype=torch.float64)
+    if dist_info is not None and dist_info.ddp:
+        on = votes.to(dist_info.device) if dist_info.device_type == "cuda" else votes
+        dist.all_reduce(on, op=dist.ReduceOp.SUM)
+        votes = on.cpu()
+    return votes.tolist()
+
+
+def fused_groups(model):
+    """{"mlp/NAME" or "mlp/NAME_glu" (gated): [the MLPs whose activation NAME has a fused form (fused_mlp.py)]}."""
+    fused = activations.load_fused_mlp()
+    groups = {}
+    for m in model.modules():
+        if all(hasattr(m, a) for a in ("c_fc", "act", "c_proj")):
+            name, _ = fused.fused_kind(m.act)
+            if name is not None:
+                gated = activations.GLU_SUFFIX if getattr(m, "c_up", None) is not None else ""
+                groups.setdefault(f"mlp/{name}{gated}", []).append(m)
+    return groups
+
+
+def select_fused(model, shape, platform, device, dtype, compiled, dist_info=None, recorded=None, cache=None,
+                 reprobe=False, timeout=PROBE_TIMEOUT, work=None):
+    """Set mlp.fused on every MLP (plain or gated) whose activation has a fused form, where the fused MLP passed its check on
+    every rank and measured faster than the unfused MLP (its activation on the path select() chose) at this run's
+    shape: the third path per activation, beside the compiler and the elementwise kernel, decided by measurement as
+    they are (cached, recorded, reused on resume). Returns {"mlp/NAME": {impl: "fused" | "unfused", reason,
+    triton_ms (fused), torch_ms (unfused), key, source}}; prints one line per group on a GPU."""
+    if platform.device_type not in FUSED_DEVICES or selfcheck.blocker(platform) is not None:
+        return {}
+    groups = fused_groups(model)
+    if not groups:
+        return {}
+    master = dist_info is None or dist_info.master
+    where = f"{platform.name}, {str(dtype).replace('torch.', '')}"
+    since, recorded = (time.time(), {}) if reprobe else (None, recorded or {})
+    deadline = time.monotonic() + timeout
+    local = {}
+    for name, mlps in groups.items():
+        m = mlps[0]
+        key = {**decision_key(platform, dtype, shape, compiled), "d_model": m.c_fc.in_features}
+        old = recorded.get(name)
+        if old is not None and old.get("key") == key:
+            ms = {"triton": old["triton_ms"], "torch": old["torch_ms"]} if old.get("triton_ms") is not None else None
+            local[name] = (None if ms else old["reason"]), ms, "recorded", key
+            continue
+        state = {"act": {k: v.tolist() for k, v in m.act.state_dict().items()}, "d_model": m.c_fc.in_features,
+                 "impl": getattr(m.act, "impl", None)}
+        v = verdict(name, (name, state, tuple(shape), str(device), dtype, compiled), key, cache_dir(cache), since,
+                    deadline, work or selfcheck.probe_fused)
+        ms = {"triton": v["triton_ms"], "torch": v["torch_ms"]} if v["ok"] else None
+        reason = None if v["ok"] else f"the fused MLP failed its check on {where}: {v['reason']}"
+        local[name] = reason, ms, (f"cached {v['date']}" if v["cached"] else "probed"), key
+    world = dist_info.world_size if dist_info is not None else 1
+    decisions = {}
+    for name, (failed, fused_ms, unfused_ms) in zip(groups, _vote(local, list(groups), dist_info)):
+        reason, _, source, key = local[name]
+        record = {"impl": "unfused", "reason": reason, "triton_ms": None, "torch_ms": None, "key": key,
+                  "source": source}
+        if failed == 0:
+            f, u = fused_ms / world, unfused_ms / world
+            record.update(impl="fused" if f < u else "unfused", triton_ms=f, torch_ms=u,
+                          reason=f"fused {f:.3f} ms vs unfused {u:.3f} ms, {'compiled' if compiled else 'eager'} "
+                                 f"MLP fwd+bwd at {shape[0]}x{key['d_model']}x{shape[1]} on {where}")
+        elif reason is None:
+            record["reason"] = f"the fused MLP failed on {int(failed)} other rank(s) (their lines say why)"
+        for m in groups[name]:
+            m.fused = record["impl"] == "fused"
+        decisions[name] = record
+        if master:
+            how = SOURCES.get(source, f"verdict {source}; --kernel-reprobe probes again")
+            print(f"{name}: {record['impl']} MLP ({record['reason']}{'; ' + how if how else ''})", flush=True)
     return decisions

@@ -219,3 +219,100 @@ def blocker(platform):
     if platform.triton is None or impl.loaded_kernels() is None:
         return "Triton is not installed"
     return None
+
+
+# ---------------------------------------------------------------- the fused MLP (activations/fused_mlp.py)
+class _MLP(torch.nn.Module):
+    """model.py's MLP, c_proj(act(c_fc(x))) or gated c_proj(act(c_fc(x)) c_up(x)), fused where .fused is set (as
+    model.py's MLP.forward does)."""
+
+    def __init__(self, act, d_model, width, gated=False):
+        super().__init__()
+        self.c_fc, self.act, self.c_proj = torch.nn.Linear(d_model, width), act, torch.nn.Linear(width, d_model)
+        self.c_up = torch.nn.Linear(d_model, width) if gated else None
+        self.fused = False
+
+    def forward(self, x):
+        y = activations.load_fused_mlp().forward(self, x) if self.fused else None
+        if y is not None:
+            return y
+        h = self.act(self.c_fc(x))
+        return self.c_proj(h if self.c_up is None else h * self.c_up(x))
+
+
+def _mlp_step(mlp, x, grad):
+    mlp.zero_grad()
+    xg = x.clone().requires_grad_()
+    out = mlp(xg)
+    out.backward(grad)
+    return [out, xg.grad, *(p.grad for p in mlp.parameters())]
+
+
+def check_fused(name, device, dtype, state=None):
+    """Raise (ProbeMismatch or the kernel's error) unless the fused MLP of `name` (an MLP setting: aglu, swiglu,
+    aglu_glu; the activation's parameters from
+    `state`) is within the dtype's tolerance of float64, beyond the unfused MLP's own error: output, input gradient,
+    every parameter's gradient (max |error| / max |value|)."""
+    device = torch.device(device)
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+            torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
+        torch.manual_seed(0)
+        act_name, gated = activations.mlp_activation(name)
+        mlp = _MLP(activations.build(act_name), 64, 200, gated)  # 200: the tiles' edges masked
+        if state:
+            mlp.act.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
+        ref = copy.deepcopy(mlp).double().to(device)
+        mlp = mlp.to(device, dtype)
+        x, grad = _probe_input((37, 64), dtype, device, seed=0, spread=3.0)
+        want = _mlp_step(ref, x.double(), grad.double())
+        unfused = _mlp_step(mlp, x, grad)
+        mlp.fused = True
+        fused = _mlp_step(mlp, x, grad)
+        for i, (f, u, w) in enumerate(zip(fused, unfused, want)):
+            scale = w.abs().max().item() or 1.0
+            err_f, err_u = ((t.double() - w).abs().max().item() / scale for t in (f, u))
+            if not err_f <= err_u + tolerance:  # NaN fails too
+                raise ProbeMismatch(f"fused MLP, tensor {i} (output, input gradient, parameters' gradients): "
+                                    f"error {err_f:.3g} of its largest value, unfused {err_u:.3g}")
+
+
+def probe_fused(name, state, shape, device, dtype, compiled, reps=10, warmup=3):
+    """What activations/policy.py's child runs for the fused MLP of `name` ('mlp/aglu', 'mlp/silu_glu'): the
+    check, then forward + backward of the unfused MLP (the activation on the path `state["impl"]` that policy
+    chose) and of the fused one at the run's (rows, width) and d_model, compiled as the run compiles, interleaved.
+    Returns {"triton": fused ms, "torch": unfused ms}."""
+    setting = name.partition("/")[2]
+    act_name, gated = activations.mlp_activation(setting)
+    device = torch.device(device)
+    check_fused(setting, device, dtype, state["act"])
+    act = activations.build(act_name)
+    act.load_state_dict({k: torch.tensor(v) for k, v in state["act"].items()})
+    if state.get("impl") and hasattr(act, "impl"):
+        act.impl = state["impl"]
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
+        x = torch.randn(shape[0], state["d_model"], device=device, dtype=dtype)
+        grad = torch.randn_like(x)
+        steps = {}
+        for path in ("triton", "torch"):
+            mlp = _MLP(copy.deepcopy(act), state["d_model"], shape[1], gated).to(device, dtype)
+            mlp.fused = path == "triton"
+            fn = torch.compile(mlp, dynamic=False) if compiled else mlp
+
+            def step(fn=fn, params=list(mlp.parameters())):
+                xg = x.requires_grad_()
+                return torch.autograd.grad(fn(xg), [xg, *params], grad)
+            steps[path] = step
+        for step in steps.values():
+            for _ in range(warmup):
+                step()
+        times = {path: [] for path in steps}
+        for _ in range(reps):
+            for path, step in steps.items():
+                _sync(device)
+                t0 = time.perf_counter()
+                step()
+                _sync(device)
+                times[path].append(1e3 * (time.perf_counter() - t0))
+    return {path: statistics.median(t) for path, t in times.items()}

@@ -15,13 +15,16 @@ trusted.
 For HellaSwag, where every run is scored on the same items, each pair also gets the item-level interval of its
 difference (from the final evaluation's items files, eval/hellaswag_items.py): the per-seed interval answers
 "another seed of training", the item-level one "another sample of items"; a claim needs both to exclude 0.
+Every declared downstream metric (HellaSwag acc, acc_norm and the gold ending's bits per byte) also gets its
+difference with seeds and items both sampled and its minimum detectable effect, and every metric its
+signal-to-noise over the arms (analysis/downstream.py).
 Written to sweep.md, sweep.json and compare.png (analysis/sweep_plot.py) in the sweep directory.
 """
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis import literature_measures
+from analysis import downstream, literature_measures
 from analysis.compare import plot_telemetry, table
 from analysis.run_setup import flag_lines, kernel_text
 from analysis.arms import arms_of
@@ -431,6 +434,22 @@ def measures_section(measured, baselines):
             "", *literature_measures.sentences(measured, baselines), ""]
 
 
+def downstream_part(sweep, result):
+    """The downstream section (analysis/downstream.py): each declared downstream metric's difference with seeds and
+    items both sampled, and every compared metric's signal-to-noise over the arms (the A/A control left out)."""
+    declared = metrics_of(sweep.done)
+    values = downstream.item_values(sweep.compared, lambda run: run.arm, declared)
+    pairs = downstream.downstream_pairs(values, sweep.baselines)
+    keys = [*FIRST, *((m.name, m.label) for m in declared.values() if m.plotted or m.name in downstream.DOWNSTREAM),
+            *LAST]
+    rows, keys = seed_values(sweep.compared, sweep.order, keys)
+    snr = downstream.signal_to_noise(rows, keys, [a for a in sweep.order if a != sweep.control])
+    result["downstream"] = {"paired": pairs, "snr": [{"metric": k, "spread": spread, "seed_sd": sd, "snr": r}
+                                                     for k, spread, sd, r in snr]}
+    names = {**dict(FIRST), **dict(LAST), **{m.name: m.label for m in declared.values()}}
+    return downstream.section(pairs, sweep.baselines, snr, names, {m.name: m.unit for m in declared.values()})
+
+
 def report(out_dir, acts=None, baseline=None, target_diff=None):
     """Read every run under out_dir and write sweep.md, sweep.json and compare.png there; returns the markdown.
     Runs are grouped by variant (directory {label}_seed{seed}); each variant is compared with its baseline
@@ -460,6 +479,7 @@ def report(out_dir, acts=None, baseline=None, target_diff=None):
     units = {**UNITS, **{m.name: m.unit for m in sweep.in_loop}}
     md += pairs_section(pairs, baselines, metrics, units, control, family_size, target_diff)
     md += hellaswag_intervals(pairs, baselines)
+    md += downstream_part(sweep, result)
     result["measures"] = literature_measures.paired_differences({a: sweep.of(a) for a in order},
                                                                 {a: baselines[a] for a in pairs})
     md += measures_section(result["measures"], baselines)

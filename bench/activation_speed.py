@@ -5,6 +5,10 @@ GPT-2 MLP shape (rows x 3072), eager and torch.compile'd, with ratios to GELU fr
     python bench/activation_speed.py --device cuda --rows 65536 --dtype bfloat16 --json out.json
     python bench/activation_speed.py --device cpu --acts gelu,aglu --rows 64 --rounds 1   # two of them, toy size
 
+On a GPU a second table times GPT-2's whole MLP (rows x 768 -> 3072 -> 768, compiled) per activation that has a
+fused form: the compiler's activation, its elementwise kernel where it has one, and activations/fused_mlp.py, with
+the matmuls' achieved FLOP/s and the hidden tensor's bandwidth as fractions of the device's peaks (bench_mlp).
+
 The parametric activations (AGLU, APA, NSwish, NReLU) run once per implementation: `torch` (the
 PyTorch path) and, on CUDA with Triton, `triton` (the fused kernels of activations/kernels.py); the
 last column compares every row with compiled GELU, the measure of the GPU target (BENCHMARKS.md,
@@ -120,6 +124,94 @@ def bench_device(device, rows, dtype, rounds, warmup, impls, names, backend="ind
     return results
 
 
+def peak_bandwidth(device):
+    """Bytes/s of the GPU's memory (double data rate: 2 x clock x bus width), or None where torch does not say."""
+    props = torch.cuda.get_device_properties(device)
+    clock, bus = getattr(props, "memory_clock_rate", None), getattr(props, "memory_bus_width", None)
+    return 2 * clock * 1e3 * bus / 8 if clock and bus else None
+
+
+class MLP(torch.nn.Module):
+    """GPT-2's MLP, c_proj(act(c_fc(x))), or gated c_proj(act(c_fc(x)) c_up(x)), through activations/fused_mlp.py
+    where .fused is set."""
+
+    def __init__(self, name, impl, d_model, width, gated):
+        super().__init__()
+        self.c_fc, self.c_proj = torch.nn.Linear(d_model, width), torch.nn.Linear(width, d_model)
+        self.c_up = torch.nn.Linear(d_model, width) if gated else None
+        self.act, self.fused = build(name, impl), False
+
+    def forward(self, x):
+        y = activations.load_fused_mlp().forward(self, x) if self.fused else None
+        if y is not None:
+            return y
+        h = self.act(self.c_fc(x))
+        return self.c_proj(h if self.c_up is None else h * self.c_up(x))
+
+
+def bench_mlp(device, rows, dtype, rounds, warmup, names, d_model=768):
+    """The MLP's fwd+bwd, compiled, per activation with a fused form (activations/fused_mlp.py), and SwiGLU's (the
+    ladder's gated arm, activations/gated.py's width): the compiler's activation, the elementwise kernel (where the
+    activation has one) and the fused MLP, interleaved. Each row: ms, matmul TFLOP/s (the matmuls' 6 rows d width
+    FLOPs each, fwd+bwd) and its fraction of the dense bf16 peak (model.py's PEAK_FLOPS), and the hidden tensor's
+    traffic in GB/s with its fraction of the memory's peak: the fused MLP's passes of rows x width (plain: pre and
+    h written, pre read, grad_pre and h written, 5; gated: up too, 8), the floor an unfused MLP moves more than."""
+    from activations.gated import hidden_width
+    from model import PEAK_FLOPS
+    fused_mlp = activations.load_fused_mlp()
+    name_of_device = torch.cuda.get_device_name(device)
+    peak_flops = next((f for key, f in PEAK_FLOPS if key in name_of_device), None)
+    bandwidth = peak_bandwidth(device)
+    x = torch.randn(rows, d_model, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(rows, d_model, device=device, dtype=dtype)
+    cases, shapes = {}, {}
+    for setting in [*names, "swiglu"]:
+        name, gated = activations.mlp_activation(setting)
+        takes_impl = "impl" in inspect.signature(type(activations.build(name)).__init__).parameters
+        if fused_mlp.fused_kind(build(name, "torch" if takes_impl else None))[0] is None:
+            continue
+        shapes[setting] = (hidden_width(d_model, WIDTH, gated), 3 if gated else 2, 8 if gated else 5)
+        for arm, impl, fused in (("compiler", "torch" if takes_impl else None, False),
+                                 *((("kernel", "triton", False),) if takes_impl else ()),
+                                 ("fused", "torch" if takes_impl else None, True)):
+            mlp = MLP(name, impl, d_model, shapes[setting][0], gated).to(device, dtype)
+            mlp.fused = fused
+            cases[(setting, arm)] = (torch.compile(mlp), mlp)
+    for fn, module in cases.values():
+        for _ in range(warmup):
+            step(fn, module, x, grad)
+    torch.cuda.synchronize()
+    times = {key: [] for key in cases}
+    for _ in range(rounds):
+        for key, (fn, module) in cases.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step(fn, module, x, grad)
+            torch.cuda.synchronize()
+            times[key].append(time.perf_counter() - t0)
+    results = []
+    for (name, arm), t in times.items():
+        seconds = statistics.median(t)
+        width, matmuls, passes = shapes[name]
+        flops = 6 * matmuls * rows * d_model * width / seconds
+        traffic = passes * rows * width * torch.finfo(dtype).bits / 8 / seconds
+        results.append({"name": name, "arm": arm, "ms": 1e3 * seconds, "tflops": flops / 1e12,
+                        "flops_fraction": flops / peak_flops if peak_flops else None, "hidden_gbs": traffic / 1e9,
+                        "bandwidth_fraction": traffic / bandwidth if bandwidth else None})
+    return results
+
+
+def print_mlp_table(name, rows, dtype, results):
+    print(f"\n{name}  MLP {rows}x768 -> {WIDTH} (gated: 2048) -> 768 {str(dtype).replace('torch.', '')}, compiled, "
+          "fwd+bwd: ms (ratio to the compiler's arm), matmul TFLOP/s (fraction of the dense peak), hidden tensor GB/s "
+          "(fraction of peak)")
+    frac = lambda f: "n/a" if f is None else f"{f:.2f}"
+    base = {r["name"]: r["ms"] for r in results if r["arm"] == "compiler"}
+    for r in results:
+        print(f"{r['name'] + ' [' + r['arm'] + ']':<22}{r['ms']:>8.3f} ({r['ms'] / base[r['name']]:.3f})"
+              f"{r['tflops']:>9.1f} ({frac(r['flops_fraction'])}){r['hidden_gbs']:>9.0f} ({frac(r['bandwidth_fraction'])})")
+
+
 def print_table(device, rows, dtype, results):
     print(f"\n{device}  {rows}x{WIDTH} {str(dtype).replace('torch.', '')}  fwd+bwd ms: median (ratio to gelu, same "
           "mode), min-ratio = ratio of the fastest rounds; best/gelu-c = faster mode / compiled gelu; "
@@ -177,8 +269,14 @@ def main():
         results = bench_device(device, rows, dtype, args.rounds, args.warmup, impls, names, args.backend)
         name = device if device == "cpu" else torch.cuda.get_device_name()
         print_table(name, rows, dtype, results)
+        mlp = []
+        if device == "cuda" and loaded_kernels():
+            mlp = bench_mlp(device, rows, dtype, args.rounds, args.warmup, names)
+            print_mlp_table(name, rows, dtype, mlp)
+        else:
+            print(f"\n{name}: the fused MLP (activations/fused_mlp.py, Triton) runs only on a GPU: not measured here")
         report["runs"].append({"device": device, "device_name": name, "rows": rows, "dtype": str(dtype),
-                               "results": results})
+                               "results": results, "mlp": mlp})
     report["loadavg_after"] = os.getloadavg()[0]
     print(f"\nload average (1 min) before / after: {report['loadavg_before']:.2f} / {report['loadavg_after']:.2f}")
     if args.json:

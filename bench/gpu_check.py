@@ -1,7 +1,7 @@
 """One command for any GPU owner: everything nanoact could not run without a GPU, run on yours, PASS/FAIL with numbers.
 
     python bench/gpu_check.py                      # one GPU: at most 10 minutes; a CPU: kernels in Triton's interpreter
-    python bench/gpu_check.py --quick              # what decides whether a run is safe: at most 3 min 10 s
+    python bench/gpu_check.py --quick              # what decides whether a run is safe: at most 190 s
     python bench/gpu_check.py --out runs/gpu_check # where gpu_check.json and gpu_check.md go (the default)
     python bench/gpu_check.py --only kernels,resume
     python bench/gpu_check.py --smoke              # every section at toy sizes on this device (tests the script itself)
@@ -70,16 +70,16 @@ from training.runlog import git_revision  # noqa: E402
 SECTIONS = ("kernels", "train_step", "loss_chunks", "attention", "resume", "hellaswag", "translation", "ddp")
 BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 PARAMETRIC = ("aglu", "apa", "nswish", "nrelu", "nswish/per_instance", "nrelu/per_instance")
-QUICK = ("kernels", "resume", "hellaswag")  # what decides whether a run is safe: ~3 minutes on one GPU
+QUICK = ("kernels", "resume", "hellaswag")  # what decides whether a run is safe: BOUNDS' --quick column
 # Wall-clock bound of each section, seconds (full, --quick), and what the command spends outside them (Python,
 # torch, Triton and CUDA starting, the environment read, the report written). Each section's work is sized to
 # fit one recent GPU (not measured: no GPU where this was written). On a GPU each section is a child process
 # (check_runner.section_in_child), its start included in its bound, stopped with all it started at its bound: the section then
 # FAILs; inside, timings start no new case near the end, so what was timed is reported. train_step compiles GPT-2
-# 124M for each of its 6 contenders, after the activations' probes. One GPU, full: 10 min in all (one window of a
-# lent machine); --quick: 3 min 10 s.
-# translation: two trainer starts, the compiled one's warm-up (<= 60 s is its own target) and 40 steps each, so 90 s;
-# kernels and attention gave it 30 s.
+# 124M for each of its 6 contenders, after the activations' probes. The full bounds and STARTUP add up to one window
+# of a lent machine, the --quick ones to a few minutes.
+# translation: two trainer starts, the compiled one's warm-up (its own target: docs/translation.md) and 40 steps
+# each; kernels and attention gave it part of theirs.
 BOUNDS = {"kernels": (75, 60), "train_step": (240, None), "loss_chunks": (30, None), "attention": (35, None),
           "resume": (70, 70), "hellaswag": (45, 45), "translation": (90, None), "ddp": (90, None)}
 STARTUP = 15
@@ -105,8 +105,8 @@ def median_ms(step, reps, warmup=3):
 
 def gpu_batch():
     """B for the 124M training step at T=1024 from the GPU memory free now: 64 (the recipe) when it fits. Each of
-    the 6 contenders holds ~1.5 GiB (weights and AdamW state, fp32) all along; one step at B=64 adds ~40 GiB (the
-    B=32 peaks measured on an H200, doubled): 64 fits an 80 GB H100."""
+    the 6 contenders holds its weights and AdamW state (fp32) all along; one step at B=64 adds twice the B=32
+    peak measured on an H200 (BENCHMARKS.md, "gpu_check"): 64 fits an H100's memory."""
     release()
     free, total = torch.cuda.mem_get_info()
     gib = free / 2**30

@@ -82,12 +82,12 @@ def main(argv=None):
     for mode in args.modes.split(","):
         model = torch.compile(base, dynamic=False) if mode == "compiled" else base
         t0 = time.time()
-        plan = hellaswag.make_plan(requests, gold, base.config.block_size, batch_rows,
+        packing = hellaswag.make_row_batches(requests, gold, base.config.block_size, batch_rows,
                                    length_step=hellaswag.length_step(model))
         pack_s = time.time() - t0
-        lengths = sorted({idx.shape[1] for _, idx, _ in plan.batches})
+        lengths = sorted({idx.shape[1] for _, idx, _ in packing.batches})
         warm_s = warm_up(model, lengths, batch_rows, device, autocast)
-        hellaswag._PLANS.clear()  # the first call of a run: reads, tokenizes and packs (timed apart below)
+        hellaswag._ROW_BATCHES.clear()  # the first call of a run: reads, tokenizes and packs (timed apart below)
         t0, cpu0 = time.time(), time.process_time()
         results = hellaswag.evaluate_model(model, device, data, args.limit, "both", None, autocast, True,
                                            args.batch_items)

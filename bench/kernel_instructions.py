@@ -5,14 +5,16 @@ target with no GPU present (Triton's bundled ptxas and cuobjdump), with register
     python bench/kernel_instructions.py --commit a84bf53  # the kernels.py of a commit (before/after)
     python bench/kernel_instructions.py --json 80 90 100  # one JSON row per variant (tests/test_kernels.py)
     python bench/kernel_instructions.py 80 --kernels _apa_kernel --dtypes fp32   # one kernel's variants
+    python bench/kernel_instructions.py 80 90 100 --fused      # activations/fused_mlp.py's matmul: every config x
+                                                               # activation x pass, registers and spills
 
 The kernels are straight-line code (no loops): each thread handles BLOCK / (32 num_warps) elements, unrolled, so
 the static SASS count divided by that is the instructions issued per element, the program's fixed work (loads
 of the parameters, the block reductions) spread over its elements. Precise division and libdevice's slow paths
-count in full (they are in the code even when rarely taken). An H200 has 132 SMs x 128 lanes at ~1.98 GHz: at
-65536x3072 each instruction per element costs ~6 us, while bf16 moves 4 bytes per element forward (~0.17 ms at
-4.8 TB/s) and 6 backward, so above ~28 instructions forward and ~42 backward a kernel waits on issue, not on
-memory (an H100, 3.35 TB/s: ~40 and ~60). MUFU instructions (ex2, rcp, lg2) go through a pipe an eighth as wide
+count in full (they are in the code even when rarely taken). A kernel waits on issue, not on memory, once its
+instructions per element exceed (SMs x lanes x clock) x (bytes per element) / (memory bandwidth): bf16 moves 4
+bytes per element forward and 6 backward (the thresholds for an H200 and an H100:
+BENCHMARKS.md, "The learned activations' kernels"). MUFU instructions (ex2, rcp, lg2) go through a pipe an eighth as wide
 (16 lanes per SM), counted apart: 3 per element cost about as much as 24 others.
 """
 import argparse
@@ -37,7 +39,8 @@ from triton.compiler import ASTSource  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 FLAGS = list(itertools.product((True, False), repeat=2))
-IO = ("x_ptr", "z_ptr", "grad_ptr", "out_ptr")  # the tensors in the activation's dtype; the rest are fp32
+IO = ("x_ptr", "z_ptr", "grad_ptr", "out_ptr", "a_ptr", "b_ptr", "b2_ptr", "bias_ptr", "bias2_ptr", "pre_ptr", "up_ptr",
+      "out2_ptr", "h_ptr")  # the tensors in the activation's dtype; the rest are fp32
 NOP, MUFU = 0x918, 0x308  # SASS opcodes (sm_70 to sm_90; cuobjdump -sass counts the same on every variant here)
 
 
@@ -76,6 +79,25 @@ def variants(K):
                    BLOCK=block), {"num_warps": row_warps(block)})
 
 
+def fused_variants(largest_only=False, kinds=None):
+    """(kernel, scalar args, constexprs, options) of activations/fused_mlp.py's matmul: every autotune config (or the
+    one with the largest tile, the most registers), every activation, forward and backward, plain and gated. The matmul's SASS is a
+    loop, not straight-line code: its rows report registers and spills, per_element only as the epilogue's bound."""
+    import activations.fused_mlp as fused
+    import activations.pointwise as pointwise
+    largest = lambda configs: [max(configs, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"], c.num_warps))]
+    scalars = {"lam_min": "fp32", **{k: "i32" for k in ("M", "N", "K", "stride_am", "stride_ak", "stride_bk",
+                                                          "stride_bn")}}
+    kinds = kinds or sorted(set(pointwise.KINDS) - {"swish"})
+    for name, backward, gated in itertools.product(kinds, (False, True), (False, True)):
+        configs = fused._prune(fused.CONFIGS, {}, GATED=gated, BACKWARD=backward)  # what the autotuner may pick
+        for config in largest(configs) if largest_only else configs:
+            yield (fused._matmul_act_kernel.fn, scalars,
+                   dict(KIND=pointwise.KINDS[name], BACKWARD=backward, GATED=gated, HAS_BIAS=not backward,
+                        SAVE_PRE=not backward, IEEE=False, **config.kwargs),
+                   {"num_warps": config.num_warps, "num_stages": config.num_stages})
+
+
 def compile_one(fn, scalars, constexprs, options, dtype, arch):
     pointers = [a for a in fn.arg_names if a.endswith("_ptr")]
     signature = {**{p: f"*{dtype}" if p in IO else "*fp32" for p in pointers}, **scalars,
@@ -89,7 +111,7 @@ def compile_one(fn, scalars, constexprs, options, dtype, arch):
 
 def sass_counts(cubin, name):
     """(SASS instructions, MUFU instructions) in the cubin's code of kernel `name`, read from its ELF .text section
-    without a disassembler (cuobjdump -sass costs ~0.4 CPU-s a cubin): since Volta every instruction is 16 bytes,
+    without a disassembler (cheaper than a cuobjdump -sass process per cubin): since Volta every instruction is 16 bytes,
     its opcode the low 12 bits. The NOPs padding the end are left out."""
     shoff, = struct.unpack_from("<Q", cubin, 0x28)
     entsize, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
@@ -116,19 +138,19 @@ def usage(kernel, name):
     return {**found, "sass": sass, "mufu": mufu}
 
 
-def arch_rows(arch, commit=None, dtypes=("bf16", "fp32"), kernels=None):
+def arch_rows(arch, commit=None, dtypes=("bf16", "fp32"), kernels=None, fused=False):
     """One row per (variant, dtype) for sm_`arch`: usage() and instructions per element, or the error. kernels: the
-    names of the kernels to count (default all)."""
+    names of the kernels to count (default all); fused: fused_mlp.py's variants instead of kernels.py's."""
     try:  # is this arch one the installed Triton (and its ptxas) targets at all?
         compile_one(_copy, {}, {}, {}, "fp32", arch)
     except Exception as e:  # noqa: BLE001 - reported as the row: an arch this Triton has no backend for
         return [{"arch": arch, "unsupported": f"{type(e).__name__}: {e}"[:300]}]
-    K = load_kernels(commit)
     rows = []
-    for fn, scalars, constexprs, options in variants(K):
+    for fn, scalars, constexprs, options in fused_variants() if fused else variants(load_kernels(commit)):
         if kernels and fn.__name__ not in kernels:
             continue
-        per_thread = constexprs["BLOCK"] // (32 * options.get("num_warps", 4))
+        block = constexprs.get("BLOCK") or constexprs["BLOCK_M"] * constexprs["BLOCK_N"]
+        per_thread = block // (32 * options.get("num_warps", 4))
         for dtype in dtypes:
             row = {"arch": arch, "kernel": fn.__name__, "dtype": dtype, **constexprs, **options}
             try:
@@ -150,6 +172,10 @@ def toolchain():
 def label(row):
     flags = [k.lower() for k in ("GATED", "SWISH", "BACKWARD") if row.get(k)]
     block = f" BLOCK={row['BLOCK']}" if row["kernel"] == "_anact_rows_kernel" else ""
+    if "KIND" in row:
+        from activations.pointwise import KINDS
+        kinds = {v: k for k, v in reversed(KINDS.items())}
+        block = f" {kinds[row['KIND']]} {row['BLOCK_M']}x{row['BLOCK_N']}x{row['BLOCK_K']} s{row['num_stages']}"
     return f"{row['kernel']}[{','.join(flags) or '-'}]{block}"
 
 
@@ -160,6 +186,7 @@ def main(argv=None):
     p.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp32, fp16")
     p.add_argument("--json", action="store_true", help="one JSON row per variant (bf16 and fp32)")
     p.add_argument("--kernels", help="comma-separated kernel names, e.g. _apa_kernel (default: every kernel)")
+    p.add_argument("--fused", action="store_true", help="activations/fused_mlp.py's matmul variants instead")
     args = p.parse_args(argv)
     missing = toolchain()
     if missing and args.json:  # for tests/test_kernels.py to skip on, saying why
@@ -170,7 +197,8 @@ def main(argv=None):
     dtypes = ("bf16", "fp32") if args.json else tuple(args.dtypes.split(","))
     kernels, n = args.kernels and args.kernels.split(","), len(args.archs)
     with ProcessPoolExecutor(min(2, n)) as pool:
-        results = list(pool.map(arch_rows, args.archs, [args.commit] * n, [dtypes] * n, [kernels] * n))
+        results = list(pool.map(arch_rows, args.archs, [args.commit] * n, [dtypes] * n, [kernels] * n,
+                                [args.fused] * n))
     rows = [row for arch in results for row in arch]
     if args.json:
         for row in rows:

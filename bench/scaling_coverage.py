@@ -1,6 +1,6 @@
 """The calibration behind a ladder report's intervals at scale: the configurations of stats/ladder_noise.py (the
 CPU ladder's rungs, equal or falling seed noise, a seed effect shared by the arms and an arm's own persisting across
-sizes, two power-law terms, an arm exponent 1.1x the baseline's, sizes off the curves by an amount their arms
+sizes, two power-law terms, an arm exponent above the baseline's, sizes off the curves by an amount their arms
 share, three identical arms), the lr stage (f: two
 identical arms at lrs picked at the smallest size, the optimum moving 2x; its rates also over the ladders whose
 tuning audit at the largest size is clean, and how often the picks differ) and, with --sweep, the shared

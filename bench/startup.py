@@ -1,6 +1,6 @@
 """Loader start-up (data/loader.py: open every shard, check it, first batch) against the size of the corpus.
 
-    python bench/startup.py                              # 20 and 100 shards of 1e8 tokens: 20 GB of disk
+    python bench/startup.py                              # 20 and 100 shards of 1e8 tokens (2 bytes a token)
     python bench/startup.py --shards 5,20 --tokens 2e7   # less disk
     python bench/startup.py --dir /shared/scratch        # on the filesystem your shards live on
 

@@ -9,13 +9,18 @@
         --shape '{"n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 256}'  # a ladder size, for --throughput FILE
     python bench/train_step.py --acts 'gelu,gelu{"vocab_size": 256}'   # GPT-2's vocabulary against bytes
     python bench/train_step.py --acts 'gelu,gelu{"pos_emb": "rope"}'   # learned positions against rotary
+    python bench/train_step.py --preset gpt2_124m --batch-size 32 --seq-len 1024 --compile --acts \
+        'reference,gelu,gelu{"fused_mlp": true},relu2,relu2{"fused_mlp": true},aglu,aglu{"fused_mlp": true},swiglu,\
+swiglu{"fused_mlp": true}'
 
 Contenders (--acts, comma-separated): `reference` is bench/reference_gpt2.py, the textbook GPT-2 (GELU
 inline, full logits, PyTorch's SDPA choice, compile mode default). Any other name is nanoact's GPT with that
 activation, optionally followed by a JSON object: its keys loss_chunks, attention_backend, compile_mode set
 that contender's speed options (default: --loss-chunks, --attention-backend, --compile-mode), vocab_size its
 vocabulary (default the shape's: GPT-2's, padded, 50304; 256 for byte shards, data/fineweb.py --tokenizer bytes),
-pos_emb its positions (learned or rope, model.py), every other key is an activation option passed to the
+pos_emb its positions (learned or rope, model.py), fused_mlp true the MLP with its activation in the matmuls
+(activations/fused_mlp.py, forced as policy.py's probe would choose it; a GPU's only: on a CPU the contender is
+listed as not run), every other key is an activation option passed to the
 activation as is. Ratios are to the first contender. --shape (a JSON object of n_layer, n_embd, n_head, vocab_size,
 block_size) replaces those of the preset: a size of a ladder plan.
 
@@ -44,7 +49,7 @@ from typing import Callable
 
 import torch
 
-from activations import step_statistics
+from activations import load_fused_mlp, step_statistics
 from bench.activation_speed import cpu_model
 from bench.reference_gpt2 import ReferenceConfig, ReferenceGPT
 from model import GPT, GPTConfig
@@ -88,6 +93,7 @@ def parse_contender(spec, args):
                     compile_mode=options.get("compile_mode", "default"), vocab_size=None, pos_emb="learned")
     speed = {key: options.pop(key, getattr(args, key)) for key in SPEED_KEYS}
     return dict(label=spec, act=name, vocab_size=options.pop("vocab_size", None),
+                fused_mlp=options.pop("fused_mlp", False),
                 pos_emb=options.pop("pos_emb", "learned"), act_kwargs=options, **speed)
 
 
@@ -99,6 +105,10 @@ def build(args, c):
         config = GPTConfig(**{**args.shape, "vocab_size": c["vocab_size"] or args.shape.get("vocab_size", GPTConfig.vocab_size)}, act=c["act"],
                            act_kwargs=c["act_kwargs"], pos_emb=c["pos_emb"])
         model = GPT(config, loss_chunks=c["loss_chunks"], attention_backend=c["attention_backend"], seed=0)
+        if c.get("fused_mlp"):
+            load_fused_mlp()  # imported before torch.compile traces the forward (an import breaks its graph)
+        for block in model.transformer.h:
+            block.mlp.fused = c.get("fused_mlp", False)
     model = model.to(args.device)
     opt = adamw(model, 6e-4, 0.1, (0.9, 0.95), 1e-8, args.device.split(":")[0])
     compiled = torch.compile(model, mode=c["compile_mode"]) if args.compile else model
@@ -163,8 +173,7 @@ def saved_for_backward_bytes(model, args, vocab_size):
     def pack(t):
         seen[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
         # detached: a hook that returns an output of the graph itself closes a cycle through autograd's C++
-        # nodes that Python's gc cannot free, and the forward's whole graph stayed alive (17,060 MiB per
-        # contender at 124M, B=32)
+        # nodes that Python's gc cannot free, and the forward's whole graph stayed alive
         return t.detach()
 
     batch = torch.randint(0, min(vocab_size or args.shape.get("vocab_size", 50257), 50257),
@@ -331,6 +340,10 @@ def main(argv=None):
         print(peak_rss())
         return
     contenders = [parse_contender(spec, args) for spec in split_acts(args.acts)]
+    if not args.device.startswith("cuda"):
+        for c in [c for c in contenders if c.get("fused_mlp")]:
+            print(f"{c['label']}: not run, the fused MLP (Triton) runs only on a GPU ({args.device} here)")
+            contenders.remove(c)
     labels = [c["label"] for c in contenders]
     if len(set(labels)) != len(labels):
         raise SystemExit(f"error: --acts lists a contender twice: {args.acts}")

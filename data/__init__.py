@@ -9,7 +9,7 @@ from errors import DataError  # noqa: F401  (data's callers catch it from here)
 
 def hub_unreachable(timeout=10):
     """Why the Hugging Face hub cannot be reached, or "" if it answers at all (any HTTP status will do).
-    One quick request: offline, `datasets` retries for ~30 s and then raises a long traceback."""
+    One quick request: offline, `datasets` retries for a long while and then raises a long traceback."""
     try:
         request = urllib.request.Request(os.environ.get("HF_ENDPOINT", "https://huggingface.co"), method="HEAD")
         urllib.request.urlopen(request, timeout=timeout).close()

@@ -109,7 +109,7 @@ def _parquet_documents(path):
 
 def hf_documents(config, streaming, first):
     offline = bool(os.environ.get("HF_HUB_OFFLINE"))
-    # One quick request first: offline, datasets retries for ~30 s and then raises a long traceback.
+    # One quick request first: offline, datasets retries for a long while and then raises a long traceback.
     problem = "" if offline else hub_unreachable()
     if not problem:
         from datasets import load_dataset  # slow import, only needed for the HF source

@@ -1,7 +1,7 @@
 """What start-up needs to know about a token shard (its token count and largest token id), kept so that no
 start after the first reads a shard whole.
 
-Checking a shard's ids means reading all of it: 200 MB per 1e8-token shard, 20 GB for FineWeb-Edu sample-10BT,
+Checking a shard's ids means reading all of it (2 bytes a token; all of FineWeb-Edu sample-10BT's 1e10),
 on every rank at every start and restart. So the result is recorded with a fingerprint of the file (its size and
 a hash of a few sampled blocks, some KiB) and trusted while the fingerprint matches:
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from data.files import atomic_file, cache_root
 
-BLOCK, BLOCKS = 4096, 8  # 32 KiB read per shard: the first and last block and six between
+BLOCK, BLOCKS = 4096, 8  # bytes read per shard: the first and last block and six between
 SIDECAR = ".nanoact_shard_stats.json"
 
 

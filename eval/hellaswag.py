@@ -6,6 +6,11 @@
     python eval/hellaswag.py --hf path/to/gpt2_dir        # transformers GPT2LMHeadModel weights
     torchrun --nproc_per_node 8 eval/hellaswag.py log/aglu # rows split over ranks, log-likelihoods all-reduced
 
+Beside both accuracies, the continuous scores of the same log-likelihoods (eval/continuous.py): the
+gold ending's bits per byte (the one printed, the one the in-loop HellaSwag logs as hellaswag_bpb), its probability
+among the four endings and its margin over the best distractor; at small scale they move while accuracy sits at
+chance (docs/evaluation.md).
+
 completion (karpathy/build-nanogpt): tokens of `ctx`, then of `" " + ending`; the loss is summed over
     the ending tokens only. acc: lowest summed loss; acc_norm: lowest mean per-token loss.
 lm_eval (lm-evaluation-harness 0.4 `hellaswag` task, lm_eval/tasks/hellaswag/utils.py): context
@@ -31,6 +36,7 @@ import argparse
 import hashlib
 import itertools
 import json
+import math
 import re
 import sys
 import time
@@ -51,8 +57,9 @@ from data.files import atomic_file, cache_root
 from data.tokenizer import gpt2_tokenizer
 from errors import ConfigError, NanoactError
 from eval import hellaswag_items
-from eval.scoring import block_size_of, bucket, pack_rows, row_length, score_batch
-from stats.significance import wilson
+from eval.continuous import continuous_scores
+from eval.scoring import block_size_of, bucket, byte_count, pack_rows, row_length, score_batch
+from stats.significance import Z95, wilson
 from model import GPT
 from training import distributed
 from training.checkpoint import load_checkpoint
@@ -224,7 +231,7 @@ def tokenize(items, scorings, data_path=None, limit=None, cache=False):
 
 
 @dataclass
-class Plan:
+class RowBatches:
     """Every distinct (context, continuation) row of the scorings asked for, packed once into this rank's
     batches. Rows shared by scorings or items are scored once; index[scoring] maps (item, ending) to rows."""
     n_rows: int
@@ -232,19 +239,14 @@ class Plan:
     divisors: dict  # scoring -> (n_items, 4) float64 acc_norm divisors
     gold: torch.Tensor
     batches: list  # [(row ids of this rank, idx, tgt)], every rank the same shapes in the same order
+    n_tokens: dict = None  # scoring -> (n_items, 4) float64 continuation tokens
+    n_bytes: dict = None  # scoring -> (n_items, 4) float64 continuation bytes: bits per byte's denominator
 
 
-def make_plan(requests, gold, block_size, batch_rows, rank=0, world_size=1, length_step=64):
+def pack_batches(rows, block_size, batch_rows, rank=0, world_size=1, length_step=64):
     """Rows sorted by length and cut into groups of batch_rows * world_size; each rank takes its slice of
     every group as one (batch_rows, L) batch, L the group's longest row rounded up to length_step, so every
-    rank runs the same sequence of shapes (no rank waits on a different compile)."""
-    ids, index, divisors = {}, {}, {}
-    for name, reqs in requests.items():
-        index[name] = torch.tensor([[ids.setdefault((tuple(ctx), tuple(c)), len(ids)) for c in conts]
-                                    for ctx, conts, _ in reqs])
-        divisors[name] = torch.tensor([[float(len(c)) for c in conts] if div is None else div
-                                       for _, conts, div in reqs], dtype=torch.float64)
-    rows = list(ids)  # in id order
+    rank runs the same sequence of shapes (no rank waits on a different compile). [(row ids, idx, tgt)]."""
     lengths = [row_length(ctx, c, block_size) for ctx, c in rows]
     order = sorted(range(len(rows)), key=lambda i: -lengths[i])
     group = batch_rows * world_size
@@ -255,40 +257,74 @@ def make_plan(requests, gold, block_size, batch_rows, rank=0, world_size=1, leng
         length = bucket(lengths[chunk[0]], block_size, length_step)
         batches.append((torch.tensor(share, dtype=torch.long),
                         *pack_rows([rows[i] for i in share], length, batch_rows, block_size)))
-    return Plan(len(rows), index, divisors, gold, batches)
+    return batches
 
 
-_PLANS = {}  # the newest plan, kept for the next in-loop call: tokenized and packed once per run
+def make_row_batches(requests, gold, block_size, batch_rows, rank=0, world_size=1, length_step=64):
+    """The RowBatches of the scorings' requests: distinct rows, packed by pack_batches."""
+    ids, index, divisors = {}, {}, {}
+    for name, reqs in requests.items():
+        index[name] = torch.tensor([[ids.setdefault((tuple(ctx), tuple(c)), len(ids)) for c in conts]
+                                    for ctx, conts, _ in reqs])
+        divisors[name] = torch.tensor([[float(len(c)) for c in conts] if div is None else div
+                                       for _, conts, div in reqs], dtype=torch.float64)
+    rows = list(ids)  # in id order
+    row_tokens = torch.tensor([len(c) for _, c in rows], dtype=torch.float64)
+    row_bytes = torch.tensor([byte_count(c) for _, c in rows], dtype=torch.float64)
+    batches = pack_batches(rows, block_size, batch_rows, rank, world_size, length_step)
+    return RowBatches(len(rows), index, divisors, gold, batches, {name: row_tokens[i] for name, i in index.items()},
+                {name: row_bytes[i] for name, i in index.items()})
+
+
+_ROW_BATCHES = {}  # the newest packing, kept for the next in-loop call: tokenized and packed once per run
 
 
 def prepare(data_path, limit, scorings, block_size, batch_rows, rank=0, world_size=1, length_step=64, cache=True):
-    """The Plan for a data file, from memory when the file is unchanged since the last call."""
+    """The RowBatches for a data file, from memory when the file is unchanged since the last call."""
     stat = require_file(data_path).stat()
     key = (str(Path(data_path).resolve()), stat.st_mtime_ns, stat.st_size, limit, tuple(scorings), block_size,
            batch_rows, rank, world_size, length_step)
-    if key not in _PLANS:
+    if key not in _ROW_BATCHES:
         items = load_items(data_path, limit)
         requests = tokenize(items, scorings, data_path, limit, cache)
         gold = torch.tensor([item["label"] for item in items], dtype=torch.long)
-        _PLANS.clear()
-        _PLANS[key] = make_plan(requests, gold, block_size, batch_rows, rank, world_size, length_step)
-    return _PLANS[key]
+        _ROW_BATCHES.clear()
+        _ROW_BATCHES[key] = make_row_batches(requests, gold, block_size, batch_rows, rank, world_size, length_step)
+    return _ROW_BATCHES[key]
 
 
-def score_plan(model, plan, device, autocast=None, progress=True, dist_info=None):
-    """Summed log-likelihood of every row (float64, on the CPU), the same on every rank."""
-    ll = torch.zeros(plan.n_rows, dtype=torch.float64, device=device)
+def score_row_batches(model, packing, device, autocast=None, progress=True, dist_info=None, greedy=False,
+                      desc="hellaswag"):
+    """Summed log-likelihood of every row (float64, on the CPU), the same on every rank; with `greedy` also
+    whether each row's continuation is the model's greedy one (1.0/0.0)."""
+    ll = torch.zeros(packing.n_rows, dtype=torch.float64, device=device)
+    hits = torch.zeros(packing.n_rows, dtype=torch.float64, device=device)
 
     def score_rows():
-        for share, idx, tgt in tqdm(plan.batches, desc="hellaswag", unit="batch", disable=not progress, leave=False):
-            sums, _, _ = score_batch(model, idx.to(device), tgt.to(device), autocast, greedy=False)
+        for share, idx, tgt in tqdm(packing.batches, desc=desc, unit="batch", disable=not progress, leave=False):
+            sums, _, all_greedy = score_batch(model, idx.to(device), tgt.to(device), autocast, greedy=greedy)
             ll.index_copy_(0, share.to(device), sums[:len(share)])
+            if greedy:
+                hits.index_copy_(0, share.to(device), all_greedy[:len(share)].to(torch.float64))
 
     d = dist_info or distributed.Dist()
     distributed.before_collective(score_rows, d)  # an OOM on one rank: every rank fails here, none waits below
     if d.ddp:  # each row was scored on one rank, zeros elsewhere: the sum is exact
         dist.all_reduce(ll)
-    return ll.cpu()
+        if greedy:
+            dist.all_reduce(hits)
+    return (ll.cpu(), hits.cpu()) if greedy else ll.cpu()
+
+
+def summarize(values):
+    """{mean, ci95}: the mean of per-item values and its 95% normal interval over items (items sampled),
+    mean ± z sd/√n; without scipy (its import costs more than a small evaluation)."""
+    values = np.asarray(values, dtype=np.float64)
+    mean = float(values.mean())
+    if len(values) < 2:
+        return {"mean": mean, "ci95": None}
+    half = Z95 * float(values.std(ddof=1)) / math.sqrt(len(values))
+    return {"mean": mean, "ci95": [mean - half, mean + half]}
 
 
 def length_step(model):
@@ -300,7 +336,7 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
                    progress=True, batch_items=32, cache=False, items_file=None, about=None):
     """HellaSwag accuracies: {"completion": {acc, acc_norm, n, acc_ci95, acc_norm_ci95, ...}, "lm_eval": {...}}.
 
-    Both scorings come from one pass over their distinct rows (`Plan`). The data is tokenized and packed
+    Both scorings come from one pass over their distinct rows (`RowBatches`). The data is tokenized and packed
     once per process and kept for the next call (`prepare`); with `cache` the tokens are also kept on disk
     under $NANOACT_CACHE. Under torchrun pass dist_info (training.distributed.Dist): each rank scores a
     share of the rows and the log-likelihoods are all-reduced, so every rank returns the same numbers. The
@@ -312,32 +348,36 @@ def evaluate_model(model, device, data_path=None, limit=None, scoring="both", di
         raise ConfigError(f"unknown scoring {scoring!r}; choose completion, lm_eval or both")
     scorings = SCORINGS if scoring == "both" else (scoring,)
     d = dist_info or distributed.Dist()
-    # a file that went bad under one rank: every rank fails here, none waits for it in score_plan's collectives
-    plan = distributed.before_collective(lambda: prepare(data_path or download(), limit, scorings, block_size_of(model),
+    # a file that went bad under one rank: every rank fails here, none waits for it in score_row_batches's collectives
+    packing = distributed.before_collective(lambda: prepare(data_path or download(), limit, scorings, block_size_of(model),
                                                          4 * batch_items, d.rank, d.world_size, length_step(model),
                                                          cache), d)
     was_training = model.training
     model.eval()
     try:
         t0 = time.time()
-        ll = score_plan(model, plan, device, autocast, progress and d.master, d)
+        ll = score_row_batches(model, packing, device, autocast, progress and d.master, d)
         seconds = time.time() - t0
     finally:
         model.train(was_training)
     results = {}
     for name in scorings:
-        scores = ll[plan.index[name]]
+        scores = ll[packing.index[name]]
         # argmax returns the first maximum on ties, as numpy's argmax in lm-eval does
-        k_acc = (scores.argmax(1) == plan.gold).sum().item()
-        k_norm = ((scores / plan.divisors[name]).argmax(1) == plan.gold).sum().item()
-        n = len(plan.gold)
+        k_acc = (scores.argmax(1) == packing.gold).sum().item()
+        k_norm = ((scores / packing.divisors[name]).argmax(1) == packing.gold).sum().item()
+        n = len(packing.gold)
         results[name] = {"acc": k_acc / n, "acc_norm": k_norm / n, "n": n, "acc_ci95": wilson(k_acc, n),
                          "acc_norm_ci95": wilson(k_norm, n), "correct": k_acc, "correct_norm": k_norm,
                          "interval": "wilson", "seconds": seconds, "scored_with": "+".join(scorings),
-                         "rows": plan.n_rows, "forwards": len(plan.batches)}
+                         "rows": packing.n_rows, "forwards": len(packing.batches)}
+        continuous = continuous_scores(scores.numpy(), packing.n_bytes[name].numpy(), packing.gold.numpy())
+        for key, values in continuous.items():
+            stat = summarize(values)
+            results[name].update({key: stat["mean"], f"{key}_ci95": stat["ci95"]})
     if items_file is not None and d.master:
         setup = scoring_setup(model, device, autocast, 4 * batch_items, d.world_size)
-        write_items(items_file, plan, ll, scorings, data_path or download(), limit, {**(about or {}), "setup": setup})
+        write_items(items_file, packing, ll, scorings, data_path or download(), limit, {**(about or {}), "setup": setup})
     return results
 
 
@@ -351,15 +391,27 @@ def scoring_setup(model, device, autocast, batch_rows, world_size):
             "padding": "rows sorted by length, right-padded with EOT to the batch length"}
 
 
-def write_items(path, plan, ll, scorings, data_path, limit, about=None):
+def write_items(path, packing, ll, scorings, data_path, limit, about=None):
     """Every item's label, per-ending log-likelihoods, acc_norm divisors and predictions (eval/hellaswag_items.py)."""
-    per_scoring = {name: (ll[plan.index[name]].tolist(), plan.divisors[name].tolist()) for name in scorings}
-    records = ({"i": i, "label": label, **{name: hellaswag_items.scoring_record(scores[i], divisors[i])
-                                           for name, (scores, divisors) in per_scoring.items()}}
-               for i, label in enumerate(plan.gold.tolist()))
-    header = {"n": len(plan.gold), "scorings": list(scorings), **(about or {}), "data": str(data_path),
+    per_scoring = {}
+    for name in scorings:
+        scores = ll[packing.index[name]]
+        continuous = {key: v.tolist() for key, v in
+                      continuous_scores(scores.numpy(), packing.n_bytes[name].numpy(), packing.gold.numpy()).items()}
+        per_scoring[name] = (scores.tolist(), packing.divisors[name].tolist(), packing.n_tokens[name].tolist(),
+                             packing.n_bytes[name].tolist(), continuous)
+    records = ({"i": i, "label": label,
+                **{name: hellaswag_items.scoring_record(scores[i], divisors[i], tokens[i], n_bytes[i],
+                                                        {key: v[i] for key, v in continuous.items()})
+                   for name, (scores, divisors, tokens, n_bytes, continuous) in per_scoring.items()}}
+               for i, label in enumerate(packing.gold.tolist()))
+    header = {"n": len(packing.gold), "scorings": list(scorings), **(about or {}), "data": str(data_path),
               "data_sha256": hashlib.sha256(Path(data_path).read_bytes()).hexdigest(), "limit": limit}
     return hellaswag_items.write(path, header, records)
+
+
+def interval(ci):
+    return "[-]" if ci is None else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
 
 
 def result_path(args, ckpt):
@@ -428,7 +480,10 @@ def main(argv=None):
             for name, r in results.items():
                 print(f"hellaswag {name:10s} | acc {r['acc']:.4f} [{r['acc_ci95'][0]:.4f}, {r['acc_ci95'][1]:.4f}] "
                       f"| acc_norm {r['acc_norm']:.4f} [{r['acc_norm_ci95'][0]:.4f}, {r['acc_norm_ci95'][1]:.4f}] "
-                      f"| n {r['n']}   (95% Wilson intervals)")
+                      f"| gold bits/byte {r['bpb']:.4f} {interval(r['bpb_ci95'])} "
+                      f"| n {r['n']}")
+            print("95% intervals: Wilson for the accuracies, mean ± 1.96 sd/√n over items for bits/byte (the "
+                  "continuous score: lower is better); p_gold and margin in the result JSON and the items file")
             r = next(iter(results.values()))
             print(f"{r['scored_with']} in one pass: {r['rows']} distinct rows, {r['forwards']} forwards, "
                   f"{r['seconds']:.1f}s; {time.time() - start:.1f}s since start (loading, tokenizing, compiling)")

@@ -13,6 +13,8 @@ ITEMS = 10042  # the validation set's items, scored when --hellaswag-limit is 0
 # completion scoring (build-nanogpt's); acc_norm is the one plotted, under build-nanogpt's log.txt kind
 ACC = Metric("hellaswag_acc", "HellaSwag acc", "acc", plotted=False)
 ACC_NORM = Metric("hellaswag_acc_norm", "HellaSwag acc_norm", "acc_norm", log_kind="hella")
+# the continuous score of the same pass (eval/continuous.py): it moves where accuracy sits at chance
+BPB = Metric("hellaswag_bpb", "HellaSwag gold bits/byte", "bits/byte", higher_is_better=False)
 
 
 class HellaSwag(InLoopEvaluation):
@@ -21,7 +23,7 @@ class HellaSwag(InLoopEvaluation):
     def __init__(self, trainer, ctx):
         super().__init__(trainer, ctx)
         e = self.cfg.eval
-        self.metrics = tuple(replace(m, items=e.hellaswag_limit or ITEMS) for m in (ACC, ACC_NORM))
+        self.metrics = (*(replace(m, items=e.hellaswag_limit or ITEMS) for m in (ACC, ACC_NORM)), BPB)
         self.path = None
 
     def inputs(self):
@@ -61,5 +63,7 @@ class HellaSwag(InLoopEvaluation):
                                                         "run": self.cfg.run.out_dir, "step": step,
                                                         "act": self.cfg.model.act})["completion"]
         seconds = time.time() - t0
-        return ({ACC.name: hella["acc"], ACC_NORM.name: hella["acc_norm"], "hellaswag_seconds": seconds},
-                f" | hellaswag acc {hella['acc']:.4f} acc_norm {hella['acc_norm']:.4f} ({seconds:.1f}s)")
+        return ({ACC.name: hella["acc"], ACC_NORM.name: hella["acc_norm"], BPB.name: hella["bpb"],
+                 "hellaswag_seconds": seconds},
+                f" | hellaswag acc {hella['acc']:.4f} acc_norm {hella['acc_norm']:.4f} bits/byte {hella['bpb']:.4f} "
+                f"({seconds:.1f}s)")

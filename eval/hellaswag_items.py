@@ -9,7 +9,8 @@ beside its result JSON, `hellaswag_<step>[_limit<N>]_items.jsonl.gz` (`items_fil
 under different settings (the run's precision, compile and kernel path against the CLI's), so their
 log-likelihoods differ in the last bits and a near tie can flip (docs/evaluation.md).
 
-The file is gzip'd JSON lines (about 1.1 MB for 10,042 items and both scorings). Line 1 is a header:
+The file is gzip'd JSON lines (10,042 items and both scorings; its size:
+BENCHMARKS.md, "HellaSwag item by item"). Line 1 is a header:
     {"format": "nanoact-hellaswag-items", "version": 1, "n": 10042, "scorings": ["completion", "lm_eval"],
      "scored_by": "train_gpt2.py final evaluation" | "eval/hellaswag.py", "run" or "checkpoint": ..., "step": ...,
      "act": ..., "setup": {"compile", "dtype", "kernels", "batch_rows", "length_step", "world_size", "padding"},
@@ -23,11 +24,17 @@ then one line per item, in the data file's order:
      "lm_eval": {...}}
 i is the item's index in the data file, label the gold ending; ll the summed log-likelihood of each ending; div
 what acc_norm divides it by (completion: the ending's token count; lm_eval: its length in characters); pred the
-ending with the highest ll (acc), pred_norm the one with the highest ll/div (acc_norm), the first on ties.
+ending with the highest ll (acc), pred_norm the one with the highest ll/div (acc_norm), the first on ties. Files
+written since the continuous scores exist add, per scoring, tok and bytes (each ending's token and UTF-8 byte
+counts) and the item's continuous scores (eval/continuous.py): bpb (the gold ending's bits per byte),
+p_gold (its probability among the four) and margin (its ll minus the best distractor's, nats); a reader of an
+older file finds none (Items.scores).
 
 lm-eval's samples file (`--log_samples --output_path DIR` writes DIR/<model>/samples_hellaswag_<date>.jsonl) holds
 per document its doc_id, the preprocessed doc (choices, gold) and filtered_resps, one [log-likelihood, is_greedy]
-per choice: it reads as the lm_eval scoring, its acc_norm divisor the choice's characters as lm-eval divides.
+per choice: it reads as the lm_eval scoring, its acc_norm divisor the choice's characters as lm-eval divides, and
+its continuous scores from those log-likelihoods and the bytes of " " + choice (what lm-eval scored; no token
+counts: lm-eval's samples do not keep them).
 """
 import gzip
 import json
@@ -37,6 +44,7 @@ from pathlib import Path
 
 from data import DataError
 from data.files import atomic_file
+from eval.continuous import CONTINUOUS, continuous_scores
 
 FORMAT = "nanoact-hellaswag-items"
 VERSION = 1
@@ -52,15 +60,21 @@ def argmax(values):
     return max(range(len(values)), key=lambda k: (values[k], -k))
 
 
-def scoring_record(ll, div):
-    """One scoring of one item: its log-likelihoods, acc_norm divisors and both predictions."""
+def scoring_record(ll, div, tokens=None, n_bytes=None, continuous=None):
+    """One scoring of one item: its log-likelihoods, acc_norm divisors and both predictions; with them each
+    ending's token and byte counts and the item's continuous scores (eval/continuous.py)."""
     ll, div = [float(x) for x in ll], [float(x) for x in div]
-    return {"ll": ll, "div": div, "pred": argmax(ll), "pred_norm": argmax([x / d for x, d in zip(ll, div)])}
+    record = {"ll": ll, "div": div, "pred": argmax(ll), "pred_norm": argmax([x / d for x, d in zip(ll, div)])}
+    if tokens is not None:
+        record["tok"] = [int(x) for x in tokens]
+    if n_bytes is not None:
+        record["bytes"] = [int(x) for x in n_bytes]
+    return {**record, **{key: float(value) for key, value in (continuous or {}).items()}}
 
 
 def write(path, header, records):
     """The header line and one line per item, gzip'd, atomically (a reader never sees half a file). Level 1:
-    ~5x faster than gzip's default 9 for ~10% more bytes, and other ranks wait while rank 0 writes."""
+    much faster than gzip's default 9 for a few more bytes (BENCHMARKS.md, "HellaSwag item by item"), and other ranks wait while rank 0 writes."""
     path = Path(path)
     with atomic_file(path) as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as f:
         f.write((json.dumps({"format": FORMAT, "version": VERSION, **header}) + "\n").encode())
@@ -77,10 +91,17 @@ class Items:
     about: dict
     labels: dict
     preds: dict  # (scoring, metric) -> {index: predicted ending}
+    scores: dict = None  # (scoring, continuous score) -> {index: value}, where the file has them (CONTINUOUS)
 
     def correct(self, scoring, metric, indices):
         pred = self.preds[(scoring, metric)]
         return [pred[i] == self.labels[i] for i in indices]
+
+    def values(self, scoring, metric, indices):
+        """Per item: 1.0/0.0 for an accuracy (acc, acc_norm), else the continuous score (bpb, p_gold, margin)."""
+        if metric in METRICS:
+            return [float(x) for x in self.correct(scoring, metric, indices)]
+        return [self.scores[(scoring, metric)][i] for i in indices]
 
 
 def _lines(path):
@@ -103,7 +124,7 @@ def _ours(path, lines, header):
     if header.get("version") != VERSION:
         raise ItemsError(f"{path}: items format version {header.get('version')!r}, this nanoact reads {VERSION}")
     scorings = header.get("scorings") or []
-    labels, preds = {}, {(s, m): {} for s in scorings for m in METRICS}
+    labels, preds, scores = {}, {(s, m): {} for s in scorings for m in METRICS}, {}
     for n, record in lines:
         try:
             i = int(record["i"])
@@ -111,16 +132,19 @@ def _ours(path, lines, header):
             for s in scorings:
                 for metric, key in METRICS.items():
                     preds[(s, metric)][i] = int(record[s][key])
+                for key in CONTINUOUS:  # written since the continuous scores exist (eval/continuous.py)
+                    if key in record[s]:
+                        scores.setdefault((s, key), {})[i] = float(record[s][key])
         except (KeyError, TypeError, ValueError):
             raise ItemsError(f"{path}:{n}: not an item record (i, label and {', '.join(scorings)} with pred, "
                             "pred_norm); was the file cut short or edited?") from None
-    return labels, preds
+    return labels, preds, {k: v for k, v in scores.items() if len(v) == len(labels)}
 
 
 def _lm_eval(path, lines):
     """lm-eval samples: re-derive both predictions from the log-likelihoods and check them against the
     sample's own acc/acc_norm, so a file of another task (or another divisor) is refused, not misread."""
-    labels, preds = {}, {("lm_eval", m): {} for m in METRICS}
+    labels, preds, scores = {}, {("lm_eval", m): {} for m in METRICS}, {("lm_eval", k): {} for k in CONTINUOUS}
     for n, sample in lines:
         try:
             i, doc = int(sample["doc_id"]), sample["doc"]
@@ -129,6 +153,10 @@ def _lm_eval(path, lines):
             record = scoring_record(ll, [len(c) for c in doc["choices"]])
             if len(ll) != 4 or len(doc["choices"]) != 4:
                 raise ValueError
+            # lm-eval scores " " + choice (hellaswag's target_delimiter) after the query: those are the bytes
+            n_bytes = [len((" " + c).encode("utf-8")) for c in doc["choices"]]
+            for key, value in continuous_scores([ll], [n_bytes], [label]).items():
+                scores[("lm_eval", key)][i] = float(value[0])
         except (KeyError, TypeError, ValueError, IndexError):
             raise ItemsError(f"{path}:{n}: not a HellaSwag sample of lm-eval's --log_samples (doc_id, doc with 4 "
                             "choices and gold, filtered_resps with 4 log-likelihoods)") from None
@@ -141,7 +169,7 @@ def _lm_eval(path, lines):
         labels[i] = label
         for metric, key in METRICS.items():
             preds[("lm_eval", metric)][i] = record[key]
-    return labels, preds
+    return labels, preds, scores
 
 
 def read(path):
@@ -156,17 +184,17 @@ def read(path):
         raise ItemsError(f"{path}: empty")
     n, head = first
     if isinstance(head, dict) and head.get("format") == FORMAT:
-        labels, preds = _ours(path, lines, head)
+        labels, preds, scores = _ours(path, lines, head)
         about = head
     elif isinstance(head, dict) and "doc_id" in head and "filtered_resps" in head:
-        labels, preds = _lm_eval(path, [first, *lines])
+        labels, preds, scores = _lm_eval(path, [first, *lines])
         about = {"source": "lm-eval --log_samples", "scorings": ["lm_eval"]}
     else:
         raise ItemsError(f"{path}:{n}: neither a {FORMAT} header nor an lm-eval sample; pass a file that "
                         "eval/hellaswag.py or lm-eval --log_samples wrote")
     if not labels:
         raise ItemsError(f"{path}: no items")
-    return Items(path, about, labels, preds)
+    return Items(path, about, labels, preds, scores)
 
 
 def items_file(result_json):

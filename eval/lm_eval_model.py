@@ -10,6 +10,9 @@ it registers "nanoact", then lm-eval's own CLI (`cli_evaluate`) runs with all of
 (--include_path for local task yamls, --limit, --output_path, ...). model_args: checkpoint=PATH (file
 or run directory) or hf=DIR, dtype=auto|float32|bfloat16, compile=True, max_gen_toks=N.
 Tokenizer: tiktoken gpt2 (EOT 50256), the tokenizer GPT-2 and our FineWeb shards use.
+Continuous scores: lm-eval's loglikelihood requests return (log-likelihood, is_greedy) only, and its tasks
+aggregate acc and acc_norm; run with --log_samples and eval/hellaswag_items.py reads the samples file's
+per-choice log-likelihoods into the gold ending's bits per byte, probability among the options and margin.
 """
 import torch
 # lm-eval fills its registry with its own models ("hf", ...) only while the registry is empty: imported before

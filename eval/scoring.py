@@ -6,12 +6,13 @@ padding positions carry target -1 and never enter a sum. HellaSwag and the lm-ev
 score through `score_batch`, so the two can never disagree on what a log-likelihood is.
 """
 import contextlib
+import functools
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data.tokenizer import EOT, VOCAB_SIZE
+from data.tokenizer import EOT, VOCAB_SIZE, GPT2Tokens
 
 
 def bucket(length, block_size, step=64):
@@ -96,3 +97,14 @@ def score_rows(model, rows, length, n_rows, device, autocast=None, n_vocab=VOCAB
     sums, counts, all_greedy = score_batch(model, idx.to(device), tgt.to(device), autocast, n_vocab)
     k = len(rows)
     return sums[:k].cpu(), counts[:k].cpu(), all_greedy[:k].cpu()
+
+
+@functools.cache
+def _token_bytes():
+    return GPT2Tokens().byte_lengths()
+
+
+def byte_count(tokens):
+    """UTF-8 bytes the GPT-2 tokens stand for: the denominator of a continuation's bits per byte."""
+    return int(_token_bytes()[np.asarray(tokens, dtype=np.int64)].sum()) if len(tokens) else 0
+

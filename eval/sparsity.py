@@ -27,7 +27,7 @@ import torch
 from errors import ConfigError
 
 BISECTIONS = 10  # of the PPL-p% search's CETT target in (0, 1): to 1/1024, each a held-out pass
-CHUNK_ELEMENTS = 1 << 21  # the CETT scan's working set per chunk of tokens (8 MB of float32: in cache)
+CHUNK_ELEMENTS = 1 << 21  # the CETT scan's working set per chunk of tokens (float32s: in cache)
 
 
 def mlp_neurons(model):
@@ -81,7 +81,7 @@ def curves(a, weight):
     full = (a @ w).norm(dim=-1).clamp_min(torch.finfo(a.dtype).tiny)
     ratio = torch.zeros(tokens, hidden + 1)  # [t, j]: token t's CETT with its j smallest neurons dropped
     chunk = max(1, CHUNK_ELEMENTS // w.numel())
-    buffer = torch.empty(chunk * hidden, w.size(1))  # one allocation: a fresh 8 MB a chunk costs page faults
+    buffer = torch.empty(chunk * hidden, w.size(1))  # one allocation: a fresh buffer a chunk costs page faults
     for s in range(0, tokens, chunk):
         o = order[s:s + chunk]
         parts = torch.index_select(w, 0, o.flatten(), out=buffer[:o.numel()]).view(*o.shape, -1)
@@ -190,8 +190,8 @@ def ppl_sparsity(model, calibration, evaluation, layers, p):
     loss, dropped, per_layer = sequence_losses(model, evaluation, thresholds(lo)) if lo > 0 else base
     diff = loss - base[0]
     ratio = math.exp(diff.mean())
-    from scipy.stats import sem  # here, not at the top: train_gpt2.py imports this file, and scipy.stats costs every
-    # trainer process ~0.6 CPU-s to import
+    from scipy.stats import sem  # here, not at the top: train_gpt2.py imports this file, and scipy.stats is a slow
+    # import no other part of a trainer process needs
     return {"cett_target": lo, "sparsity": float(dropped.mean()), "sparsity_se": float(sem(dropped)),
             "ppl_ratio": ratio, "ppl_ratio_se": float(ratio * sem(diff)), "layers": per_layer,
             "sequences": {"calibration": len(calibration), "evaluation": len(evaluation)}}

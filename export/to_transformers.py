@@ -10,7 +10,7 @@
 
 Activations GPT-2 has (gelu -> "gelu_new", gelu_exact -> "gelu", relu, relu2, silu) export as a plain
 GPT2LMHeadModel: any GPT-2 tooling reads it, a --param mup or completep model with its multipliers folded into
-its weights (model.py's sp_equivalent). AGLU/APA/NSwish/NReLU (learned parameters, running
+its weights (sp_equivalent). AGLU/APA/NSwish/NReLU (learned parameters, running
 statistics), any other registered activation, every gated MLP (swiglu, aglu_glu ...), every normalization but
 GPT-2's LayerNorm (--norm rmsnorm, dyt, none) and rotary positions (--pos-emb rope) export with remote code
 copied from the real model.py and activations/ at export time (export/remote_code.py), with the small wrapper
@@ -20,21 +20,52 @@ The vocabulary is cut back from 50304 to GPT-2's 50257. Every export holds GPT-2
 --tokenizer-dir; both give the same files.
 """
 import argparse
+import math
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from activations.basic import GELU, GELUExact, ReLU, ReLU2, SiLU
 from data.tokenizer import EOT, VOCAB_SIZE
-from errors import CheckpointError, NanoactError
+from errors import CheckpointError, ConfigError, NanoactError
 from export.remote_code import AUTO_MAP, write_remote_code
-from model import GPT, nanoact_to_hf, sp_equivalent
+from model import GPT
+from model_parts.transformers_layout import nanoact_to_hf
 from training.checkpoint import load_checkpoint
 
 # The activations GPT-2 has, by class, and their names in GPT2Config.activation_function.
 GPT2_ACTIVATIONS = {GELU: "gelu_new", GELUExact: "gelu", ReLU: "relu", ReLU2: "relu2", SiLU: "silu"}
+
+
+@torch.no_grad()
+def sp_equivalent(model):
+    """A GPT in sp computing `model`'s function: its multipliers (model_parts/parametrization.py) folded into
+    weights. The attention's 1 / d_head is SP's 1 / sqrt(d_head) on queries scaled by 1 / sqrt(d_head); the
+    branch scale scales each branch's last layer, c_proj; the logits' divisor divides ln_f's output (the head
+    is the token embedding, which the input keeps unscaled)."""
+    c, p = model.config, model.parametrization
+    if c.param == "sp":
+        return model
+    if not hasattr(model.transformer.ln_f, "weight"):
+        raise ConfigError(f"norm {c.norm!r} has no ln_f weight to fold the output multiplier 1/m_width into")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    d_head = c.n_embd // c.n_head
+    for i in range(c.n_layer):
+        for key in (f"transformer.h.{i}.attn.c_attn.weight", f"transformer.h.{i}.attn.c_attn.bias"):
+            if key in state:
+                state[key][:c.n_embd] /= math.sqrt(d_head)
+        for branch in ("attn", "mlp"):
+            for key in (f"transformer.h.{i}.{branch}.c_proj.weight", f"transformer.h.{i}.{branch}.c_proj.bias"):
+                if key in state:
+                    state[key] *= p.branch_scale
+    for key in ("transformer.ln_f.weight", "transformer.ln_f.bias"):
+        if key in state:
+            state[key] /= p.logit_divisor
+    sp = GPT(replace(c, param="sp", base_width=0, base_depth=0), seed=0)  # every weight is model's
+    sp.load_state_dict(state)
+    return sp.to(next(model.parameters()).device).train(model.training)
 
 
 def export_gpt2(model, out_dir, activation_function):

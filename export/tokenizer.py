@@ -44,7 +44,7 @@ def _merge_parts(token, ranks, rank):
     return parts
 
 
-@functools.cache  # 50,000 BPE replays (~0.5 s): once per process; callers only read the result
+@functools.cache  # 50,000 BPE replays: once per process; callers only read the result
 def bpe_from_tiktoken():
     """(vocab {token text: id}, merges [(left, right)]) of tiktoken's gpt2 encoding, in GPT-2's characters."""
     encoding = gpt2_tokenizer()

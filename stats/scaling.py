@@ -15,22 +15,12 @@ three forms of L = E + A C^-alpha:
              largest rung unless stated), comes from this fit where the ladder has the sizes for it.
     per_arm  E, A and alpha per arm (Hoffmann et al.'s floor per arm), from MIN_SIZES["per_arm"] sizes.
 
-Noise (noise_model): a run's deviation has a per-size sd (the seed variance pooled over the arms, its log shrunk
-towards a line in log C as far as the sizes' spread about the line says it misses) and is correlated between the
-cells of a seed, because at a seed every arm starts from the same shared weights and reads the same data order: a
-part common to the seed's arms and sizes, a part shared by its arms at one size, a part one arm's own at every size,
-each estimated from the seeds' pooled correlations. Besides the seeds, each size sits off the smooth law by its
-own amount, the same for every arm there (its shape: depth, width, heads and steps change from rung to rung), which
-no number of seeds shrinks: a random effect of the sizes, its variance by moments from the residuals
-(fit, size_effect_variance). The means are fitted by generalised least squares under that covariance (the seeds'
-random effect modelled rather than paired away: a pairing by seed would drop the shared parts but not an arm's own
-persistent one, and would cost the per-size weighting). Intervals: t intervals, the parameters' covariance
-(J' Sigma^-1 J)^-1 scaled by the whitened residual variance over N - p degrees of freedom (Hartung and Knapp), so a
-curve that still misses its points widens every interval; the delta method for log m and the slope; E and alpha,
-which the sizes' shared deviations move, on S - 3 degrees of freedom where a size effect is found. On the CPU
-ladder a residual variance 8x the seed noise's, the size effect unmodelled, scaled the comparison's intervals too
-and left them 2.2-3.3x wide by the sizes chosen; the size effect moves the curve, not the arms' comparison
-(1.3-1.6x: experiments/cpu_ladder.md). docs/comparing_runs.md says why this weighting and not another.
+Noise (noise_model): a run's deviation has a per-size sd and is correlated between the cells of a seed (every
+arm starts from the same shared weights and reads the same data order); each size also sits off the smooth law by
+its own amount, a random effect of the sizes (fit, size_effect_variance). The means are fitted by generalised least
+squares under that covariance, with t intervals scaled by the whitened residual variance (Hartung and Knapp) and
+the delta method for log m and the slope. What each part is, and why: docs/comparing_runs.md ("Weighting, decided
+once").
 """
 import math
 from dataclasses import dataclass
@@ -177,9 +167,9 @@ def size_sd(variance, nu, log_c):
     (made unbiased for the log's chi-square bias) shrunk towards a line in log C by empirical Bayes. A log variance
     from nu degrees of freedom has the known sampling variance trigamma(nu / 2); the sizes' spread about the line
     beyond it (tau^2, by moments over S - 2 degrees of freedom) is how far the line misses, and each size keeps
-    tau^2 / (tau^2 + trigamma) of its own deviation. A line alone weighed the ends of a ladder whose sd falls
-    evenly by rung (not by log C) 22% too noisy and covered 0.971; each size on its own, from 6 degrees of
-    freedom, makes the weights noisy (BENCHMARKS.md, "Ladder estimator calibration")."""
+    tau^2 / (tau^2 + trigamma) of its own deviation. A line alone misweighs the ends of a ladder whose sd falls
+    evenly by rung (not by log C); each size on its own, from few degrees of freedom, makes the weights noisy
+    (both measured: experiments/ladder_calibration.md)."""
     log_var = np.log(np.maximum(variance, 1e-24)) - (digamma(nu / 2) - np.log(nu / 2))
     xs = log_c - log_c.mean()
     slope = (log_var * xs).sum(axis=1, keepdims=True) / (xs ** 2).sum()
@@ -416,8 +406,8 @@ def estimate(losses, log_c, options=Options(), forms=tuple(FORMS), report=True):
                              "level_dof": np.where(size_var > 0, max(min(dof, s - 3), 1), dof)}
     # An arm's own seed effect that persists across sizes moves its whole curve: the residuals cannot see it, only
     # the seeds can, through K (seeds - 1) degrees of freedom; where the noise model finds one, the intervals that
-    # compare arms take their t quantile from those (with the fit's N - p, 30% of the seed variance in it covered
-    # 0.926 with 3 seeds; with these, 0.943: BENCHMARKS.md)
+    # compare arms take their t quantile from those (the coverage with the fit's N - p and with these: BENCHMARKS.md,
+    # "Ladder estimator calibration")
     def arm_dof(form_dof):
         return np.where(fractions[:, 2] > 0, min(form_dof, k * (n - 1)), form_dof)[:, None] if n > 1 else \
             np.full((b, 1), form_dof)

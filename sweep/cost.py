@@ -32,6 +32,19 @@ def gpt2_flops(config, options, cache):
     return cache[key]
 
 
+def gpt2_memory(config, options, world_size, cache):
+    """(GiB per GPU under --dist ddp, under fsdp, the run's own --dist) of one GPT-2 run on `world_size` ranks:
+    train_gpt2.py's estimate (training/memory.py) at the run's micro-batch."""
+    key = ("memory", world_size, tuple(options))
+    if key not in cache:
+        from train_gpt2 import memory_estimates
+
+        cfg = trainer_config("gpt2", ["--config", config, *options])
+        estimates = memory_estimates(cfg, world_size)
+        cache[key] = estimates["ddp"].total / 2 ** 30, estimates["fsdp"].total / 2 ** 30, cfg.run.dist
+    return cache[key]
+
+
 def bench_rates(paths):
     """{act: FLOP/s per GPU} and where they come from, from bench/train_step.py --json files."""
     rates, devices = {}, set()
@@ -64,36 +77,45 @@ def run_rates(directories):
     return {act: statistics.median(values) for act, values in seen.items()}, "the finished runs of this sweep"
 
 
-def cost_text(trainer, config, runs, rates, source, stages=None):
-    """The cost lines of runs [(size or None, trainer options)]; stages: each run's stage ("lr grid", "ladder",
-    "tuning audit"), for a line with the lr stage's share, or None."""
+def cost_text(trainer, config, runs, rates, source, world_size=1, stages=None):
+    """The cost lines of runs [(size or None, trainer options)] on `world_size` ranks each: FLOPs, GPU-hours and
+    the memory per GPU under DDP and FSDP (training/memory.py), the larger of each size's runs; stages: each run's
+    stage ("lr grid", "ladder", "tuning audit"), for a line with the lr stage's share, or None."""
     if trainer != "gpt2":
         return f"cost: {len(runs)} runs; FLOPs are counted for the GPT-2 trainer only"
     cache, per_size, per_stage = {}, {}, {}
     for i, (size, options) in enumerate(runs):
         try:
             act, flops = gpt2_flops(config, options, cache)
+            ddp, fsdp, dist = gpt2_memory(config, options, world_size, cache)
         except ConfigError as e:  # the trainer says it again, in its own words, when the run starts
             return f"cost: {len(runs)} runs; FLOPs not counted: {e}"
         rate = rates.get(act, min(rates.values())) if rates else None
-        row = per_size.setdefault(size or "all", [0, 0.0, 0.0])
+        row = per_size.setdefault(size or "all", [0, 0.0, 0.0, 0.0, 0.0, set()])
         row[0] += 1
         row[1] += flops
         row[2] += flops / rate / 3600 if rate else 0.0
+        row[3], row[4] = max(row[3], ddp), max(row[4], fsdp)
+        row[5].add(dist)
         if stages:
             per_stage[stages[i]] = per_stage.get(stages[i], 0.0) + flops
     total = [sum(row[i] for row in per_size.values()) for i in range(3)]
     hours = lambda h: f"{h:,.1f}" if rates else "not measured"
-    rows = [[size, n, f"{flops / n:.3g}", f"{flops:.3g}", hours(h)] for size, (n, flops, h) in per_size.items()]
-    rows.append(["total", total[0], "", f"{total[1]:.3g}", hours(total[2])])
+    rows = [[size, n, f"{flops / n:.3g}", f"{flops:.3g}", hours(h), f"{ddp:,.1f}", f"{fsdp:,.1f}", ",".join(sorted(d))]
+            for size, (n, flops, h, ddp, fsdp, d) in per_size.items()]
+    rows.append(["total", total[0], "", f"{total[1]:.3g}", hours(total[2]), "", "", ""])
     if rates:
         speed = ", ".join(f"{act} {rate:.3g}" for act, rate in sorted(rates.items()))
         note = f"GPU-hours at the FLOP/s per GPU of {source} ({speed}), scaled with model FLOPs"
     else:
         note = ("GPU-hours: not measured; pass --throughput FILE (bench/train_step.py --json on the target GPU) or "
                 "finish some runs of this plan")
+    note += (f"\nGiB/GPU: training/memory.py's estimate of parameters, gradients, AdamW state and one micro-batch's "
+             f"activations per GPU on {world_size} ranks a run, under --dist ddp and fsdp (dist: the runs' own); a "
+             "run that cannot fit its GPU refuses to start, in one line")
     lr_stage = {k: v for k, v in per_stage.items() if k != "ladder"}
     shares = (f"\nthe lr stage: {sum(lr_stage.values()):.3g} FLOPs, {sum(lr_stage.values()) / total[1]:.1%} of the "
               "total (" + ", ".join(f"{k} {v / total[1]:.1%}" for k, v in lr_stage.items()) + ")") if lr_stage else ""
     return (f"cost: {total[0]} runs, {total[1]:.3g} training FLOPs (model.py's flops_per_token x tokens)\n"
-            + markdown_table(["size", "runs", "FLOPs/run", "FLOPs", "GPU-hours"], rows) + f"\n{note}{shares}")
+            + markdown_table(["size", "runs", "FLOPs/run", "FLOPs", "GPU-hours", "GiB/GPU ddp", "GiB/GPU fsdp",
+                              "dist"], rows) + f"\n{note}{shares}")

@@ -16,10 +16,11 @@ Beside those, a plan file may name a ladder:
                                # its own steps and at the largest size's too (size LRSIZE_TLARGEST), "ends" grids the
                                # smallest and the largest size: each arm then runs each size at the grids' vertices
                                # as a power of the horizon, read at the size's steps (lr_at)
-    param = "completep"        # optional: every run's parametrization (model.py PARAMETRIZATIONS), with
+    param = "completep"        # optional: every run's parametrization (model_parts/parametrization.py), with
     base_width = 64            # base_width and base_depth (else the config's): the lr then transfers across sizes,
     base_depth = 2             # so the grid runs at the smallest size (lr_size defaults to it; another is refused)
     [sizes.s1]                 # a model size (GPT-2 trainer): n_layer, n_embd, n_head and its budget, max_steps
+                               # (optional: batch_size, dist, activation_checkpointing, hellaswag_interval)
     n_layer = 2
     n_embd = 64
     n_head = 2
@@ -68,6 +69,8 @@ PARAM_KEYS = ("param", "base_width", "base_depth")  # the plan's parametrization
 TRANSFERRING = ("mup", "completep")  # parametrizations whose lr transfers across sizes (model.py)
 SHAPE_KEYS = ("n_layer", "n_embd", "n_head")
 SIZE_KEYS = (*SHAPE_KEYS, "max_steps")
+# how a size runs, where it needs it (its memory: training/memory.py), not what it trains: optional per size
+SIZE_RUN_KEYS = ("batch_size", "dist", "activation_checkpointing", "hellaswag_interval")
 LADDER_KEYS = ("lrs", "lr_size", "lr_seeds", "sizes", "lr_design")
 
 
@@ -267,8 +270,9 @@ def check_sizes(sizes, where):
     if sizes is not None and (not isinstance(sizes, dict) or not sizes):
         raise ConfigError(f"{where}: sizes are [sizes.NAME] tables with {', '.join(SIZE_KEYS)}")
     for name, table in (sizes or {}).items():
-        if unknown := sorted(set(table) - set(SIZE_KEYS)):
-            raise ConfigError(f"{where}: size {name} has unknown key(s) {unknown}; a size takes {', '.join(SIZE_KEYS)}")
+        if unknown := sorted(set(table) - set(SIZE_KEYS) - set(SIZE_RUN_KEYS)):
+            raise ConfigError(f"{where}: size {name} has unknown key(s) {unknown}; a size takes {', '.join(SIZE_KEYS)} "
+                              f"and optionally {', '.join(SIZE_RUN_KEYS)}")
         if missing := [k for k in SHAPE_KEYS if k not in table]:
             raise ConfigError(f"{where}: size {name} lacks {', '.join(missing)}")
         if "max_steps" not in table:
@@ -294,8 +298,8 @@ def size_options(ladder, trainer):
     if trainer == "translation" and None not in ladder.sizes:
         raise ConfigError("sizes are GPT-2 shapes (n_layer, n_embd, n_head); the translation trainer's ladder is lrs "
                           "alone")
-    return {name: [o for k in SIZE_KEYS for o in (flag(k), str(table[k]))] if name else []
-            for name, table in {**ladder.sizes, **(ladder.grid_sizes or {})}.items()}
+    return {name: [o for k in (*SIZE_KEYS, *SIZE_RUN_KEYS) if k in table for o in (flag(k), str(table[k]))]
+            if name else [] for name, table in {**ladder.sizes, **(ladder.grid_sizes or {})}.items()}
 
 
 def from_args(args, overrides):
@@ -386,10 +390,10 @@ def check_runs(trainer, config, variants, corpora, sizes, overrides):
                 except ConfigError as e:
                     raise ConfigError(f"{where}: {plan_source(e, trainer, [config, *options, *shape])}") from None
                 if trainer == "gpt2":  # a parametrization it knows, with the base it scales from
-                    from model import size_multipliers
+                    from model_parts.parametrization import Parametrization
 
                     try:
-                        size_multipliers(model.model)
+                        Parametrization.of(model.model)
                     except ConfigError as e:
                         raise ConfigError(f"{where}: {e}") from None
                 width = getattr(model.model, WIDTH[trainer])

@@ -52,7 +52,7 @@ def run_sweep(plan, out, corpus_options=()):
                     own_seeds else "ladder") for i, phase in enumerate(phases) for _, opts, seed, size, _ in phase),
                   key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
     print(cost_text(plan.trainer, plan.config, [run[:2] for run in runs], *throughput(plan, out),
-                    [run[2] for run in runs]))
+                    plan.nproc_per_node, [run[2] for run in runs]))
     if plan.dry_run:
         if text := submission_text(plan, out, phases):
             print(text)
@@ -249,7 +249,7 @@ def audit_jobs(plan, best):
     """The tuning audit's runs: every arm at the largest size on the grid's first AUDIT_SEEDS seeds (its vertex's
     interval needs residuals besides the seeds' levels: stats/lr_audit.py), at the 4 lrs around its best
     lr (stats/lr_grid.py's audit_lrs). best: {arm: its best lr}; {} before the grid has picked: then each job's lr is
-    its factor of the pick ("0.354x"), for the dry run's words, and its options hold no lr (its FLOPs need none)."""
+    its factor of the pick (such as "0.354x"), for the dry run's words, and its options hold no lr (its FLOPs need none)."""
     ladder = plan.ladder
     if not ladder.audit_size:
         return []

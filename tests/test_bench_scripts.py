@@ -20,11 +20,14 @@ TINY_GPT = '{"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64, "block_s
 RUNS = {
     "activation_speed": (["--device", "cpu", "--acts", "gelu", "--rows", "8", "--rounds", "1", "--warmup", "1",
                           "--backend", "aot_eager"],
-                         r"\ngelu +[\d.]+ \(1\.00\)"),
+                         r"\ngelu +[\d.]+ \(1\.00\)(.|\n)*\ncpu: the fused MLP \(activations/fused_mlp\.py, Triton\) runs only on a GPU"),
     "checkpoint_io": (["--smoke", "--rounds", "1", "--dir", "{root}"], r"\nread_checkpoint_file +[\d.]+ s"),
+    "core_nanochat": ([], r"\nlm0 +language_modeling +6 +[\d.]+\nCORE ours -?[\d.]+; nanochat not run"),
     "coord_check": (["--smoke", "--params", "completep", "--out", "{root}/coord_check"],
                     r"(?m)^completep: max/min over widths 32-64 and depths 2-4: \|x\| [\d.]+x"),
     "contender_memory": (["--acts", "gelu,aglu", "--batch-size", "2"], r"\naglu .*\nalive after the run: 0\.00 MiB"),
+    "downstream_coverage": (["--sims", "10", "--items", "20", "--truth-draws", "1000"],
+                            r"\nbinary, items dominate +[\d.]+ \[[\d.]+, [\d.]+\] +[\d.]+"),
     "generation": (["--device", "cpu", "--n-layer", "1", "--n-embd", "32", "--prompt-tokens", "4", "--new-tokens",
                     "4", "--rounds", "1"], r'\n\{"device": "cpu".*"same_tokens": true'),
     "hellaswag": (["--limit", "4", "--n-layer", "1", "--n-embd", "32", "--modes", "eager", "--device", "cpu",
@@ -46,9 +49,11 @@ RUNS = {
     "startup": (["--shards", "1,2", "--tokens", "1e4", "--rounds", "1", "--seq-len", "16", "--dir", "{root}"],
                 r"\n +2 +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+\n"),
     "torch_matrix": (["2.11.0", "--dry-run", "--venvs", "{root}/venvs"], r"\nsuite +PYTHONPATH=.* -m pytest "),
-    "train_step": (["--acts", 'reference,gelu{"pos_emb": "rope"}', "--shape", TINY_GPT, "--batch-size", "2",
-                    "--seq-len", "16", "--steps", "1", "--rounds", "1", "--warmup", "0", "--no-peak"],
-                   r"\nreference .* 1\.000 .*\ngelu\{\"pos_emb\": \"rope\"\} "),
+    "train_step": (["--acts", 'reference,gelu{"pos_emb": "rope"},gelu{"fused_mlp": true}', "--shape", TINY_GPT,
+                    "--batch-size", "2", "--seq-len", "16", "--steps", "1", "--rounds", "1", "--warmup", "0",
+                    "--no-peak"],
+                   r"gelu\{\"fused_mlp\": true\}: not run, the fused MLP \(Triton\) runs only on a GPU \(cpu here\)"
+                   r"(.|\n)*\nreference .* 1\.000 .*\ngelu\{\"pos_emb\": \"rope\"\} "),
     "translation_batches": (["--train-prefix", "{root}/corpus/train", "--vocab", "64", "--epochs", "1", "--spm-dir",
                              "{root}/spm_batches"], r"\n\| 8 \| \d+ \| \d+ \| [\d.]+% \|"),
     "translation_compile": (["--train-prefix", "{root}/corpus/train", "--vocab", "64", "--layers", "1", "--rows", "2",
@@ -63,7 +68,7 @@ RUNS = {
 }
 # scripts another test starts as `python bench/SCRIPT.py` already, with arguments that run all of it
 STARTED_BY = {"gpu_check": "tests/test_gpu_check.py"}
-GPT2_BPE = {"hellaswag"}  # the scripts that tokenize with GPT-2's BPE: tiktoken online, or ../shared's offline cache
+GPT2_BPE = {"hellaswag", "core_nanochat"}  # the scripts that tokenize with GPT-2's BPE: tiktoken online, or ../shared's offline cache
 LEAK = re.compile(r"nanobind: leaked|leaked (type|function|instance)")
 
 

@@ -28,11 +28,19 @@ PRELOAD = ("torch", "torch._dynamo", "scipy.stats", "matplotlib.pyplot")
 STEP = 19073  # the recipe's last checkpoint, which the docs name (log/aglu/model_19073.pt)
 
 
+def current_table(text):
+    """BENCHMARKS.md's opening table: each figure a user asks for with the command that reproduces it."""
+    return text.split("\n## ", 1)[0]
+
+
 def doc_commands():
-    """{(target, args): the first doc that prints it} for every python command of ours in DOCS, pytest left out."""
+    """{(target, args): the first doc that prints it} for every python command of ours in DOCS and in BENCHMARKS.md's
+    opening table, pytest left out."""
     found = {}
-    for doc in DOCS:
-        for command in commands(doc.read_text()):
+    texts = [(doc, doc.read_text()) for doc in DOCS]
+    texts.append((ROOT / "BENCHMARKS.md", current_table((ROOT / "BENCHMARKS.md").read_text())))
+    for doc, text in texts:
+        for command in commands(text):
             for target, args in invocations(command):
                 if our_file(target) and target != "-m pytest":
                     found.setdefault((target, tuple(args)), doc.relative_to(ROOT).as_posix())

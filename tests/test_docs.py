@@ -40,7 +40,7 @@ def tracked(root, pattern):
     return sorted(p for p in root.glob(glob) if not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
-PACKAGES = ("activations", "analysis", "bench", "data", "eval", "export", "stats", "sweep", "training", "translation")
+PACKAGES = ("activations", "analysis", "bench", "data", "eval", "export", "model_parts", "stats", "sweep", "training", "translation")
 DOCS = tracked(ROOT, "*.md")
 SOURCES = [*sorted(ROOT.glob("*.py")), *(p for pkg in PACKAGES for p in sorted((ROOT / pkg).glob("*.py")))]
 CONFIGS = tracked(ROOT, "configs/*.toml")
@@ -222,6 +222,17 @@ def test_ci_runs_the_readme_test_command():
     assert "python -m pytest" + tests in ci
     assert [part.strip().replace("pip install ", "python -m pip install --quiet ") for part in install.split("&&")] == \
         [line for line in ci if "pip install" in line]
+
+
+def test_benchmarks_opens_with_one_current_table_of_a_screen():
+    """BENCHMARKS.md's opening: one table of at most a screen, each row a figure, its value, machine and date, and
+    the command that reproduces it (tests/test_doc_commands.py starts each)."""
+    opening = (ROOT / "BENCHMARKS.md").read_text().split("\n## ", 1)[0]
+    rows = [line for line in opening.splitlines() if line.startswith("|")][2:]
+    assert 5 <= len(rows) and len(opening.splitlines()) <= 30
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert len(cells) == 4 and re.fullmatch(r"`python [^`]+`|the same command", cells[3]), row
 
 
 def test_benchmarks_sections_exist():

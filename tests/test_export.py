@@ -169,7 +169,7 @@ def test_every_activation_exports_with_our_logits(make_checkpoint, tmp_path, act
 @pytest.mark.parametrize("act, kind", [("gelu", "gpt2"), ("aglu", "remote")])
 def test_completep_exports_with_our_logits(make_checkpoint, tmp_path, act, kind):
     """m_width 2, m_depth 2, every bias and norm moved off its init: GPT2LMHeadModel gets the multipliers folded
-    into q, c_proj and ln_f (model.py's sp_equivalent), remote code runs model.py's own completep forward."""
+    into q, c_proj and ln_f (export/to_transformers.py's sp_equivalent), remote code runs model.py's own completep forward."""
     from training.checkpoint import save_checkpoint
 
     path = make_checkpoint(act=act, param="completep", base_width=16, base_depth=1)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from eval import hellaswag, hellaswag_items
-from eval.hellaswag import SCORINGS, DataError, evaluate_model, load_items, make_plan, score_plan
+from eval.hellaswag import SCORINGS, DataError, evaluate_model, load_items, make_row_batches, score_row_batches
 from eval.scoring import block_size_of, bucket, row_length, score_rows
 from stats.significance import wilson
 from model import GPT
@@ -24,9 +24,9 @@ REAL = Path(__file__).resolve().parents[2] / "shared" / "assets" / "hellaswag" /
 
 @pytest.fixture(autouse=True)
 def token_cache(tmp_path, monkeypatch):
-    """Token caches go to a fresh directory, and no plan survives from another test."""
+    """Token caches go to a fresh directory, and no packing survives from another test."""
     monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "nanoact_cache"))
-    hellaswag._PLANS.clear()
+    hellaswag._ROW_BATCHES.clear()
     return tmp_path / "nanoact_cache" / "hellaswag_tokens"
 
 
@@ -69,23 +69,23 @@ def tiny(make_checkpoint, hellaswag_file, gpt2_enc):
     return model, path, load_items(path)
 
 
-def plan_for(enc, items, batch_rows, **kwargs):
+def row_batches_for(enc, items, batch_rows, **kwargs):
     requests = {s: hellaswag.build_requests(enc, items, s) for s in SCORINGS}
-    return make_plan(requests, torch.tensor([item["label"] for item in items]), 128, batch_rows, **kwargs)
+    return make_row_batches(requests, torch.tensor([item["label"] for item in items]), 128, batch_rows, **kwargs)
 
 
 def test_packed_scorer_equals_per_item_loop(tiny, gpt2_enc):
     model, path, items = tiny
     ref = reference_scores(model, gpt2_enc, items)
     # 12 rows per forward: several batches, a padded last one, several batch lengths
-    plan = plan_for(gpt2_enc, items, 12, length_step=8)
-    assert len(plan.batches) == -(-plan.n_rows // 12) and len({idx.shape[1] for _, idx, _ in plan.batches}) > 2
-    ll = score_plan(model, plan, "cpu", progress=False)
+    packing = row_batches_for(gpt2_enc, items, 12, length_step=8)
+    assert len(packing.batches) == -(-packing.n_rows // 12) and len({idx.shape[1] for _, idx, _ in packing.batches}) > 2
+    ll = score_row_batches(model, packing, "cpu", progress=False)
     for scoring in SCORINGS:
         ref_ll = torch.tensor([ref[scoring][i][0] for i in range(len(items))], dtype=torch.float64)
-        torch.testing.assert_close(ll[plan.index[scoring]], ref_ll, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ll[packing.index[scoring]], ref_ll, rtol=1e-5, atol=1e-5)
         # acc_norm divides by the token count (completion) or the characters of the choice (lm_eval)
-        assert plan.divisors[scoring].tolist() == [[float(n) for n in ref[scoring][i][1]] for i in range(len(items))]
+        assert packing.divisors[scoring].tolist() == [[float(n) for n in ref[scoring][i][1]] for i in range(len(items))]
     result = evaluate_model(model, "cpu", path, scoring="both", progress=False, batch_items=4)
     gold = np.array([item["label"] for item in items])
     for scoring in SCORINGS:
@@ -96,7 +96,7 @@ def test_packed_scorer_equals_per_item_loop(tiny, gpt2_enc):
         r = result[scoring]
         assert r["n"] == len(items) and r["acc"] == pytest.approx(acc) and r["acc_norm"] == pytest.approx(acc_norm)
         assert r["acc_ci95"] == pytest.approx(wilson(r["correct"], len(items)))
-        assert r["rows"] == plan.n_rows and r["scored_with"] == "completion+lm_eval"
+        assert r["rows"] == packing.n_rows and r["scored_with"] == "completion+lm_eval"
     # the predictions are not degenerate: the scorings disagree somewhere and acc_norm differs from acc
     preds = {s: [np.argmax(np.array(ll) / np.array(d, dtype=float)) for ll, d in ref[s]] for s in ref}
     assert preds["completion"] != preds["lm_eval"]
@@ -124,40 +124,40 @@ def test_shared_pass_scores_identical_to_previous_scorer(make_checkpoint, hellas
     model = GPT.from_checkpoint(load_checkpoint(make_checkpoint(seed=1), kind="gpt2"))
     path = hellaswag_file(n=20, seed=3)
     items = load_items(path)
-    plan = plan_for(gpt2_enc, items, 4 * 5, length_step=hellaswag.length_step(model))
-    ll = score_plan(model, plan, "cpu", progress=False)
+    packing = row_batches_for(gpt2_enc, items, 4 * 5, length_step=hellaswag.length_step(model))
+    ll = score_row_batches(model, packing, "cpu", progress=False)
     result = evaluate_model(model, "cpu", path, progress=False, batch_items=5)
     for scoring in SCORINGS:
         old_ll, old_acc, old_norm = previous_scorer(model, gpt2_enc, items, scoring, 5)
-        new_ll = ll[plan.index[scoring]]
+        new_ll = ll[packing.index[scoring]]
         torch.testing.assert_close(new_ll, old_ll, rtol=1e-6, atol=1e-6)  # fp32 forwards of other batch shapes
         assert torch.equal(new_ll.argmax(1), old_acc)  # item by item, both predictions
-        assert torch.equal((new_ll / plan.divisors[scoring]).argmax(1), old_norm)
-        gold = plan.gold
+        assert torch.equal((new_ll / packing.divisors[scoring]).argmax(1), old_norm)
+        gold = packing.gold
         assert result[scoring]["correct"] == (old_acc == gold).sum().item()
         assert result[scoring]["correct_norm"] == (old_norm == gold).sum().item()
 
 
 def test_rank_shards_cover_rows_once_with_equal_shapes(tiny, gpt2_enc):
     model, _, items = tiny
-    full = score_plan(model, plan_for(gpt2_enc, items, 8), "cpu", progress=False)
-    plans = [plan_for(gpt2_enc, items, 8, rank=rank, world_size=3) for rank in range(3)]
-    shapes = [[idx.shape for _, idx, _ in plan.batches] for plan in plans]
+    full = score_row_batches(model, row_batches_for(gpt2_enc, items, 8), "cpu", progress=False)
+    packings = [row_batches_for(gpt2_enc, items, 8, rank=rank, world_size=3) for rank in range(3)]
+    shapes = [[idx.shape for _, idx, _ in packing.batches] for packing in packings]
     assert shapes[0] == shapes[1] == shapes[2]  # every rank runs the same forwards (compile, collectives)
-    shares = torch.cat([share for plan in plans for share, _, _ in plan.batches])
+    shares = torch.cat([share for packing in packings for share, _, _ in packing.batches])
     assert sorted(shares.tolist()) == list(range(full.numel()))  # every distinct row on exactly one rank
     # each rank's log-likelihoods, zeros elsewhere: what the all-reduce sums
-    parts = [score_plan(model, plan, "cpu", progress=False) for plan in plans]
+    parts = [score_row_batches(model, packing, "cpu", progress=False) for packing in packings]
     torch.testing.assert_close(sum(parts), full, rtol=1e-6, atol=1e-5)
 
 
 def test_rows_are_shared_between_scorings_and_items(gpt2_enc):
     item = {"ctx": "A man", "ctx_a": "A man", "ctx_b": "", "activity_label": "Run", "label": 0,
             "endings": ["runs.", "runs.", "sits.", "jumps."]}
-    plan = plan_for(gpt2_enc, [item, dict(item, label=2)], 8)
+    packing = row_batches_for(gpt2_enc, [item, dict(item, label=2)], 8)
     # 2 identical items x 4 endings x 2 scorings = 16 rows, of which 3 + 3 are distinct
-    assert plan.n_rows == 6 and plan.index["completion"][0, 0] == plan.index["completion"][1, 1]
-    assert not set(plan.index["completion"].flatten().tolist()) & set(plan.index["lm_eval"].flatten().tolist())
+    assert packing.n_rows == 6 and packing.index["completion"][0, 0] == packing.index["completion"][1, 1]
+    assert not set(packing.index["completion"].flatten().tolist()) & set(packing.index["lm_eval"].flatten().tolist())
 
 
 def test_tokens_and_plan_are_cached(tiny, token_cache, monkeypatch):
@@ -180,11 +180,11 @@ def test_tokens_and_plan_are_cached(tiny, token_cache, monkeypatch):
     same = lambda r: all(r[s]["correct"] == first[s]["correct"] and r[s]["correct_norm"] == first[s]["correct_norm"]
                          for s in SCORINGS)
     calls.clear()
-    assert same(run()) and calls == []  # the next call (in the training loop): the packed plan from memory
-    hellaswag._PLANS.clear()  # a new process: the labels are read, the tokens come from disk
+    assert same(run()) and calls == []  # the next call (in the training loop): the packing from memory
+    hellaswag._ROW_BATCHES.clear()  # a new process: the labels are read, the tokens come from disk
     assert same(run()) and calls == ["load_items"]
     files[0].write_bytes(b"damaged")  # a broken cache file is rebuilt, not an error
-    hellaswag._PLANS.clear()
+    hellaswag._ROW_BATCHES.clear()
     calls.clear()
     assert same(run()) and calls.count("build_requests") == 2
     path.write_text(path.read_text().replace("the", "a"))  # other bytes, another key
@@ -203,7 +203,7 @@ def test_compiled_scorer_reuses_its_graphs_across_calls(tiny):
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=counter, dynamic=False)
     first = evaluate_model(compiled, "cpu", path, progress=False, batch_items=3)
-    lengths = {idx.shape[1] for _, idx, _ in next(iter(hellaswag._PLANS.values())).batches}
+    lengths = {idx.shape[1] for _, idx, _ in next(iter(hellaswag._ROW_BATCHES.values())).batches}
     assert lengths <= {64, 128} and counter.frame_count == len(lengths)
     second = evaluate_model(compiled, "cpu", path, progress=False, batch_items=3)
     assert counter.frame_count == len(lengths)  # no recompilation
@@ -286,6 +286,8 @@ def test_cli_writes_json_and_rejects_wrong_checkpoints(make_checkpoint, hellaswa
     out = capsys.readouterr().out
     assert out.splitlines()[0] == f"scoring {ckpt} | step 12 | act gelu"  # which weights, before anything else
     assert "acc_norm" in out and "completion+lm_eval in one pass: " in out
+    bpb = record["results"]["completion"]["bpb_ci95"]
+    assert f"| gold bits/byte {record['results']['completion']['bpb']:.4f} [{bpb[0]:.4f}, {bpb[1]:.4f}]" in out
     other = tmp_path / "translation.pt"
     torch.save({"kind": "translation", "model": {}}, other)
     for bad, message in [(tmp_path / "missing.pt", "no such checkpoint file"), (other, "a 'translation' checkpoint")]:
@@ -328,6 +330,44 @@ def test_items_file_holds_every_prediction_of_both_scorings(tiny, make_checkpoin
             assert line[scoring]["pred_norm"] == int(np.argmax(np.array(ll) / np.array(div, dtype=float)))
         for metric, key in (("acc", "correct"), ("acc_norm", "correct_norm")):
             assert sum(read.correct(scoring, metric, sorted(read.labels))) == record["results"][scoring][key]
+    # the continuous scores, item by item, equal a float64 recomputation from the model's logits
+    # lm-eval's choices are preprocess(ending) (test_real_validation_file_parses_and_matches_lm_eval_preprocessing)
+    continuation = {"completion": lambda item: [" " + e for e in item["endings"]],
+                    "lm_eval": lambda item: [" " + hellaswag.preprocess(e) for e in item["endings"]]}
+    for scoring in SCORINGS:
+        bpbs = []
+        for i, (line, item) in enumerate(zip(lines, items)):
+            ll, label = np.array(ref[scoring][i][0]), item["label"]
+            texts = continuation[scoring](item)
+            n_bytes = [len(t.encode()) for t in texts]
+            assert line[scoring]["bytes"] == n_bytes
+            assert line[scoring]["tok"] == [len(gpt2_enc.encode(t)) for t in texts]
+            bpbs.append(-ll[label] / n_bytes[label] / np.log(2))
+            p_gold = np.exp(ll[label]) / np.exp(ll).sum()
+            margin = ll[label] - np.delete(ll, label).max()
+            np.testing.assert_allclose([line[scoring][k] for k in ("bpb", "p_gold", "margin")],
+                                       [bpbs[-1], p_gold, margin], rtol=1e-5, atol=1e-6)
+            assert read.scores[(scoring, "bpb")][i] == line[scoring]["bpb"]
+        r = record["results"][scoring]
+        half = 1.959964 * np.std(bpbs, ddof=1) / np.sqrt(len(bpbs))
+        np.testing.assert_allclose([r["bpb"], *r["bpb_ci95"]], [np.mean(bpbs), np.mean(bpbs) - half,
+                                                                np.mean(bpbs) + half], rtol=1e-5)
+    assert read.values("completion", "acc", [0, 1]) == [float(x) for x in read.correct("completion", "acc", [0, 1])]
+
+
+def test_lm_eval_samples_read_with_their_continuous_scores(tmp_path):
+    """lm-eval's --log_samples output gives the same continuous scores from its log-likelihoods and the bytes of
+    " " + choice (what lm-eval scored)."""
+    lls = [[-9.0, -7.5, -8.0, -12.0], [-3.0, -4.0, -2.5, -6.0]]
+    choices = ["a cat", "dogs run", "élan", "x"]
+    lines = [{"doc_id": i, "doc": {"gold": 1, "choices": choices}, "filtered_resps": [[x, False] for x in ll],
+              "acc": float(np.argmax(ll) == 1)} for i, ll in enumerate(lls)]
+    path = tmp_path / "samples_hellaswag.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    read = hellaswag_items.read(path)
+    assert read.scores[("lm_eval", "bpb")] == pytest.approx({0: 7.5 / 9 / np.log(2), 1: 4.0 / 9 / np.log(2)})
+    assert read.scores[("lm_eval", "margin")] == pytest.approx({0: 0.5, 1: -1.5})
+    assert read.scores[("lm_eval", "p_gold")][1] == pytest.approx(np.exp(-4) / np.exp(lls[1]).sum())
 
 
 @pytest.mark.skipif(not REAL.is_file(), reason="../shared/assets/hellaswag not present")

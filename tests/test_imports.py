@@ -17,13 +17,14 @@ BELOW = {
     "activations": {"errors"},
     "data": {"errors"},
     "training": {"errors", "activations", "data"},
-    "model": {"errors", "activations"},
+    "model_parts": {"errors"},
+    "model": {"errors", "activations", "model_parts"},
     "translation": {"errors", "activations", "data"},
-    "eval": {"errors", "stats", "activations", "data", "training", "model", "translation"},
-    "export": {"errors", "stats", "activations", "data", "training", "model", "eval"},
-    "analysis": {"errors", "stats", "activations", "data", "model", "training", "eval"},
-    "sweep": {"errors", "stats", "activations", "data", "model", "training", "translation", "eval", "analysis",
-              "train_gpt2", "train_translation"},
+    "eval": {"errors", "stats", "activations", "data", "training", "model_parts", "model", "translation"},
+    "export": {"errors", "stats", "activations", "data", "training", "model_parts", "model", "eval"},
+    "analysis": {"errors", "stats", "activations", "data", "model_parts", "model", "training", "eval"},
+    "sweep": {"errors", "stats", "activations", "data", "model_parts", "model", "training", "translation", "eval",
+              "analysis", "train_gpt2", "train_translation"},
 }
 # what evaluations and exports may take from training/: reading checkpoints (and, to run under torchrun on
 # the device the trainers use, the process group and precision helpers), the in-loop evaluations' contract

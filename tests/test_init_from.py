@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from model import GPT, GPTConfig, hf_to_nanoact
+from model import GPT, GPTConfig
+from model_parts.transformers_layout import hf_to_nanoact
 from test_train_gpt2 import ROOT, VOCAB, args, train_in_process, write_corpus
 
 transformers = pytest.importorskip("transformers")

@@ -198,3 +198,24 @@ def test_anact_per_instance_rows_as_torch_path(name):
     x, grad = rows_input([(5, NAN), (0, NAN), (5, INF), (0, INF), (5, -INF), (0, -INF), (5, 1e30), 1e30])
     x[-1, ::2] *= -1
     assert_same(both_paths(name, x, grad, per_instance=True), "non-finite rows")
+
+
+def test_anact_large_fp16_values_within_fp16_tolerance():
+    """fp16 inputs in the hundreds (rows of 100 N(0, 1) and 300 + 10 N(0, 1), the scale a long run's
+    pre-activations reach), NSwish and NReLU: a training step, then evaluation on the running buffers, and the
+    per-instance rows; outputs and input gradients against the float64 PyTorch path within fp16's tolerance
+    (selfcheck.TOLERANCE), as the fp16 PyTorch path is."""
+    from activations.selfcheck import TOLERANCE
+    x, grad = act_inputs((2, 150))
+    x = torch.stack([100 * x[0], 300 + 10 * x[1]]).half()
+    for name, per_instance in (("nswish", False), ("nrelu", False), ("nswish", True)):
+        kern = activations.build(name, impl="triton", per_instance=per_instance).to(DEVICE)
+        ref = activations.build(name, impl="torch", per_instance=per_instance).to(DEVICE).double()
+        for training in (True, False) if not per_instance else (True,):
+            out, gx = step(kern.train(training), x.to(DEVICE), grad.half().to(DEVICE))
+            out64, gx64 = step(ref.train(training), x.double().to(DEVICE), grad.double().to(DEVICE))
+            activations.step_statistics(kern), activations.step_statistics(ref)
+            case = f"{name}, per_instance {per_instance}, training {training}"
+            for got, want in ((out, out64), (gx, gx64)):
+                torch.testing.assert_close(got.double(), want, **dict(zip(("rtol", "atol"), TOLERANCE[torch.float16])),
+                                           msg=case)

@@ -212,3 +212,46 @@ def test_a_checkpoint_trained_with_the_kernels_evaluates_samples_and_exports_on_
     assert to_transformers.export(path, tmp_path / "hf") == "remote"
     diff, _, _ = exported_logits_match(path, tmp_path / "hf", trust_remote_code=True)
     assert diff < 1e-5 and "impl" not in (tmp_path / "hf" / "config.json").read_text()
+
+
+def test_the_fused_mlp_is_chosen_only_where_it_measured_faster(children, capsys, tmp_path, monkeypatch):
+    """The fused MLP (activations/fused_mlp.py) is a third path per activation, chosen by the probe's timings like the
+    kernels: a gelu MLP (no kernel family), an AGLU one (its elementwise kernel decided first) and a gated one take it
+    where the fused MLP measured faster, keep the unfused MLP where it measured slower or failed its check; the record
+    (run.json's, the checkpoint's) says which with both timings; a recorded decision is reused without a probe."""
+    class MLP(torch.nn.Module):
+        def __init__(self, act, gated=False):
+            super().__init__()
+            self.c_fc, self.c_proj = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)
+            self.act = activations.build(act)
+            self.c_up = torch.nn.Linear(16, 64) if gated else None
+
+    def in_process(work, args, timeout):  # the decision rule under test, not the child process (tested above)
+        children.append(work.__name__)
+        try:
+            return work(*args), None
+        except RuntimeError as e:
+            return None, f"RuntimeError: {e}"
+
+    monkeypatch.setattr(policy, "run_child", in_process)
+    monkeypatch.setattr(policy, "FUSED_DEVICES", ("cuda", "cpu"))
+    model = torch.nn.Sequential(MLP("gelu"), MLP("aglu"), MLP("silu", gated=True))
+    decisions = policy.select(model, (8, 64), GPU, "cpu", torch.float32, False, work=probe_work.kernel_slower,
+                              fused_work=probe_work.kernel_faster)
+    assert [m.fused for m in model] == [True, True, True] and model[1].act.impl == "torch"
+    assert sorted(decisions) == ["aglu", "mlp/aglu", "mlp/gelu", "mlp/silu_glu"]
+    assert decisions["mlp/gelu"]["impl"] == "fused" and decisions["mlp/gelu"]["triton_ms"] == 1.0
+    assert decisions["mlp/gelu"]["key"]["d_model"] == 16
+    out = capsys.readouterr().out
+    assert "mlp/gelu: fused MLP (fused 1.000 ms vs unfused 2.000 ms, eager MLP fwd+bwd at 8x16x64 on NVIDIA" in out
+
+    for work in (probe_work.kernel_slower, probe_work.raising):
+        model = torch.nn.Sequential(MLP("gelu"))
+        again = policy.select(model, (8, 64), GPU, "cpu", torch.float32, False, fused_work=work, reprobe=True)
+        assert model[0].fused is False and again["mlp/gelu"]["impl"] == "unfused"
+    assert "the fused MLP failed its check" in again["mlp/gelu"]["reason"]
+    model = torch.nn.Sequential(MLP("gelu"))
+    reused = policy.select(model, (8, 64), GPU, "cpu", torch.float32, False, recorded=decisions,
+                           fused_work=probe_work.raising)
+    assert model[0].fused and reused["mlp/gelu"]["source"] == "recorded"
+    assert children == ["kernel_slower", *["kernel_faster"] * 3, "kernel_slower", "raising"]

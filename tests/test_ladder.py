@@ -330,7 +330,9 @@ def test_shipped_ladder_plans_follow_their_budget_rule(plan, config, steps):
         assert int(option(opts, "--max-steps")) == steps(n), size
     assert (ladder.ladder.lr_size, ladder.ladder.audit_size) == (sizes[0], sizes[-1])
     horizon = ladder.size_options[f"{sizes[0]}_T{sizes[-1]}"]
-    assert horizon == ladder.size_options[sizes[0]][:-1] + ladder.size_options[sizes[-1]][-1:]
+    base, largest = ladder.size_options[sizes[0]], ladder.size_options[sizes[-1]]
+    assert [option(horizon, f"--{k}") for k in ("n-layer", "n-embd", "n-head", "max-steps")] == [
+        *(option(base, f"--{k}") for k in ("n-layer", "n-embd", "n-head")), option(largest, "--max-steps")]
     assert all(option(opts, "--param") == "completep" for _, opts, _ in ladder.variants)
     assert len(ladder.ladder.lrs) >= 3 and len(ladder.variants) >= 3
 

@@ -16,6 +16,8 @@ from analysis import ladder_report
 from analysis.runs import finished
 from sweep import cli, launchers, plan, schedule
 from sweep.status import status_rows
+from train_gpt2 import memory_shape
+from training import memory
 from model import GPT, GPTConfig
 from test_sweep import fake_run
 from test_train_gpt2 import final_weights, train_in_process, train_losses, write_corpus
@@ -202,9 +204,13 @@ def test_dry_run_prints_the_cost_and_the_runs_and_launches_nothing(tmp_path, mon
     runs = {"a": 8, "b": 4}
     table = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")]
                                                for line in text.splitlines() if line.startswith("| "))}
-    for size, n in runs.items():
-        assert table[size] == [str(n), f"{flops[size]:.3g}", f"{n * flops[size]:.3g}",
-                               f"{n * flops[size] / 1e9 / 3600:,.1f}"]
+    for (size, n), n_layer in zip(runs.items(), (1, 2)):
+        assert table[size][:4] == [str(n), f"{flops[size]:.3g}", f"{n * flops[size]:.3g}",
+                                   f"{n * flops[size] / 1e9 / 3600:,.1f}"]
+        # memory per GPU (training/memory.py) on 1 rank, bfloat16 (dtype auto): DDP's and FSDP's the same there
+        shape = memory_shape(GPTConfig(vocab_size=50304, block_size=128, n_layer=n_layer, n_embd=32, n_head=2))
+        need = memory.estimate(shape, 8, 128, "ddp", 1, "bfloat16").total / memory.GIB
+        assert table[size][4:] == [f"{need:,.1f}", f"{need:,.1f}", "ddp"]
     total = sum(n * flops[size] for size, n in runs.items())
     assert f"cost: 12 runs, {total:.3g} training FLOPs" in text
     assert "GPU-hours at the FLOP/s per GPU of bench/train_step.py on Test GPU (gelu 1e+09)" in text

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from errors import ConfigError
-from model import GPT, GPTConfig, nanoact_to_hf, rotate, sp_equivalent
+from export.to_transformers import sp_equivalent
+from model import GPT, GPTConfig, rotate
+from model_parts.transformers_layout import nanoact_to_hf
 from training.checkpoint import load_checkpoint
 from training.optimizer import adamw
 
@@ -118,6 +120,34 @@ def test_sp_equivalent_folds_the_multipliers_into_weights(act, param, norm):
     unfolded = GPT(GPTConfig(**{**SCALED, "act": act, "norm": norm}), seed=0)
     unfolded.load_state_dict(model.state_dict())
     assert (unfolded(idx)[0] - model(idx)[0]).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("param", ["sp", "mup", "completep"])
+def test_every_multiplier_of_the_table_is_applied_once_in_the_forward(param):
+    """docs/training.md's table written out as a float64 forward (attention q.k / sqrt(d_head) or / d_head, branches
+    / m_depth, logits / m_width, m_width 4 and m_depth 2 here): the model's logits equal it, so a rule applied twice
+    or not at all (a factor 2 or 4 somewhere) fails."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SCALED, param=param), seed=0).double()
+    with torch.no_grad():  # biases and norms off their init, so that every term counts
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, dtype=p.dtype) * 0.3)
+    m_width, m_depth = {"sp": (1, 1), "mup": (4, 1), "completep": (4, 2)}[param]
+    C, n_head, T = SCALED["n_embd"], 2, 9
+    d_head = C // n_head
+    idx = torch.randint(0, 96, (2, T))
+    x = model.transformer.wte.weight[idx] + model.transformer.wpe.weight[:T]
+    for block in model.transformer.h:
+        qkv = block.attn.c_attn(block.ln_1(x)).split(C, -1)
+        q, k, v = (t.unflatten(-1, (n_head, d_head)).transpose(1, 2) for t in qkv)
+        scores = q @ k.transpose(-1, -2) / (math.sqrt(d_head) if param == "sp" else d_head)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        attention = (scores.softmax(-1) @ v).transpose(1, 2).flatten(2)
+        x = x + block.attn.c_proj(attention) / m_depth
+        mlp = block.mlp
+        x = x + mlp.c_proj(mlp.act(mlp.c_fc(block.ln_2(x)))) / m_depth
+    logits = model.transformer.ln_f(x) / m_width @ model.transformer.wte.weight.t()
+    torch.testing.assert_close(model(idx)[0], logits, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("overrides, message", [

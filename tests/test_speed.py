@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, linear_cross_entropy, sdpa_backends
+from model import GPT, GPTConfig, sdpa_backends
+from model_parts.chunked_loss import linear_cross_entropy
 
 TINY = dict(block_size=16, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
 # The model of tests/test_train_gpt2.py's compiled run.

@@ -303,8 +303,8 @@ def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc,
     train_in_process(args(data, tmp_path / "out", vocab_size=50304, block_size=128, max_steps=2, eval_interval=2,
                           hellaswag_interval=2, hellaswag_data=hella, act="aglu"))
     printed = [line for line in capsys.readouterr().out.splitlines() if "| val loss " in line]
-    assert len(printed) == 2 and all(re.search(r"\| hellaswag acc \d\.\d{4} acc_norm \d\.\d{4} \(\d+\.\ds\)$", line)
-                                     for line in printed), printed  # on stdout, next to the val loss
+    shown = r"\| hellaswag acc \d\.\d{4} acc_norm \d\.\d{4} bits/byte \d+\.\d{4} \(\d+\.\ds\)$"
+    assert len(printed) == 2 and all(re.search(shown, line) for line in printed), printed  # next to the val loss
     # tokens cached once per set of scorings: completion (step 0), both (the final evaluation)
     assert sorted(p.name.split("_all_")[-1] for p in (tmp_path / "cache" / "hellaswag_tokens").iterdir()) == [
         "completion+lm_eval.npz", "completion.npz"]
@@ -321,6 +321,12 @@ def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc,
     assert items.about["setup"]["dtype"] == "float32" and items.about["setup"]["kernels"] == {"aglu": "torch"}
     for metric, key in (("acc", "hellaswag_acc"), ("acc_norm", "hellaswag_acc_norm")):
         assert sum(items.correct("completion", metric, range(8))) / 8 == evals[-1][key]
+    # the continuous score: declared (name, unit, direction), logged, and the mean of the items file's values
+    declared = {m["name"]: m for m in json.loads((tmp_path / "out" / "run.json").read_text())["metrics"]}
+    assert declared["hellaswag_bpb"]["unit"] == "bits/byte" and declared["hellaswag_bpb"]["higher_is_better"] is False
+    assert evals[-1]["hellaswag_bpb"] == pytest.approx(np.mean(items.values("completion", "bpb", range(8))))
+    assert [line.split()[:2] for line in lines if " hellaswag_bpb " in line] == [["0", "hellaswag_bpb"],
+                                                                               ["2", "hellaswag_bpb"]]
 
 
 @pytest.mark.parametrize("case", ["offline", "malformed file", "vocabulary"])

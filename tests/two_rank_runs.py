@@ -16,7 +16,11 @@ GPT_RUNS = {  # run directory -> train_gpt2.py's arguments over test_train_gpt2.
     "elastic": dict(max_steps=40, eval_interval=20, checkpoint_interval=2, dropout=0.1, auto_resume="true"),
     # dropout and NSwish's running statistics: the same noise and statistics as 1 process accumulating 2 batches
     "noise": dict(dropout=0.1, act="nswish"),
+    # tests/test_fsdp.py: "plain" sharded (FSDP2), evaluated at the end only, and the same run resumed from its
+    # step-4 checkpoint
+    "fsdp": dict(dist="fsdp", eval_interval=0),
 }
+FSDP_RESUMED = "fsdp-resumed"
 # tests/test_train_translation.py's step on 2 ranks, 1 batch each: train_translation.py's arguments over that
 # file's `args` (dropout, and NSwish with running statistics), and the run directory
 TRANSLATION_RUN = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", "false", "--act-kwargs", "{}",
@@ -26,7 +30,8 @@ TRANSLATION_RUN = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", 
 @pytest.fixture(scope="session")
 def two_rank_runs(tmp_path_factory):
     """The job's directory: gpt_data/ and translation_data/ (the corpora), spm/ (the sentencepiece model the
-    translation run trained), a run directory per GPT_RUNS entry, translation/, job.log (its stdout), and with the
+    translation run trained), a run directory per GPT_RUNS entry and fsdp-resumed/, fsdp_vs_ddp.json
+    (tests/fsdp_vs_ddp.py's), translation/, job.log (its stdout), and with the
     GPT-2 tokenizer eval/hellaswag.py's hellaswag.json, of the checkpoint in run_gelu_0/ on hellaswag.jsonl."""
     # imported when it runs: conftest.py imports this module, and the test files import its constants
     from conftest import offline_gpt2_encoding, tiny_checkpoint, write_hellaswag
@@ -38,6 +43,9 @@ def two_rank_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("two_rank_runs")
     gpt_data = write_corpus(root / "gpt_data")
     commands = [["train_gpt2.py", *args(gpt_data, root / name, **extra)] for name, extra in GPT_RUNS.items()]
+    commands += [["tests/copy_checkpoint.py", str(root / "fsdp"), "4", str(root / FSDP_RESUMED)],
+                 ["train_gpt2.py", *args(gpt_data, root / FSDP_RESUMED, **GPT_RUNS["fsdp"], resume="true")],
+                 ["tests/fsdp_vs_ddp.py", str(root / "fsdp_vs_ddp.json")]]
     commands.append(["train_translation.py", *translation_args(write_translation_corpus(root / "translation_data"),
                                                                root / "translation", root / "spm", *TRANSLATION_RUN)])
     try:  # tests/test_hellaswag.py's run, where the GPT-2 tokenizer is at hand (that test skips otherwise)

@@ -30,7 +30,7 @@ from activations.gated import hidden_width
 from activations.impl import model_identity
 from data.files import atomic_file, fsync_dir, remove_temporaries
 from errors import CheckpointError, CheckpointNotFound
-from training import distributed
+from training import distributed, fsdp
 from training.config import listed_changes, option_paths, result_changes
 from training.foreign_checkpoints import nanogpt_checkpoint_in, read_foreign_checkpoint
 
@@ -250,11 +250,25 @@ def save_training_checkpoint(state, loader, d, out_dir, step, keep_last=None):
     return path
 
 
-def resumed_changes(ckpt, cfg):
+# --resume-changes' name for another number of processes than the checkpoint's (not a config option)
+WORLD_SIZE = "world_size"
+
+
+def declares_world_size(cfg):
+    """Whether --resume-changes names world_size: the run may resume a checkpoint of another world size."""
+    return WORLD_SIZE in [name.strip() for name in cfg.run.resume_changes.split(",")]
+
+
+def resumed_changes(ckpt, cfg, world_size=None):
     """The options this run changes from the checkpoint's, {dotted path: (old, new)}: only those named in
-    --resume-changes. A resume is the same run: any other change its result depends on is refused in one line."""
+    --resume-changes. A resume is the same run: any other change its result depends on is refused in one line.
+    `world_size`: this run's; another than the checkpoint's is a change named `world_size` when declared."""
     changes = result_changes(cfg, ckpt["config"])
-    allowed = option_paths(type(cfg), cfg.run.resume_changes, "--resume-changes")
+    names = [n.strip() for n in cfg.run.resume_changes.split(",")]
+    allowed = option_paths(type(cfg), ",".join(n for n in names if n != WORLD_SIZE), "--resume-changes")
+    if declares_world_size(cfg) and world_size is not None and ckpt.get("world_size", world_size) != world_size:
+        changes[WORLD_SIZE] = (ckpt["world_size"], world_size)
+        allowed.add(WORLD_SIZE)
     refused = {path: change for path, change in changes.items() if path not in allowed}
     if refused:
         names = ",".join(path.rsplit(".", 1)[-1] for path in refused)
@@ -265,9 +279,11 @@ def resumed_changes(ckpt, cfg):
     return changes
 
 
-def resume_training(ckpt, model_config, world_size, rank, model, optimizer, loader):
+def resume_training(ckpt, model_config, world_size, rank, model, optimizer, loader, resized=False):
     """Restore a training checkpoint into this process (model, optimizer, this rank's loader and RNG
-    streams) after checking it was made by the same model and world size; returns its step."""
+    streams) after checking it was made by the same model and world size; returns its step. `resized`: another
+    world size was declared (--resume-changes world_size): the loader's position is global (data/loader.py), so
+    every rank continues the stream from it; a rank the checkpoint did not have takes rank 0's RNG states."""
     path = ckpt.get("path", "the checkpoint")
     if "source" in ckpt:  # build-nanogpt / nanoGPT: weights, but no data position or RNG states to continue
         raise CheckpointError(f"{path} was written by another harness and cannot be resumed exactly; start from its "
@@ -277,13 +293,15 @@ def resume_training(ckpt, model_config, world_size, rank, model, optimizer, load
     if model_identity({**model_config, **ckpt["model_config"]}) != model_identity(model_config):
         raise CheckpointError(f"{path} was trained with model config {ckpt['model_config']}; "
                               "resume with the same model options or use a new --out-dir")
-    if ckpt["world_size"] != world_size:
+    if ckpt["world_size"] != world_size and not resized:
         raise CheckpointError(f"{path} was written by {ckpt['world_size']} processes; resume with the same "
-                              "world size so data order and RNG streams continue exactly")
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    loader.load_state_dict(ckpt["loader"][rank])
-    set_rng_state(ckpt["rng"][rank])
+                              "world size so data order and RNG streams continue exactly, or declare the change "
+                              f"with --resume-changes {WORLD_SIZE} (the data stream continues; sums over ranks "
+                              "change order)")
+    fsdp.load_training_states(model, optimizer, ckpt["model"], ckpt["optimizer"])
+    saved = rank if rank < ckpt["world_size"] else 0
+    loader.load_state_dict(ckpt["loader"][saved])
+    set_rng_state(ckpt["rng"][saved])
     return ckpt["step"]
 
 

@@ -282,6 +282,10 @@ class RunConfig:
     checkpoint_interval: int = 1000  # a checkpoint every N steps (0: only at the end and on a stop signal)
     keep_checkpoints: int = 3
     dist_timeout: float = 600.0  # seconds a collective may wait for the other ranks before the run stops naming them
+    # several ranks: ddp (every rank holds the whole model) or fsdp (parameters, gradients and optimizer state
+    # sharded over the ranks: training/fsdp.py; docs/training.md says when); one process trains unsharded either way
+    dist: str = "ddp"
+    activation_checkpointing: bool = False  # recompute each block's activations in backward: memory for compute
     # the activation kernels' verdicts (activations/policy.py); "": $NANOACT_CACHE, else $XDG_CACHE_HOME/nanoact
     # or ~/.cache/nanoact
     kernel_cache: str = ""
@@ -299,12 +303,13 @@ class RunConfig:
     # config with the checkpoint's, so a new option is checked unless listed here): where the files go and how the
     # run is logged, how often it saves, how long a collective waits, how fast it runs (torch.compile, its mode;
     # the translation loader refuses a resume whose batch padding, which compile picks by default, differs) and
-    # how the kernels are chosen (a resume reuses its checkpoint's kernel decisions). seed, device and dtype are
-    # not here: they choose the RNG streams and the precision.
+    # how the kernels are chosen (a resume reuses its checkpoint's kernel decisions); activation checkpointing
+    # recomputes the same operations. seed, device and dtype are not here: they choose the RNG streams and the
+    # precision; nor is dist: FSDP's reductions sum in another order than DDP's (a change to declare).
     resume_may_change: typing.ClassVar[tuple] = (
         "out_dir", "compile", "compile_mode", "resume", "auto_resume", "log_interval", "checkpoint_interval",
-        "keep_checkpoints", "dist_timeout", "kernel_cache", "kernel_reprobe", "kernels_from", "tensorboard",
-        "wandb_project", "wandb_run_name", "resume_changes")
+        "keep_checkpoints", "dist_timeout", "activation_checkpointing", "kernel_cache", "kernel_reprobe",
+        "kernels_from", "tensorboard", "wandb_project", "wandb_run_name", "resume_changes")
 
     @property
     def init_seed(self):

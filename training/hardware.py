@@ -21,7 +21,7 @@ MIN_TRITON_CAPABILITY = (7, 0)  # Triton (inductor's GPU code and our kernels) g
 @dataclass(frozen=True)
 class Platform:
     device_type: str  # cuda, mps, cpu
-    name: str  # "NVIDIA H100 80GB HBM3", or the device type
+    name: str  # the device's name as torch reports it, or the device type
     capability: tuple = None  # CUDA compute capability (major, minor)
     bf16: bool = False  # bf16 autocast runs natively (Ampere and newer; not V100, T4, RTX 20xx)
     triton: str = None  # Triton's version when it imports
@@ -34,7 +34,7 @@ class Platform:
 
 def triton_version(imports=True):
     """Triton's version when it is installed and (imports) imports, else None. Without the import (a record; a
-    platform that never runs Triton code, such as a CPU's) the package's metadata: the import costs ~0.2 CPU-s."""
+    platform that never runs Triton code, such as a CPU's) the package's metadata: the import is slow."""
     if importlib.util.find_spec("triton") is None:
         return None
     if not imports:
@@ -83,8 +83,8 @@ def choose_precision(requested, p):
 
 
 def inductor_usable(p):
-    """p.inductor, or torch's own answer when detect() left it unasked: asking imports dynamo (~1 CPU-s), which
-    only a process that may compile pays (an evaluation or an eager CPU run starts that much faster)."""
+    """p.inductor, or torch's own answer when detect() left it unasked: asking imports dynamo (slow), which
+    only a process that may compile pays (an evaluation or an eager CPU run starts faster)."""
     if p.inductor is not None:
         return p.inductor
     return importlib.util.find_spec("torch._inductor") is not None and torch._dynamo.is_dynamo_supported()

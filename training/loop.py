@@ -1,6 +1,6 @@
 """The training loop both trainers share (train_gpt2.py, train_translation.py), and the contract between them.
 
-A trainer subclasses Trainer and writes only what is its own:
+A trainer subclasses Trainer and writes only what is its own (docs/training.md, "Another trainer"):
 
     build(ctx, ckpt) -> Parts        model, optimizer, data, steps; ctx (a Context) is what fit decided first
     learning_rate(step) -> float
@@ -10,27 +10,19 @@ A trainer subclasses Trainer and writes only what is its own:
               finish(step) -> closing record or None
     in_loop = (InLoopEvaluation classes, ...)   evaluations beside evaluate's, one file each (training/in_loop.py)
 
-The base class keeps no attribute a trainer reads: a hook gets what it needs as arguments, or from what the
-trainer itself kept in build (its Context, its loaders). tests/test_loop.py trains a trainer of 40 lines.
+A hook gets what it needs as arguments, or from what the trainer kept in build: the base class keeps no attribute
+a trainer reads. fit() runs: context (process group, seed, precision, compile decision), the checkpoint to resume,
+build, resume, the in-loop evaluations, the preflight (training/preflight.py), the activation kernels' decision
+(activations/policy.py), the run log, compile and DDP (or the trainer's FSDP sharding: training/fsdp.py), the
+loop, finish_run. Each step: the evaluations due (every eval_interval steps and at the end), the train step
+(forward_backward, activations.step_statistics, clipping, the optimizer), log, after_step, checkpoint, stop. The last checkpoint follows the final evaluation, so the file the
+closing line names holds the numbers it prints. An evaluation that raises is logged with its traceback, that
+step's checkpoint written, and the run goes on (`outcome`, `Evaluation.attempt`).
 
-fit() runs, in order: context (process group, seed, precision, compile decision); the checkpoint to resume;
-build; resume; the in-loop evaluations built; the preflight (training/preflight.py: the trainer's and the in-loop
-evaluations' inputs, out_dir writable, disk for the checkpoints); the activation kernels' decision
-(activations/policy.py); the run log (run.json records the in-loop metrics); compile and DDP; the loop; the
-trainer's closing work and the summary line. The loop runs, per step: evaluate and the in-loop evaluations due
-(every eval_interval steps and at the end), train step (the trainer's forward_backward, then
-activations.step_statistics: NSwish/NReLU's running statistics from the whole step's batch, one all-reduce; then
-clipping and the optimizer), log, the trainer's after_step, checkpoint (every checkpoint_interval steps and on a
-signal), stop; at the end the checkpoint follows the final evaluation, so the file the closing line names holds
-the numbers it prints. An evaluation that raises (the trainer's closing one included) is logged with its
-traceback, that step's checkpoint is written, and the run goes on (`outcome`, `Evaluation.attempt`). The stdout
-lines' format is training/runlog.py's.
-
-SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number (143 for SIGTERM), so
-a scheduler sees a preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. Signal
-handlers and the process group are released on every exit. A collective that waits past --dist-timeout, or
-whose peer died, ends the rank with one line naming the step and what it waited for (`Trainer.waiting`); under
-torchrun --max-restarts the next attempt resumes the newest checkpoint that verifies.
+SIGTERM/SIGINT finish the current step, save, and exit with 128 + the signal number, so a scheduler sees a
+preempted job as unfinished; a NaN/inf loss stops before it reaches the weights. A collective that waits past
+--dist-timeout, or whose peer died, ends the rank with one line naming the step and what it waited for
+(`Trainer.waiting`); under torchrun --max-restarts the next attempt resumes the newest checkpoint that verifies.
 """
 import contextlib
 import gc
@@ -48,9 +40,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from activations import policy, step_statistics
 from activations.impl import model_identity
-from training import distributed, hardware, preflight, runlog
-from training.checkpoint import (CheckpointError, latest_checkpoint, newest_good_checkpoint, resumed_changes,
-                                 resume_training, save_training_checkpoint)
+from training import distributed, fsdp, hardware, preflight, runlog
+from training.checkpoint import (CheckpointError, declares_world_size, latest_checkpoint, newest_good_checkpoint,
+                                 resumed_changes, resume_training, save_training_checkpoint)
 from training.config import ConfigError, learning_rate, to_dict
 from training.optimizer import set_lr
 from training.precision import PRECISIONS, autocast_context, grad_scaler
@@ -165,6 +157,7 @@ class Trainer:
     in_loop = ()  # its in-loop evaluations (training/in_loop.py), each built after build as cls(trainer, ctx)
     lr_flag = "--lr"  # the option a non-finite loss message suggests lowering
     token_unit = "tok"  # what the tokens/s of the step line count
+    shards = False  # whether build() honours --dist fsdp and --activation-checkpointing (training/fsdp.py)
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -238,7 +231,7 @@ class Trainer:
             stop = GracefulStop()
             self.loop(state, stop)
             if not stop.requested:
-                self.end(state, start)
+                self.finish_run(state, start)
         except RuntimeError as e:
             message = distributed.failure_message(e, d, self.waiting)
             if message is None:
@@ -269,8 +262,8 @@ class Trainer:
         changes = {}
         if ckpt is not None:
             resume_training(ckpt, parts.model_config, d.world_size, d.rank, parts.model, parts.optimizer,
-                            parts.loader)
-            changes = resumed_changes(ckpt, self.cfg)
+                            parts.loader, resized=declares_world_size(self.cfg))
+            changes = resumed_changes(ckpt, self.cfg, d.world_size)
             if ckpt.get("scaler"):
                 ctx.scaler.load_state_dict(ckpt["scaler"])
         return ckpt, start, parts, changes
@@ -316,7 +309,7 @@ class Trainer:
                 print(runlog.changes_line(start, changes), flush=True)
         return history
 
-    def end(self, state, start):
+    def finish_run(self, state, start):
         """After the last step: the trainer's closing evaluations (their record, or their failure) and the
         closing line."""
         closing, failure = outcome(lambda: self.finish(state.step), state.ctx.dist)
@@ -324,12 +317,16 @@ class Trainer:
             self.record_failures(state, {"finish": failure})
         if closing is not None:
             state.log.record(state.step, kind="test", **closing)
-        self.close(state, start)
+        self.summarize(state, start)
 
     def context(self, d):
         """Seed, precision, autocast, GradScaler, TF32 and the compile decision: (Context, the platform, the
         decisions made, for run.json)."""
         run = self.cfg.run
+        fsdp.check_dist(run.dist)
+        if (run.dist == "fsdp" or run.activation_checkpointing) and not self.shards:
+            raise ConfigError(f"the {self.kind} trainer has no FSDP layout or activation checkpointing: "
+                              "use --dist ddp and --no-activation-checkpointing")
         torch.manual_seed(run.init_seed)
         platform, precision, use_compile, decisions = hardware.decide(run, d)
         if d.device_type == "cuda":
@@ -366,9 +363,10 @@ class Trainer:
         return torch.compile(parts.model, dynamic=parts.batch_shapes is None, mode=self.cfg.run.compile_mode)
 
     def wrap(self, ctx, parts, step, log):
-        """(the model evaluations run, the model the steps run): compiled if the run compiles, then DDP."""
+        """(the model evaluations run, the model the steps run): compiled if the run compiles, then DDP; a model the
+        trainer's build sharded (--dist fsdp, training/fsdp.py) steps as it is."""
         model = self.compile(ctx, parts, step, log) if ctx.compile else parts.model
-        if not ctx.dist.ddp:
+        if not ctx.dist.ddp or fsdp.sharded_root(parts.model) is not None:  # FSDP: sharded by the trainer's build
             return model, model
         self.waiting = (step, "the DDP setup (the parameter broadcast)")
         # no buffer broadcast before forwards: the only buffers that change, NSwish/NReLU's running statistics,
@@ -382,7 +380,7 @@ class Trainer:
         while True:
             last = state.step == state.parts.max_steps
             if every(state.step, self.cfg.eval.eval_interval) or last:
-                self.evaluation(state, last)
+                self.evaluate_and_record(state, last)
             if last:  # saved after the final evaluation, so the last checkpoint holds its val loss (and BLEU)
                 self.checkpoint(state)
                 return
@@ -401,8 +399,10 @@ class Trainer:
                           flush=True)
                 return
 
-    def evaluation(self, state, last):
-        result = self.evaluations(state, last)
+    def evaluate_and_record(self, state, last):
+        """evaluate_all at this step, recorded (val loss, log.txt scalars, metrics.jsonl, stdout); a failure
+        recorded too, and this step's weights saved to evaluate again."""
+        result = self.evaluate_all(state, last)
         state.evals.append(result.fields)  # a failed evaluation's: empty, so this step's checkpoint holds no val loss
         val = result.fields.get("val_loss")
         if val is not None and (state.best_val is None or val < state.best_val[0]):
@@ -419,7 +419,7 @@ class Trainer:
             if not last and state.saved_step != state.step:  # the last step saves next anyway
                 self.checkpoint(state)  # this step's weights, to evaluate again
 
-    def evaluations(self, state, last):
+    def evaluate_all(self, state, last):
         """The trainer's evaluate, then its in-loop evaluations that are due: one Evaluation. One that raises leaves
         the others recorded (Evaluation.attempt); where evaluate raises, nothing of the step is."""
         d = state.ctx.dist
@@ -459,10 +459,11 @@ class Trainer:
         self.waiting = (state.step, "the gradient all-reduce (DDP backward)")
         seeds = micro_batch_seeds(self.cfg.run.init_seed, state.step, ctx.dist)
         loss, tokens = self.forward_backward(state.train_model, seeds)
+        fsdp.reduce_replicated(parts.model, ctx.dist.world_size)
         self.waiting = (state.step, "the activation statistics all-reduce")
         step_statistics(parts.model)
         ctx.scaler.unscale_(parts.optimizer)  # a no-op unless float16: clip the true gradients
-        norm = torch.nn.utils.clip_grad_norm_(state.train_model.parameters(), self.cfg.optim.grad_clip).item()
+        norm = fsdp.clip_grad_norm(parts.model, self.cfg.optim.grad_clip).item()
         self.waiting = (state.step, "the loss all-reduce")
         stats = distributed.all_reduce_mean(torch.stack([loss.detach().float(), torch.as_tensor(
             tokens, dtype=torch.float32, device=loss.device)]), ctx.dist)
@@ -495,19 +496,19 @@ class Trainer:
 
     def checkpoint(self, state):
         parts, cfg = state.parts, self.cfg
-        contents = {"kind": self.kind, "model": parts.model.state_dict(),
-                    "model_config": model_identity(parts.model_config),
-                    "config": to_dict(cfg), "optimizer": parts.optimizer.state_dict(), "tokens": state.tokens,
+        self.waiting = (state.step, f"checkpoint model_{state.step:05d}.pt (gathering states, then rank 0 saving it)")
+        model_state, optimizer_state = fsdp.training_states(parts.model, parts.optimizer)  # FSDP: gathered
+        contents = {"kind": self.kind, "model": model_state, "model_config": model_identity(parts.model_config),
+                    "config": to_dict(cfg), "optimizer": optimizer_state, "tokens": state.tokens,
                     "val_loss": state.evals[-1].get("val_loss") if state.evals else None, "best_val": state.best_val,
                     "config_changes": state.config_changes,
                     "scaler": state.ctx.scaler.state_dict(), "kernels": state.kernels,
                     **self.checkpoint_state(state.evals[-1] if state.evals else None)}
-        self.waiting = (state.step, f"checkpoint model_{state.step:05d}.pt (gathering states, then rank 0 saving it)")
         save_training_checkpoint(contents, parts.loader, state.ctx.dist, cfg.run.out_dir, state.step,
                                  cfg.run.keep_checkpoints)
         state.saved_step = state.step
 
-    def close(self, state, start_step):
+    def summarize(self, state, start_step):
         """The finished run's numbers for wandb's summary, and the closing stdout line: the best val loss is the
         whole run's (a resumed run's earlier evaluations are in its checkpoint's best_val)."""
         final = state.evals[-1].get("val_loss") if state.evals else None  # None: the final evaluation failed
@@ -533,7 +534,8 @@ def stop_if_not_finite(step, loss, grad_norm, lr, model, out_dir, lr_flag):
     weights, so the newest checkpoint on disk is still a good one; say which, and which grads broke."""
     if math.isfinite(loss) and math.isfinite(grad_norm):
         return
-    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    bad = [n for n, p in model.named_parameters()  # FSDP: this rank's shards
+           if p.grad is not None and not torch.isfinite(fsdp.local_value(p.grad)).all()]
     listed = f"{bad[:5]}{' ...' if len(bad) > 5 else ''}"
     raise SystemExit(f"step {step}: loss {loss} / grad norm {grad_norm} is not finite (lr {lr:.3e}; non-finite "
                      f"grads in {listed}). Stopped without saving; last good checkpoint: "
@@ -567,5 +569,7 @@ def micro_batch_seeds(seed, step, d):
 
 
 def no_sync_unless(last, model):
-    """Gradient accumulation under DDP: all-reduce only on the last micro-step."""
+    """Gradient accumulation under DDP (FSDP): all-reduce (reduce-scatter) only on the last micro-step."""
+    if fsdp.sharded_root(model) is not None:
+        return fsdp.gradient_sync(model, last)
     return model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext()

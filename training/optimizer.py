@@ -5,7 +5,7 @@ import torch
 def adamw(model, lr, weight_decay, betas, eps, device_type, groups=None):
     """AdamW that decays only >=2-D weights (matrices, embeddings): biases, norms and an activation's own scalars
     (AGLU's kappa/lam, NSwish's and xSiLU's alpha, PolyCom's coefficients) never decay. groups: the model's own
-    parameter groups instead (model.py's GPT.optimizer_groups under muP and CompleteP), each with its weight decay,
+    parameter groups instead (model_parts/parametrization.py's under muP and CompleteP), each with its weight decay,
     eps and lr_scale. Fused on CUDA: one kernel for all parameters."""
     if groups is None:
         params = [p for p in model.parameters() if p.requires_grad]

@@ -58,8 +58,9 @@ def checkpoint_bytes(model, optimizer):
     """What one training checkpoint weighs, near enough: the model's state (weights and buffers) and AdamW's two
     moments per trained parameter (its state is still empty before the first step); loader and RNG states and
     the pickle's framing add kilobytes."""
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state_dict().values()}
-    weights = sum(storages.values())  # tied weights (GPT-2's wte and lm_head) are saved once
+    # parameters() lists a tied weight (GPT-2's wte and lm_head) once, as it is saved; a sharded one (FSDP) counts
+    # whole, as the consolidated checkpoint holds it
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     moments = sum(p.numel() * p.element_size() for group in optimizer.param_groups for p in group["params"])
     return weights + ADAM_MOMENTS * moments
 

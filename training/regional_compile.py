@@ -1,7 +1,7 @@
 """Compiled training of an encoder-decoder stack (the translation Transformer): each layer compiled on its own.
 
 Compiling the whole model traces its 12 layers into one graph and compiles it again for every batch shape
-(81.9 s for the first step of the 6L-6L model on 2 CPU cores, 173 s on an H100). Layers of one structure run the
+(BENCHMARKS.md, "Translation: each layer compiled once"). Layers of one structure run the
 same code, so dynamo compiles that code once and every layer of the stack reuses it (its parameters are inputs
 of the graph, not constants): compile time no longer grows with depth (torchtune's and torchtitan's per-block
 compile; PyTorch's "regional compilation" recipe). Batch and sequence dimensions are dynamic, so one graph

@@ -1,0 +1,91 @@
+"""--dist fsdp (training/fsdp.py) on 2 gloo ranks against DDP, from tests/two_rank_runs.py's one torchrun job:
+tests/fsdp_vs_ddp.py's tiny models step by step, and the trainer's runs end to end (checkpoints, resume on 2 ranks
+and on 1 process)."""
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from model import GPT
+from test_train_gpt2 import args, final_weights, train_in_process, train_losses
+from training.checkpoint import load_checkpoint
+from two_rank_runs import FSDP_RESUMED
+
+
+@pytest.mark.long
+@pytest.mark.xdist_group("two_rank_runs")
+def test_fsdp_trains_as_ddp_and_resumes_on_two_ranks_and_on_one(two_rank_runs, tmp_path):
+    # step by step, gelu, aglu, nswish and swiglu under sp and completep: the same initial weights (the sharded
+    # build on the meta device), losses and clipped norms of steps of 2 accumulated micro-batches, every
+    # gradient after the first step (the tied embedding, AGLU's kappa and lam), every weight and buffer (NSwish's
+    # running statistics) at the end; a 67-row tied embedding split 34 + 33 over the ranks moves in every row
+    cases = json.loads((two_rank_runs / "fsdp_vs_ddp.json").read_text())
+    assert len(cases) == 8
+    for name, case in cases.items():
+        assert case["sharded"] and case["embedding_shard_rows"] == 34, name
+        assert case["init"]["gap"] == 0, (name, case["init"])
+        assert case["loss"] < 1e-5 and case["norm"] < 1e-5, (name, case)
+        assert case["grad"]["gap"] < 1e-5 and case["end"]["gap"] < 1e-5, (name, case["grad"], case["end"])
+        assert case["rows_unmoved"] == 0 and case["rows"] == 67, name
+    names = cases["aglu/sp"]["grad"]["names"]
+    assert {"grad:transformer.wte.weight", "grad:transformer.h.1.mlp.act.kappa", "grad:transformer.h.1.mlp.act.lam"} \
+        <= set(names)
+    assert "buffer:transformer.h.0.mlp.act.running_rho" in cases["nswish/completep"]["end"]["names"]
+    assert "grad:transformer.h.0.mlp.c_up.weight" in cases["swiglu/sp"]["grad"]["names"]
+
+    # the trainer: FSDP's run equals DDP's ("plain"), and its checkpoint is a whole one that every reader of
+    # checkpoints (eval/hellaswag.py, sample.py, the lm-eval class, the export: GPT.from_checkpoint) loads
+    fsdp, ddp = train_losses(two_rank_runs / "fsdp"), train_losses(two_rank_runs / "plain")
+    np.testing.assert_allclose(fsdp[0], ddp[0], rtol=0, atol=1e-5)
+    assert len(fsdp[1]) == 1 and abs(fsdp[1][0] - ddp[1][-1]) < 1e-5  # the val loss at the end
+    ours, theirs = load_checkpoint(two_rank_runs / "fsdp"), load_checkpoint(two_rank_runs / "plain")
+    assert ours["model"].keys() == theirs["model"].keys() and ours["world_size"] == 2
+    x = torch.arange(16)[None] % 64
+    logits = [GPT.from_checkpoint(c)(x)[0] for c in (ours, theirs)]
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=1e-5)
+
+    # resumed on 2 ranks from its step-4 checkpoint: the uninterrupted run's steps, bit for bit
+    resumed = train_losses(two_rank_runs / FSDP_RESUMED)
+    assert resumed[0] == fsdp[0][4:] and resumed[1] == fsdp[1]
+    for key, value in final_weights(two_rank_runs / "fsdp").items():
+        assert torch.equal(final_weights(two_rank_runs / FSDP_RESUMED)[key], value), key
+
+    # on 1 process, the change declared: the same weights, optimizer state and data position go on
+    (tmp_path / "one").mkdir()
+    for suffix in ("", ".sha256"):
+        (tmp_path / "one" / f"model_00004.pt{suffix}").write_bytes(
+            (two_rank_runs / "fsdp" / f"model_00004.pt{suffix}").read_bytes())
+    train_in_process(args(two_rank_runs / "gpt_data", tmp_path / "one", resume="true", resume_changes="world_size,dist",
+                          dist="ddp"))
+    one = train_losses(tmp_path / "one")
+    np.testing.assert_allclose(one[0], fsdp[0][4:], rtol=0, atol=1e-5)
+    run = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    assert {"step": 4, "kind": "resume"}.items() <= run[0].items()
+    assert run[0]["changes"]["world_size"] == {"from": 2, "to": 1}
+
+
+def test_memory_estimate_and_the_refusal_of_a_run_that_cannot_fit():
+    """GPT-2 XL (1.5B) on 8 GPUs of 80 GB: DDP's 16 bytes a parameter and more do not fit, FSDP's shards do; the
+    refusal says so in one line, with what would fit."""
+    from train_gpt2 import TrainConfig, memory_estimates, memory_shape
+    from training import memory
+    from training.config import load_config
+
+    cfg = load_config(TrainConfig, ["--config", "configs/gpt2_xl.toml"])
+    shape = memory_shape(cfg.model)
+    assert 1.5e9 < shape.params < 1.6e9
+    small = replace(cfg.model, n_layer=3, n_embd=64, n_head=2, act="swiglu")  # counted as 1 layer and 2 more
+    with torch.device("meta"):
+        assert memory_shape(small).params == sum(p.numel() for p in GPT(small, seed=0).parameters())
+    both = memory_estimates(cfg, 8)  # bfloat16: the config's dtype is auto
+    ddp, fsdp, n = both["ddp"], both["fsdp"], shape.params
+    assert ddp.params == 4 * n and ddp.optimizer == 8 * n and fsdp.optimizer == 8 * n / 8 and fsdp.gathered > 0
+    assert fsdp.total < 80e9 < ddp.total  # an 80 GB card
+    micro = (cfg.optim.batch_size, cfg.optim.seq_len)
+    line = memory.refusal(shape, *micro, "ddp", 8, "bfloat16", False, 0, 80e9, "an 80 GB GPU")
+    assert "\n" not in line and "per GPU under --dist ddp on 8 ranks" in line and "--dist fsdp needs" in line
+    assert memory.refusal(shape, *micro, "fsdp", 8, "bfloat16", False, 0, 80e9, "an 80 GB GPU") is None
+    checkpointed = memory.estimate(shape, *micro, "fsdp", 8, "bfloat16", checkpointing=True)
+    assert checkpointed.activations < fsdp.activations / 2
