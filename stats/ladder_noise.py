@@ -330,7 +330,7 @@ CPU_LADDER = {"compute": (1.53e11, 6.36e11, 1.37e12, 3.88e12, 6.77e12), "E": 0.8
 def cpu_ladder(multipliers, shift, design, lr_seeds, transfer=1.21):
     """The CPU ladder's truth with arms at these compute multipliers over the first (constant), each arm's optimum
     falling by its `shift` over the ladder, the lr stage by `design` on `lr_seeds` seeds, a size's shape moving the
-    optimum up to `transfer` x (experiments/lr_transfer.md: 1.21x over 4x width and depth)."""
+    optimum up to `transfer` x (experiments/lr_transfer.md: the most it moved over 4x width and depth)."""
     c = CPU_LADDER
     a = (c["first"] - c["E"]) * c["compute"][0] ** c["alpha"]
     curves = tuple((c["E"], ((a * m ** -c["alpha"], c["alpha"]),)) for m in multipliers)

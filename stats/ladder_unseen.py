@@ -30,7 +30,7 @@ from scipy.stats import chi2, ncx2
 from stats import scaling
 from stats.ladder_noise import LrStage, calibrate, truth_of
 
-DRIFT = 3.0  # the fastest an arm's optimum falls over the ladder (relu2's >= 2.8x on the CPU ladder)
+DRIFT = 3.0  # the fastest an arm's optimum falls over the ladder (relu2's on the CPU ladder: experiments/cpu_ladder.md)
 PERSISTENT = 0.3  # one arm's own persisting share of its seed variance
 DETECT = 0.5  # a planted curve misfit as large as the residual test detects this often
 # experiments/cpu_ladder.md: the loss's bend in log2 lr at the smallest and the largest rung (grid at A, audit at D)
