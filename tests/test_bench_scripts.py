@@ -40,6 +40,8 @@ RUNS = {
                             r"\nsm_80 fp32 _apa_kernel\[backward\] +[\d.]+"),
     "lr_design": (["--smoke", "--sims", "4", "--reports", "1", "--report-sims", "2", "--curve-free-sims", "2"],
                   r"horizon, 6 lr seed\(s\), .*: family_wise [\d.]+ \["),
+    "memory_estimate": (["--shape", TINY_GPT, "--batch-size", "2"],
+                        r"(?m)^rank 0/1 gelu .* measured peak [\d,]+ MiB, estimate [\d,]+ MiB \(.*\), ratio [\d.]+\n"),
     "lr_transfer": (["--smoke", "--out", "{root}/lr_transfer"],
                     r"\n\| width \| gelu \| completep \| w32 4\.00e-03, w64 4\.00e-03, w128 4\.00e-03 \| 1\.00x \|"),
     "loss_chunk_precision": (["--rows", "64", "--vocab", "64", "--dim", "8", "--chunks", "2"],
