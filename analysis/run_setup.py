@@ -12,7 +12,7 @@ record (written by an older nanoact) is left out of the comparison. A dirty tree
 
 def kernel_text(decisions):
     """The activation path of recorded kernel decisions {family: {"impl", ...}}, e.g. 'aglu Triton kernel', and the
-    fused MLP's (activations/policy.select_fused: 'mlp/aglu fused MLP')."""
+    fused MLP's (select_fused of activations/policy.py: 'mlp/aglu fused MLP')."""
     if decisions is None:
         return "not recorded"
     labels = {"triton": "Triton kernel", "fused": "fused MLP", "unfused": "unfused MLP"}
