@@ -11,10 +11,12 @@ record (written by an older nanoact) is left out of the comparison. A dirty tree
 
 
 def kernel_text(decisions):
-    """The activation path of recorded kernel decisions {family: {"impl", ...}}, e.g. 'aglu Triton kernel'."""
+    """The activation path of recorded kernel decisions {family: {"impl", ...}}, e.g. 'aglu Triton kernel', and the
+    fused MLP's (select_fused of activations/policy.py: 'mlp/aglu fused MLP')."""
     if decisions is None:
         return "not recorded"
-    return ", ".join(f"{family} {'Triton kernel' if r.get('impl') == 'triton' else 'PyTorch'}"
+    labels = {"triton": "Triton kernel", "fused": "fused MLP", "unfused": "unfused MLP"}
+    return ", ".join(f"{family} {labels.get(r.get('impl'), 'PyTorch')}"
                      for family, r in sorted(decisions.items())) or "PyTorch (no kernel family)"
 
 

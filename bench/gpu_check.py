@@ -195,7 +195,7 @@ def step_contenders(ctx, preset, batch, seq):
     blocked = selfcheck.blocker(ctx.platform)
     for act in ("aglu", "nswish"):
         model = gpt(ctx, preset, act=act)
-        decision, = trainer_choice(model, (batch * seq, 4 * PRESETS[preset]["n_embd"]), ctx).values()
+        decision = trainer_choice(model, (batch * seq, 4 * PRESETS[preset]["n_embd"]), ctx)[act]
         del model
         chosen[act] = decision["impl"], decision["reason"]
         if blocked is None and decision["triton_ms"] is not None:  # a kernel that failed its check would crash
