@@ -13,17 +13,14 @@ import json
 import resource
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from model import GPTConfig  # noqa: E402
-from train_gpt2 import TrainConfig, build_model, memory_shape  # noqa: E402
-from training import distributed, fsdp, memory  # noqa: E402
-from training.loop import Context  # noqa: E402
-from training.optimizer import adamw  # noqa: E402
+from model import GPTConfig
+from train_gpt2 import TrainConfig, build_model, memory_shape
+from training import distributed, fsdp, memory
+from training.loop import Context
+from training.optimizer import adamw
 
 SHAPE = dict(n_layer=6, n_embd=512, n_head=8, vocab_size=16384, block_size=256)
 

@@ -13,14 +13,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from activations import step_statistics  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from train_gpt2 import TrainConfig, build_model  # noqa: E402
-from training import distributed, fsdp  # noqa: E402
-from training.loop import NO_BUFFER_SYNC, Context, no_sync_unless  # noqa: E402
-from training.optimizer import adamw  # noqa: E402
+from activations import step_statistics
+from model import GPT, GPTConfig
+from train_gpt2 import TrainConfig, build_model
+from training import distributed, fsdp
+from training.loop import NO_BUFFER_SYNC, Context, no_sync_unless
+from training.optimizer import adamw
 
 # 67 rows over 2 ranks: an uneven split of the tied embedding (34 + 33 rows)
 MODEL = GPTConfig(vocab_size=67, block_size=8, n_layer=2, n_head=2, n_embd=16, base_width=8, base_depth=1)

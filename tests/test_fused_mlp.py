@@ -24,6 +24,14 @@ if not kernels.INTERPRETED and not torch.cuda.is_available():
                 allow_module_level=True)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def interpreted_on_the_cpu(monkeypatch):
+    """Triton's interpreter reads TRITON_INTERPRET again at its lazy imports (gluon's, at a kernel's first launch
+    with a new argument type) and asserts it is on; another test in the same worker may have left it unset."""
+    if DEVICE == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
 FUSED = sorted(set(pointwise.KINDS) - {"swish"})
 # max |error| / max |float64 value| the fused MLP may add beyond the unfused one's (16-bit: one ulp of the
 # hidden tensor)
@@ -165,7 +173,7 @@ def test_the_heaviest_fused_epilogue_compiles_without_spills(tmp_path):
     or local memory. Off by default: the suite's time budget has no room for a matmul compile."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path))
-    code = ("import json, sys; sys.path.insert(0, 'bench'); import kernel_instructions as K\n"
+    code = ("import json; from bench import kernel_instructions as K\n"
             "fn, sc, ce, op = next(v for v in K.fused_variants(True, ['aglu']) if v[2]['BACKWARD'])\n"
             "print(json.dumps(K.usage(K.compile_one(fn, sc, ce, op, 'bf16', 90), fn.__name__)))")
     root = Path(__file__).resolve().parents[1]

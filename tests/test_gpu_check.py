@@ -156,6 +156,9 @@ def test_the_step_section_times_the_path_a_run_takes(tmp_path, monkeypatch, fake
     from bench import gpu_check
 
     monkeypatch.setattr(impl, "KERNEL_DEVICES", ("cuda", "cpu"))
+    # the elementwise decision only: the fused MLP's probe (interpreted here, tens of CPU-s) is
+    # tests/test_kernel_policy.py's
+    monkeypatch.setattr(policy, "FUSED_DEVICES", ())
     monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "cache"))
     work = probe_work.kernel_faster if faster == "triton" else probe_work.kernel_slower
     ms = work(None, None, None, None, None, None)
