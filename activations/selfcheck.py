@@ -185,18 +185,7 @@ def time_paths(module, shape, device, dtype, compiled, reps=10, warmup=3):
         for what, i in (("output", 0), ("input gradient", 1)):
             _compare(f"{shape[0]}x{shape[1]} {what}", first["triton"][i], first["torch"][i], 2 * rtol, 2 * atol)
         del first
-        for step in steps.values():
-            for _ in range(warmup):
-                step()
-        times = {path: [] for path in steps}
-        for _ in range(reps):
-            for path, step in steps.items():
-                _sync(device)
-                t0 = time.perf_counter()
-                step()
-                _sync(device)
-                times[path].append(1e3 * (time.perf_counter() - t0))
-    return {path: statistics.median(t) for path, t in times.items()}
+        return _median_ms(steps, device, warmup, reps)
 
 
 def probe(name, state, shape, device, dtype, compiled):
@@ -304,15 +293,20 @@ def probe_fused(name, state, shape, device, dtype, compiled, reps=10, warmup=3):
                 xg = x.requires_grad_()
                 return torch.autograd.grad(fn(xg), [xg, *params], grad)
             steps[path] = step
-        for step in steps.values():
-            for _ in range(warmup):
-                step()
-        times = {path: [] for path in steps}
-        for _ in range(reps):
-            for path, step in steps.items():
-                _sync(device)
-                t0 = time.perf_counter()
-                step()
-                _sync(device)
-                times[path].append(1e3 * (time.perf_counter() - t0))
+        return _median_ms(steps, device, warmup, reps)
+
+
+def _median_ms(steps, device, warmup, reps):
+    """{path: median milliseconds} of each step, the paths interleaved round by round (one drift, all paths)."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times = {path: [] for path in steps}
+    for _ in range(reps):
+        for path, step in steps.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            step()
+            _sync(device)
+            times[path].append(1e3 * (time.perf_counter() - t0))
     return {path: statistics.median(t) for path, t in times.items()}
