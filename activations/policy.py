@@ -239,13 +239,14 @@ SOURCES = {"recorded": "the recorded decision, not timed again", "probed": "prob
 
 
 def select(model, shape, platform, device, dtype, compiled, dist_info=None, recorded=None, cache=None,
-           reprobe=False, timeout=PROBE_TIMEOUT, work=None, fused_work=None):
+           reprobe=False, timeout=PROBE_TIMEOUT, work=None, fused_work=None, fuse=True):
     """Fix impl on every impl="auto" parametric activation of `model`: the Triton kernels where they pass on
     every rank and are faster at `shape` = (rows, width) of the MLP, else the PyTorch path. `recorded`: the
     decisions of a checkpoint or an earlier run, reused where their key is this run's; `cache`: the verdict
     directory (default cache_dir()); `reprobe`: ignore both; `timeout`: seconds all its probes may take together
     (the trainers': probe_bound(--dist-timeout)); `work`: what the child runs (selfcheck.probe). Then
-    select_fused (`fused_work`: its child's work), whose records join these under "mlp/NAME".
+    select_fused (`fused_work`: its child's work; `fuse=False`, --fused-mlp false, keeps every MLP unfused), whose
+    records join these under "mlp/NAME".
     Prints one line per family on a CUDA platform; returns {family: {"impl", "reason", "triton_ms",
     "torch_ms", "key", "source"}} for run.json and checkpoints. Every rank must call it (one all_reduce under
     DDP, whatever the platform, so ranks on different hardware still agree)."""
@@ -255,7 +256,7 @@ def select(model, shape, platform, device, dtype, compiled, dist_info=None, reco
             groups.setdefault(selfcheck.family(m), []).append(m)
     fused = (model, shape, platform, device, dtype, compiled, dist_info, recorded, cache, reprobe, timeout, fused_work)
     if not groups:
-        return select_fused(*fused)
+        return select_fused(*fused) if fuse else {}
     master = dist_info is None or dist_info.master
     blocked = selfcheck.blocker(platform)
     where = f"{platform.name}, {str(dtype).replace('torch.', '')}"
@@ -299,6 +300,8 @@ def select(model, shape, platform, device, dtype, compiled, dist_info=None, reco
             label = "Triton kernel" if record["impl"] == "triton" else "PyTorch path"
             how = SOURCES.get(source, f"verdict {source}; --kernel-reprobe probes again")
             print(f"{name or 'channelwise'}: {label} ({record['reason']}{'; ' + how if how else ''})", flush=True)
+    if not fuse:
+        return decisions
     return {**decisions, **select_fused(*fused[:-2], max(0.0, deadline - time.monotonic()), fused_work)}
 
 

@@ -225,6 +225,7 @@ def test_the_fused_mlp_is_chosen_only_where_it_measured_faster(children, capsys,
             self.c_fc, self.c_proj = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)
             self.act = activations.build(act)
             self.c_up = torch.nn.Linear(16, 64) if gated else None
+            self.fused = False  # as model.py's MLP starts
 
     def in_process(work, args, timeout):  # the decision rule under test, not the child process (tested above)
         children.append(work.__name__)
@@ -255,3 +256,8 @@ def test_the_fused_mlp_is_chosen_only_where_it_measured_faster(children, capsys,
                            fused_work=probe_work.raising)
     assert model[0].fused and reused["mlp/gelu"]["source"] == "recorded"
     assert children == ["kernel_slower", *["kernel_faster"] * 3, "kernel_slower", "raising"]
+    model = torch.nn.Sequential(MLP("gelu"), MLP("aglu"))  # --fused-mlp false: the off switch, no probe
+    off = policy.select(model, (8, 64), GPU, "cpu", torch.float32, False, work=probe_work.kernel_slower,
+                        fused_work=probe_work.kernel_faster, reprobe=True, fuse=False)
+    assert [m.fused for m in model] == [False, False] and sorted(off) == ["aglu"]
+    assert children[-1] == "kernel_slower"

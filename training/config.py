@@ -292,6 +292,9 @@ class RunConfig:
     kernel_reprobe: bool = False  # probe the kernels again: ignore cached verdicts and the recorded decision
     # reuse the kernel decisions recorded in this run directory's run.json (a sweep gives later seeds the first's)
     kernels_from: typing.Optional[str] = None
+    # the MLP with its activation in its matmuls' epilogues where the probe measures it faster on this GPU
+    # (activations/fused_mlp.py); false keeps the unfused MLP everywhere
+    fused_mlp: bool = True
     tensorboard: bool = False
     wandb_project: typing.Optional[str] = None  # also log to this Weights & Biases project (pip install wandb)
     wandb_run_name: typing.Optional[str] = None  # None: the out_dir's name
@@ -309,7 +312,7 @@ class RunConfig:
     resume_may_change: typing.ClassVar[tuple] = (
         "out_dir", "compile", "compile_mode", "resume", "auto_resume", "log_interval", "checkpoint_interval",
         "keep_checkpoints", "dist_timeout", "activation_checkpointing", "kernel_cache", "kernel_reprobe",
-        "kernels_from", "tensorboard", "wandb_project", "wandb_run_name", "resume_changes")
+        "kernels_from", "fused_mlp", "tensorboard", "wandb_project", "wandb_run_name", "resume_changes")
 
     @property
     def init_seed(self):

@@ -282,7 +282,7 @@ class Trainer:
             recorded = runlog.recorded_kernels(run_cfg.kernels_from)
         return policy.select(parts.model, parts.mlp_shape, platform, d.device, PRECISIONS[ctx.precision], ctx.compile,
                              d, recorded=recorded, cache=run_cfg.kernel_cache or None, reprobe=run_cfg.kernel_reprobe,
-                             timeout=policy.probe_bound(run_cfg.dist_timeout))
+                             timeout=policy.probe_bound(run_cfg.dist_timeout), fuse=run_cfg.fused_mlp)
 
     def record_start(self, log, ctx, ckpt, start, parts, changes, decisions, in_loop):
         """run.json (the config, this start's environment and decisions, the in-loop metrics the readers show), a
