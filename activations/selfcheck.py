@@ -211,7 +211,7 @@ def blocker(platform):
 
 
 # ---------------------------------------------------------------- the fused MLP (activations/fused_mlp.py)
-class _MLP(torch.nn.Module):
+class MLP(torch.nn.Module):
     """model.py's MLP, c_proj(act(c_fc(x))) or gated c_proj(act(c_fc(x)) c_up(x)), fused where .fused is set (as
     model.py's MLP.forward does)."""
 
@@ -248,7 +248,7 @@ def check_fused(name, device, dtype, state=None):
             torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
         torch.manual_seed(0)
         act_name, gated = activations.mlp_activation(name)
-        mlp = _MLP(activations.build(act_name), 64, 200, gated)  # 200: the tiles' edges masked
+        mlp = MLP(activations.build(act_name), 64, 200, gated)  # 200: the tiles' edges masked
         if state:
             mlp.act.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
         ref = copy.deepcopy(mlp).double().to(device)
@@ -285,7 +285,7 @@ def probe_fused(name, state, shape, device, dtype, compiled, reps=10, warmup=3):
         grad = torch.randn_like(x)
         steps = {}
         for path in ("triton", "torch"):
-            mlp = _MLP(copy.deepcopy(act), state["d_model"], shape[1], gated).to(device, dtype)
+            mlp = MLP(copy.deepcopy(act), state["d_model"], shape[1], gated).to(device, dtype)
             mlp.fused = path == "triton"
             fn = torch.compile(mlp, dynamic=False) if compiled else mlp
 

@@ -30,6 +30,7 @@ import time
 import torch
 
 import activations
+from activations import selfcheck
 from activations.impl import loaded_kernels
 
 WIDTH = 3072  # GPT-2 small MLP hidden size, 4 * 768
@@ -131,24 +132,6 @@ def peak_bandwidth(device):
     return 2 * clock * 1e3 * bus / 8 if clock and bus else None
 
 
-class MLP(torch.nn.Module):
-    """GPT-2's MLP, c_proj(act(c_fc(x))), or gated c_proj(act(c_fc(x)) c_up(x)), through activations/fused_mlp.py
-    where .fused is set."""
-
-    def __init__(self, name, impl, d_model, width, gated):
-        super().__init__()
-        self.c_fc, self.c_proj = torch.nn.Linear(d_model, width), torch.nn.Linear(width, d_model)
-        self.c_up = torch.nn.Linear(d_model, width) if gated else None
-        self.act, self.fused = build(name, impl), False
-
-    def forward(self, x):
-        y = activations.load_fused_mlp().forward(self, x) if self.fused else None
-        if y is not None:
-            return y
-        h = self.act(self.c_fc(x))
-        return self.c_proj(h if self.c_up is None else h * self.c_up(x))
-
-
 def bench_mlp(device, rows, dtype, rounds, warmup, names, d_model=768):
     """The MLP's fwd+bwd, compiled, per activation with a fused form (activations/fused_mlp.py), and SwiGLU's (the
     ladder's gated arm, activations/gated.py's width): the compiler's activation, the elementwise kernel (where the
@@ -174,7 +157,7 @@ def bench_mlp(device, rows, dtype, rounds, warmup, names, d_model=768):
         for arm, impl, fused in (("compiler", "torch" if takes_impl else None, False),
                                  *((("kernel", "triton", False),) if takes_impl else ()),
                                  ("fused", "torch" if takes_impl else None, True)):
-            mlp = MLP(name, impl, d_model, shapes[setting][0], gated).to(device, dtype)
+            mlp = selfcheck.MLP(build(name, impl), d_model, shapes[setting][0], gated).to(device, dtype)
             mlp.fused = fused
             cases[(setting, arm)] = (torch.compile(mlp), mlp)
     for fn, module in cases.values():
