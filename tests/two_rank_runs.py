@@ -57,7 +57,8 @@ def two_rank_runs(tmp_path_factory):
                          str(write_hellaswag(root / "hellaswag.jsonl", n=11)), "--device", "cpu", "--batch-items", "2",
                          "--out", str(root / "hellaswag.json")])
         commands.append(["eval/core.py", checkpoint, "--bundle", str(write_tiny_bundle(root / "core_bundle")),
-                         "--max-per-task", "4", "--device", "cpu", "--batch-rows", "3", "--out", str(root / "core.json")])
+                         "--max-per-task", "4", "--device", "cpu", "--batch-rows", "3",
+                         "--out", str(root / "core.json")])
     except TokenizerError:
         pass
     job = run_trainer(sum((["---", *c] for c in commands), [])[1:], nproc=2, script=ROOT / "tests" / "run_in_turn.py",
