@@ -25,6 +25,7 @@ from data.bits_per_byte import bits_per_byte, validation_bytes
 from data.loader import ShardLoader, shards_tokenizer
 from data.tokenizer import TOKENIZERS, VOCAB_SIZE, TokenizerError
 from eval import internals, sparsity
+from eval.core_in_loop import Core
 from eval.hellaswag_in_loop import HellaSwag
 from model import GPT, GPTConfig, mlp_width, mlp_width_args
 from model_parts.transformers_layout import pretrained_gpt2
@@ -69,6 +70,8 @@ class GPTEvalConfig(EvalConfig):
     hellaswag_interval: int = 0  # 0: off; else HellaSwag every N steps (at evaluation steps) and at the end
     hellaswag_data: str = ""  # "": download into the cache
     hellaswag_limit: int = 0  # 0: all 10,042 items
+    core_bundle: str = ""  # "": off; else a DCLM/CORE bundle directory (eval/core.py), scored at every evaluation
+    core_max_per_task: int = 0  # 0: every item of each task; else the first N of its shuffled order
     sample_interval: int = 0  # 0: off; else print 2 samples every N steps, between evaluations too (always at the end)
 
     # when, not what (samples draw from their own generator: the training RNG streams are untouched)
@@ -127,11 +130,11 @@ def steps_per_rank(total, batch_size, seq_len, world_size, name="total_batch_siz
 
 class GPTTrainer(Trainer):
     """The model (GPT-2 with the run's activation), the token shards with gradient accumulation, and the
-    evaluations: validation loss, activation telemetry, HellaSwag and samples at their intervals."""
+    evaluations: validation loss, activation telemetry, HellaSwag, CORE and samples at their intervals."""
     kind = "gpt2"
     shards = True
     lr_flag = "--max-lr"
-    in_loop = (HellaSwag,)  # beside the val loss (training/in_loop.py): a new evaluation is one file and one entry
+    in_loop = (HellaSwag, Core)  # beside the val loss (training/in_loop.py): a new evaluation is one file and one entry
 
     def build(self, ctx, ckpt):
         cfg, d, o = self.cfg, ctx.dist, self.cfg.optim
@@ -286,6 +289,9 @@ def build_model(cfg, ctx, source):
     if sharded and cfg.eval.hellaswag_interval:  # its ranks score different numbers of batches: FSDP would wait
         raise ConfigError("--hellaswag-interval with --dist fsdp: score the run's checkpoints with eval/hellaswag.py "
                           "instead (docs/training.md), or train with --hellaswag-interval 0")
+    if sharded and cfg.eval.core_bundle:  # the same: its ranks score different numbers of rows
+        raise ConfigError("--core-bundle with --dist fsdp: score the run's checkpoints with eval/core.py instead, or "
+                          "train with --core-bundle ''")
 
     def make():
         return GPT(cfg.model, cfg.speed.loss_chunks, cfg.speed.attention_backend, seed=cfg.run.init_seed)

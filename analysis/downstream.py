@@ -15,13 +15,15 @@ bench/downstream_coverage.py (BENCHMARKS.md, "Continuous downstream scores").
 Signal-to-noise (Heineman et al. 2025, "Signal and Noise"): per metric, the spread of the arms' means (largest
 minus smallest) over the noise of one run (the seed sd, pooled over arms). Their relative dispersion and relative
 sd both divide by the mean, which cancels. Below about 1 the sweep's seeds cannot order its arms on that metric.
+The same per task of a CORE bundle (eval/core_in_loop.py's `core_tasks` at each run's final evaluation): which
+tasks can separate the arms at the sweep's scale, on accuracy and on the gold bits per byte.
 """
 import math
 import statistics
 
 import numpy as np
 
-from analysis.runs import markdown_table
+from analysis.runs import markdown_table, read_metrics
 from eval import hellaswag_items
 from eval.hellaswag_items import ItemsError
 
@@ -111,6 +113,47 @@ def signal_to_noise(rows, metrics, arms):
         spread = max(means) - min(means)
         out.append((key, spread, sd, spread / sd if sd > 0 else math.inf))
     return out
+
+
+def core_task_values(runs):
+    """{arm: {(task, key): {seed: value}}} of each CORE task's acc and gold bits per byte (`core_tasks`) in the
+    eval record of each run's final evaluation (the step of its last val loss); {} where no run logs them."""
+    rows = {}
+    for run in runs:
+        val, path = run.series.get("val"), run.path / "metrics.jsonl"
+        if not val or not path.is_file():
+            continue
+        final = [r for r in read_metrics(path) if r.get("kind") == "eval" and r["step"] == val[-1][0]
+                 and isinstance(r.get("core_tasks"), dict)]
+        for task, numbers in (final[-1]["core_tasks"] if final else {}).items():
+            for key in ("acc", "bpb"):
+                if isinstance(numbers.get(key), (int, float)):
+                    rows.setdefault(run.arm, {}).setdefault((task, key), {})[run.setting("seed")] = numbers[key]
+    return rows
+
+
+def core_task_snr(runs, arms):
+    """[(task, acc's (spread, sd, SNR) or None, bits/byte's or None)] over the arms with 2+ seeds (signal_to_noise
+    per task and score)."""
+    rows = core_task_values(runs)
+    tasks = sorted({task for per in rows.values() for task, _ in per})
+    snr = {key: (spread, sd, r) for key, spread, sd, r in
+           signal_to_noise(rows, [((task, key), None) for task in tasks for key in ("acc", "bpb")], arms)}
+    return [(task, snr.get((task, "acc")), snr.get((task, "bpb"))) for task in tasks
+            if (task, "acc") in snr or (task, "bpb") in snr]
+
+
+def task_section(tasks):
+    """The markdown of the per-task signal-to-noise table of a sweep's CORE tasks (none without them)."""
+    def cells(x):
+        return ["-"] * 2 if x is None else [f"{x[1]:.4g}", f"{x[2]:.2f}"]
+
+    if not tasks:
+        return []
+    return ["Signal-to-noise per CORE task at the runs' final evaluation (the same definition, from this sweep's "
+            "own seeds): which tasks can separate these arms at this scale, on accuracy and on the gold bits per "
+            "byte:", "", markdown_table(["task", "acc seed sd", "acc SNR", "bits/byte seed sd", "bits/byte SNR"],
+                                        [[task, *cells(acc), *cells(bpb)] for task, acc, bpb in tasks]), ""]
 
 
 def section(pairs, baselines, snr, names, units):

@@ -2,7 +2,9 @@
 run.json and metrics.jsonl (never from directory names, so runs made by hand or on other machines read alike). The
 arm is analysis/arms.py's (the rule the sweep report uses too); the size is (n_layer, n_embd, n_head), the lr
 run.json's `lr` (what the sweep set), the seed run.seed, the loss the final val loss of a finished run and the
-compute the `flops` of its last eval record (model.py's flops_per_token times the tokens)."""
+compute the `flops` of its last eval record (model.py's flops_per_token times the tokens); `metrics` the in-loop
+metrics it logged at its final evaluation (the step of its final val loss) and `declared` how run.json declares them
+(training/in_loop.py's Metric), for analysis/ladder_downstream.py."""
 import json
 from pathlib import Path
 
@@ -36,10 +38,19 @@ def read_points(out):
         runs.append(run)
         points.append({"size": tuple(model.get(k) for k in SHAPE), "lr": run.lr, "seed": run.setting("seed"),
                        "loss": summary(run)["final_val"], "compute": flops[-1] if flops else None, "path": path.name,
-                       "vocab": model.get("vocab_size")})
+                       "vocab": model.get("vocab_size"), "metrics": final_metrics(run), "declared": run.metrics})
     for point, arm in zip(points, arms_of(runs, plan_of(out).get("variants") or {})):
         point["arm"] = arm
     return points, unfinished
+
+
+def final_metrics(run):
+    """{name: value} of the in-loop metrics a run logged at its final evaluation (its last val loss's step)."""
+    val = run.series.get("val")
+    if not val:
+        return {}
+    return {name: series[-1][1] for name in run.metrics
+            if (series := run.series.get(name)) and series[-1][0] == val[-1][0]}
 
 
 def is_ladder(out):

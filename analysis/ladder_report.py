@@ -16,7 +16,9 @@ which seeds they were picked, and the audit's result. Several sizes: stats/ladde
 (estimate in stats/scaling.py: each arm's multiplier at the largest rung with its interval, the ladder average, the
 curve-free multiplier at every size, the trend) and its coverage measured on ladders drawn from the configuration
 this ladder implies; this module only formats them; scaling.png. Verdicts (the per-size pairs, the multipliers, the
-trends) form one family: Holm at family-wise error rate 1 - level. The wall-clock multiplier needs throughput
+trends) form one family: Holm at family-wise error rate 1 - level. A downstream metric the runs declare
+lower-is-better (hellaswag_bpb) is fitted alike, its multipliers and trends in the same family
+(analysis/ladder_downstream.py). The wall-clock multiplier needs throughput
 measured interleaved on one machine (bench/train_step.py --shape ... --json FILE, given as --throughput FILE), looked
 up by the arm's label (a contender named as the arm); an arm without one is said to be "not measured".
 """
@@ -25,6 +27,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis import ladder_downstream
 from analysis.lr_grid_plot import plot_lr_grid
 from analysis.ladder_audit import audit_section, ci_text, rate_text, size_label, verdicts, withheld, withhold
 from analysis.ladder_points import SHAPE, by_size_arm_lr, plan_of, read_points, shape_of
@@ -279,8 +282,18 @@ def size_pairs(ladder, result, chosen, cursed, family):
     return pair_rows
 
 
-def fit_input(compared, complete, shared, arms):
-    """({arm: {compute: {seed: loss}}}, {size: {arm: compute}}) of the complete sizes on the shared seeds."""
+def fit_cells(ladder, chosen):
+    """(the compared runs {(size, arm): {seed: point} or None}, the sizes every arm has finished, the seeds all of
+    them share): what the fits read, the val loss's and the downstream metrics'."""
+    compared = {(s, a): ladder.at(s, a, chosen.get((s, a))) for s in ladder.sizes for a in ladder.arms}
+    complete = [s for s in ladder.sizes if all(compared[(s, a)] for a in ladder.arms)]
+    shared = set.intersection(*(set(compared[(s, a)]) for s in complete for a in ladder.arms)) if complete else set()
+    return compared, complete, shared
+
+
+def fit_input(compared, complete, shared, arms, metric=None):
+    """({arm: {compute: {seed: value}}}, {size: {arm: compute}}) of the complete sizes on the shared seeds: the
+    final val loss, or with `metric` that in-loop metric at the final evaluation (ladder_points' `metrics`)."""
     losses, compute_at = {}, {}
     for s in complete:
         for a in arms:
@@ -290,7 +303,8 @@ def fit_input(compared, complete, shared, arms):
                                   "no `flops`: an older nanoact, or the translation trainer, which has no FLOP "
                                   "count); a ladder needs them")
             compute = _mean(seeds.values(), "compute")
-            losses.setdefault(a, {})[compute] = {seed: p["loss"] for seed, p in seeds.items()}
+            losses.setdefault(a, {})[compute] = {seed: p["loss"] if metric is None else p["metrics"][metric]
+                                                  for seed, p in seeds.items()}
             compute_at.setdefault(s, {})[a] = compute
     return losses, compute_at
 
@@ -302,9 +316,7 @@ def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family
     markdown; without enough sizes, the family is adjusted alone. The fit pairs every arm at every size on the same
     seeds: a half-finished ladder is fitted on the sizes every arm has finished, on the seeds all of them share, and
     says which."""
-    compared = {(s, a): ladder.at(s, a, chosen.get((s, a))) for s in ladder.sizes for a in ladder.arms}
-    complete = [s for s in ladder.sizes if all(compared[(s, a)] for a in ladder.arms)]
-    shared = set.intersection(*(set(compared[(s, a)]) for s in complete for a in ladder.arms)) if complete else set()
+    compared, complete, shared = fit_cells(ladder, chosen)
     md = []
     if len(complete) < len(ladder.sizes) or any(set(compared[(s, a)]) != shared for s in complete
                                                 for a in ladder.arms):
@@ -353,8 +365,12 @@ def _report(out, points, unfinished, baseline, throughput, opts):
     result["withheld"] = withheld(ladder, result, out)
     family = []  # the report's verdicts, one Holm family: (kind, name, p, the dict its adjusted p is written into)
     pair_rows = size_pairs(ladder, result, chosen, cursed, family)
+    cells = fit_cells(ladder, chosen)
+    inputs = {m: fit_input(*cells, ladder.arms, m)[0] for m in ladder_downstream.fittable(cells)}
+    downstream = ladder_downstream.fit_metrics(inputs, ladder, cells, cursed, opts, result, family)
     md += fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family)
-    md += pairs_section(pair_rows, ladder.baseline) + verdicts(family, opts.level, result["not_declared"])
+    md += pairs_section(pair_rows, ladder.baseline) + ladder_downstream.section(downstream, result, opts) + verdicts(
+        family, opts.level, result["not_declared"])
     result["family"] = [{"kind": kind, "claim": name, "p": p, "p_holm": where.get("p_holm")}
                         for kind, name, p, where in family]
     text = "\n".join(md)

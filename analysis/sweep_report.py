@@ -443,11 +443,15 @@ def downstream_part(sweep, result):
     keys = [*FIRST, *((m.name, m.label) for m in declared.values() if m.plotted or m.name in downstream.DOWNSTREAM),
             *LAST]
     rows, keys = seed_values(sweep.compared, sweep.order, keys)
-    snr = downstream.signal_to_noise(rows, keys, [a for a in sweep.order if a != sweep.control])
+    arms = [a for a in sweep.order if a != sweep.control]
+    snr = downstream.signal_to_noise(rows, keys, arms)
+    tasks = downstream.core_task_snr(sweep.compared, arms)
     result["downstream"] = {"paired": pairs, "snr": [{"metric": k, "spread": spread, "seed_sd": sd, "snr": r}
-                                                     for k, spread, sd, r in snr]}
+                                                     for k, spread, sd, r in snr],
+                            "core_tasks_snr": [{"task": task, "acc": acc, "bpb": bpb} for task, acc, bpb in tasks]}
     names = {**dict(FIRST), **dict(LAST), **{m.name: m.label for m in declared.values()}}
-    return downstream.section(pairs, sweep.baselines, snr, names, {m.name: m.unit for m in declared.values()})
+    return downstream.section(pairs, sweep.baselines, snr, names, {m.name: m.unit for m in declared.values()}) + \
+        downstream.task_section(tasks)
 
 
 def report(out_dir, acts=None, baseline=None, target_diff=None):

@@ -128,3 +128,19 @@ def test_bad_bundle_is_a_one_line_error_naming_file_and_line(tmp_path, case, mes
     with pytest.raises(DataError, match=message) as error:
         core.load_bundle(bundle)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.long
+@pytest.mark.xdist_group("two_rank_runs")
+def test_torchrun_two_ranks_equal_one_process(two_rank_runs, gpt2_enc):
+    """eval/core.py under torchrun on 2 gloo ranks (tests/two_rank_runs.py: 4 items a task, rows split over the
+    ranks, 3 a batch) gives every item's correctness and continuous scores, and CORE, that one process gives."""
+    model = GPT.from_checkpoint(load_checkpoint(two_rank_runs / "run_gelu_0", kind="gpt2"))
+    single = core.evaluate_core(model, core.load_bundle(two_rank_runs / "core_bundle", 4), "cpu", batch_rows=5)
+    ddp = json.loads((two_rank_runs / "core.json").read_text())
+    assert ddp["world_size"] == 2 and sorted(ddp["tasks"]) == sorted(single["tasks"]) == ["lm", "mc", "sch"]
+    for label, task in single["tasks"].items():
+        assert ddp["tasks"][label]["items"]["correct"] == task["items"]["correct"]
+        for key in ("bpb", "p_gold", "margin"):
+            np.testing.assert_allclose(ddp["tasks"][label]["items"][key], task["items"][key], rtol=1e-5, atol=1e-6)
+    assert ddp["core"] == pytest.approx(single["core"])

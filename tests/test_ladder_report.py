@@ -124,3 +124,43 @@ def test_an_arm_whose_lr_the_audit_refutes_declares_nothing_at_the_sizes_it_did_
 def test_a_tolerance_of_at_most_1_is_a_one_line_error(tmp_path):
     with pytest.raises(SystemExit, match="--lr-tolerance 0.9: a factor above 1"):
         ladder_report.ladder_report(tmp_path, options=ladder_report.ReportOptions(tolerance=0.9))
+
+
+def test_a_declared_downstream_metric_is_fitted_beside_the_val_loss_in_the_same_holm_family(tmp_path, monkeypatch):
+    """Runs that log hellaswag_bpb (declared lower-is-better) at their final step: relu2 reaches at C the bits per
+    byte gelu reaches at 3 C (its val loss: at 1.5 C). The report fits it through the val loss's estimator, prints
+    its multiplier with its measured coverage beside the val loss's, and its verdicts join the one Holm family; a
+    metric one run lacks is named, not fitted (the code before fitted the val loss only)."""
+    from training.in_loop import Metric
+    from training.runlog import RunLog
+
+    without_plots(monkeypatch)
+    bpb, lacking = Metric("hellaswag_bpb", "HellaSwag gold bits/byte", "bits/byte", higher_is_better=False), \
+        Metric("core_bpb", "CORE gold bits/byte", "bits/byte", higher_is_better=False)
+    index = 0
+    for i, shape in enumerate(SHAPES[:3]):
+        c = 640 * 10 ** (i + 4)
+        for seed in (1, 2, 3):
+            for act, k, k_bpb in (("gelu", 1.0, 1.0), ("relu2", 1.5, 3.0)):
+                index += 1
+                log = RunLog(tmp_path / f"job{index:03d}")
+                log.write_run_info({"model": {"act": act, "n_layer": shape[0], "n_embd": shape[1],
+                                              "n_head": shape[2]}, "optim": {"max_steps": 10, "max_lr": 3e-3},
+                                    "run": {"seed": seed}}, {}, metrics=[bpb.record(), lacking.record()])
+                noise = 0.004 * (seed - 2) + 0.001 * (-1) ** (index + seed)
+                extra = {} if index == 1 else {"core_bpb": 1.0}
+                log.record(10, kind="eval", val_loss=curve(k * c) + noise, flops=c,
+                           hellaswag_bpb=0.5 * curve(k_bpb * c) + noise, **extra)
+                log.close()
+    cli.main(["--report-only", str(tmp_path), "--resamples", "2"])
+    result, text = json.loads((tmp_path / "sweep.json").read_text()), (tmp_path / "sweep.md").read_text()
+    fits = result["downstream_fit"]
+    head = fits["hellaswag_bpb"]["multipliers"]["relu2"]["headline"]
+    assert head["ci"][0] < 3.0 < head["ci"][1] and head["ci"][0] > 1.5 and 0 < head["p_holm"] < 0.05
+    assert "1 fitted run(s) do not log it at their final evaluation (job001)" in fits["core_bpb"]["not_fitted"]
+    claims = [c["claim"] for c in result["family"]]
+    assert "relu2's hellaswag_bpb multiplier over gelu" in claims and "relu2's multiplier over gelu" in claims
+    assert "## Downstream multipliers" in text and "coverage measured: " in text
+    loss = result["fit"]["multipliers"]["relu2"]["headline"]
+    row = next(line for line in text.splitlines() if line.startswith("| hellaswag_bpb | relu2"))
+    assert f"{loss['multiplier']:.3g}" in row and f"{head['multiplier']:.3g}" in row

@@ -47,15 +47,16 @@ def test_interval_covers_the_truth_at_95_percent(case):
     assert 0.93 <= hits / n <= 0.97, hits / n
 
 
-def items_run(path, act, seed, right, bpb):
-    """A finished run declaring HellaSwag acc, acc_norm and bits/byte, with its final items file."""
+def items_run(path, act, seed, right, bpb, core_tasks=None):
+    """A finished run declaring HellaSwag acc, acc_norm and bits/byte, with its final items file (and CORE's
+    per-task numbers in its final eval record, eval/core_in_loop.py's `core_tasks`)."""
     log = RunLog(path)
     log.write_run_info({"model": {"act": act}, "optim": {"max_steps": 10}, "run": {"seed": seed}}, {},
                        metrics=[m.record() for m in (ACC, ACC_NORM, BPB)])
     for step in (0, 5, 10):
         acc = float(np.mean(right))
         log.record(step, kind="eval", val_loss=3.5 - seed / 100, hellaswag_acc=acc, hellaswag_acc_norm=acc,
-                   hellaswag_bpb=float(np.mean(bpb)))
+                   hellaswag_bpb=float(np.mean(bpb)), **({"core_tasks": core_tasks} if step == 10 else {}))
         log.scalar(step, "val", 3.5)
     log.close()
     records = [{"i": i, "label": 0, "completion": hellaswag_items.scoring_record(
@@ -74,7 +75,9 @@ def test_report_gives_each_downstream_metric_and_the_signal_to_noise(tmp_path, m
             right = rng.random(30) < 0.3
             bpb = 1.5 + shift + 0.01 * seed + rng.normal(0, 0.1, 30)
             values[(act, seed)] = (right.astype(float), bpb)
-            items_run(tmp_path / f"{act}_seed{seed}", act, seed, right.tolist(), bpb.tolist())
+            core = {"arc": {"acc": 0.25 + 0.01 * seed, "centered": 0.0, "bpb": 2.0 + shift + 0.002 * seed},
+                    "lambada": {"acc": 0.1 * (seed % 2), "bpb": 3.0 + 0.01 * seed}}
+            items_run(tmp_path / f"{act}_seed{seed}", act, seed, right.tolist(), bpb.tolist(), core)
     text = sweep_report.report(tmp_path, acts=["gelu", "relu"])
     result = json.loads((tmp_path / "sweep.json").read_text())["downstream"]
     for metric, k in (("hellaswag_acc", 0), ("hellaswag_bpb", 1)):
@@ -90,3 +93,8 @@ def test_report_gives_each_downstream_metric_and_the_signal_to_noise(tmp_path, m
     assert {"final_val", "hellaswag_acc", "hellaswag_acc_norm"} <= set(snr)
     assert re.search(r"\| relu - gelu \| HellaSwag gold bits/byte +\| 3 +\| 30 +\|", text)
     assert "Signal-to-noise per metric" in text
+    # CORE per task: the spread of the arms' means over the seed sd pooled over arms (arc's bpb: 0.05 / 0.002)
+    tasks = {row["task"]: row for row in result["core_tasks_snr"]}
+    assert tasks["arc"]["bpb"][2] == pytest.approx(25.0) and tasks["arc"]["acc"][2] == pytest.approx(0.0, abs=1e-9)
+    assert tasks["lambada"]["bpb"][2] == pytest.approx(0.0, abs=1e-9)
+    assert re.search(r"\| arc +\| 0\.01 +\| 0\.00 +\| 0\.002 +\| 25\.00 +\|", text)

@@ -297,13 +297,18 @@ def test_compiled_training_keeps_evaluating(tmp_path):
 
 
 def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc, monkeypatch, capsys):
+    """HellaSwag and CORE (a tiny bundle, 3 items a task) in the loop: printed, logged and declared."""
+    from bench.core_nanochat import write_tiny_bundle
+
     data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
     hella = hellaswag_file(8)
     monkeypatch.setenv("NANOACT_CACHE", str(tmp_path / "cache"))  # the token cache
     train_in_process(args(data, tmp_path / "out", vocab_size=50304, block_size=128, max_steps=2, eval_interval=2,
-                          hellaswag_interval=2, hellaswag_data=hella, act="aglu"))
+                          hellaswag_interval=2, hellaswag_data=hella, act="aglu",
+                          core_bundle=write_tiny_bundle(tmp_path / "bundle"), core_max_per_task=3))
     printed = [line for line in capsys.readouterr().out.splitlines() if "| val loss " in line]
-    shown = r"\| hellaswag acc \d\.\d{4} acc_norm \d\.\d{4} bits/byte \d+\.\d{4} \(\d+\.\ds\)$"
+    shown = (r"\| hellaswag acc \d\.\d{4} acc_norm \d\.\d{4} bits/byte \d+\.\d{4} \(\d+\.\ds\) "
+             r"\| CORE -?\d\.\d{4} bits/byte \d+\.\d{4} \(\d+\.\ds\)$")
     assert len(printed) == 2 and all(re.search(shown, line) for line in printed), printed  # next to the val loss
     # tokens cached once per set of scorings: completion (step 0), both (the final evaluation)
     assert sorted(p.name.split("_all_")[-1] for p in (tmp_path / "cache" / "hellaswag_tokens").iterdir()) == [
@@ -327,6 +332,13 @@ def test_hellaswag_runs_in_the_training_loop(tmp_path, hellaswag_file, gpt2_enc,
     assert evals[-1]["hellaswag_bpb"] == pytest.approx(np.mean(items.values("completion", "bpb", range(8))))
     assert [line.split()[:2] for line in lines if " hellaswag_bpb " in line] == [["0", "hellaswag_bpb"],
                                                                                ["2", "hellaswag_bpb"]]
+    # CORE: its two metrics declared and logged at every evaluation, each task's numbers in the record
+    assert declared["core_bpb"]["higher_is_better"] is False and declared["core"]["unit"] == "centered acc"
+    tasks = evals[-1]["core_tasks"]
+    assert sorted(tasks) == ["lm", "mc", "sch"] and all(t["acc"] in {0, 1 / 3, 2 / 3, 1} for t in tasks.values())
+    assert evals[-1]["core"] == pytest.approx(np.mean([t["centered"] for t in tasks.values()]))
+    assert evals[-1]["core_bpb"] == pytest.approx(np.mean([t["bpb"] for t in tasks.values()]))
+    assert [line.split()[:2] for line in lines if " core_bpb " in line] == [["0", "core_bpb"], ["2", "core_bpb"]]
 
 
 @pytest.mark.parametrize("case", ["offline", "malformed file", "vocabulary"])

@@ -32,8 +32,10 @@ def two_rank_runs(tmp_path_factory):
     """The job's directory: gpt_data/ and translation_data/ (the corpora), spm/ (the sentencepiece model the
     translation run trained), a run directory per GPT_RUNS entry and fsdp-resumed/, fsdp_vs_ddp.json
     (tests/fsdp_vs_ddp.py's), translation/, job.log (its stdout), and with the
-    GPT-2 tokenizer eval/hellaswag.py's hellaswag.json, of the checkpoint in run_gelu_0/ on hellaswag.jsonl."""
+    GPT-2 tokenizer eval/hellaswag.py's hellaswag.json, of the checkpoint in run_gelu_0/ on hellaswag.jsonl, and
+    eval/core.py's core.json of that checkpoint on core_bundle/ (bench/core_nanochat.py's tiny bundle)."""
     # imported when it runs: conftest.py imports this module, and the test files import its constants
+    from bench.core_nanochat import write_tiny_bundle
     from conftest import offline_gpt2_encoding, tiny_checkpoint, write_hellaswag
     from data.tokenizer import TokenizerError
     from test_parallel_data import write_corpus as write_translation_corpus
@@ -48,11 +50,15 @@ def two_rank_runs(tmp_path_factory):
                  ["tests/fsdp_vs_ddp.py", str(root / "fsdp_vs_ddp.json")]]
     commands.append(["train_translation.py", *translation_args(write_translation_corpus(root / "translation_data"),
                                                                root / "translation", root / "spm", *TRANSLATION_RUN)])
-    try:  # tests/test_hellaswag.py's run, where the GPT-2 tokenizer is at hand (that test skips otherwise)
+    try:  # tests/test_hellaswag.py's and test_core.py's runs, where the GPT-2 tokenizer is at hand (else they skip)
         offline_gpt2_encoding()
-        commands.append(["eval/hellaswag.py", str(tiny_checkpoint(root)), "--data",
+        checkpoint = str(tiny_checkpoint(root))
+        commands.append(["eval/hellaswag.py", checkpoint, "--data",
                          str(write_hellaswag(root / "hellaswag.jsonl", n=11)), "--device", "cpu", "--batch-items", "2",
                          "--out", str(root / "hellaswag.json")])
+        commands.append(["eval/core.py", checkpoint, "--bundle", str(write_tiny_bundle(root / "core_bundle")),
+                         "--max-per-task", "4", "--device", "cpu", "--batch-rows", "3",
+                         "--out", str(root / "core.json")])
     except TokenizerError:
         pass
     job = run_trainer(sum((["---", *c] for c in commands), [])[1:], nproc=2, script=ROOT / "tests" / "run_in_turn.py",
