@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(items):
 
     A test in two xdist groups (a module's pytestmark and its own mark) is in neither for --dist loadgroup, but in a
     third, "A_B", which may go to the other worker: the session fixture both groups were made to share (the
-    two_rank_runs job, ~30 CPU-s) would then run twice. Refused at collection."""
+    two_rank_runs torchrun job) would then run twice. Refused at collection."""
     for item in items:
         groups = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group") if mark.args})
         if len(groups) > 1:
