@@ -41,7 +41,15 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     """Long tests (@pytest.mark.long: processes, compiles, training) first. pytest-xdist hands tests out in this
-    order, so none of them starts near the end while the other worker has nothing left to do."""
+    order, so none of them starts near the end while the other worker has nothing left to do.
+
+    A test in two xdist groups (a module's pytestmark and its own mark) is in neither for --dist loadgroup, but in a
+    third, "A_B", which may go to the other worker: the session fixture both groups were made to share (the
+    two_rank_runs torchrun job) would then run twice. Refused at collection."""
+    for item in items:
+        groups = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group") if mark.args})
+        if len(groups) > 1:
+            raise pytest.UsageError(f"{item.nodeid}: in xdist groups {groups}; a test may share one group only")
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 

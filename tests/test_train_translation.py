@@ -20,8 +20,9 @@ from two_rank_runs import TRANSLATION_RUN
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# one pytest-xdist worker runs this file (--dist loadgroup): the `runs` fixture trains once, not once per worker
-pytestmark = pytest.mark.xdist_group("train_translation_runs")
+# one pytest-xdist worker runs the tests that share these module fixtures (--dist loadgroup): they train once, not
+# once per worker. Not a module mark: a test of another group too would form a third group (tests/conftest.py).
+SHARES_RUNS = pytest.mark.xdist_group("train_translation_runs")
 
 
 def args(corpus, out, spm, *extra):
@@ -61,6 +62,7 @@ def runs(tmp_path_factory, corpus):
     return corpus, spm, straight, split
 
 
+@SHARES_RUNS
 def test_resume_is_exact(runs):
     _, _, straight, split = runs
     a, b = load_checkpoint(straight, kind="translation"), load_checkpoint(split, kind="translation")
@@ -78,6 +80,7 @@ def test_resume_is_exact(runs):
     assert records(straight) == [r for r in resumed if r["kind"] != "resume"]
 
 
+@SHARES_RUNS
 def test_the_last_checkpoint_holds_the_last_evaluation(runs):
     """Written after the step-8 evaluation: its val_loss and BLEU are step 8's, not step 4's."""
     _, _, straight, _ = runs
@@ -86,6 +89,7 @@ def test_the_last_checkpoint_holds_the_last_evaluation(runs):
     assert evals[-1]["step"] == 8 and (ckpt["val_loss"], ckpt["bleu"]) == (evals[-1]["val_loss"], evals[-1]["bleu"])
     assert ckpt["val_loss"] != evals[-2]["val_loss"]
 
+@SHARES_RUNS
 def test_logs_in_the_gpt2_trainer_formats(runs):
     _, _, straight, _ = runs
     lines = [line.split() for line in (straight / "log.txt").read_text().splitlines()]
@@ -104,6 +108,7 @@ def test_logs_in_the_gpt2_trainer_formats(runs):
     assert info["config"]["model"]["act"] == "nswish" and info["lr"] == info["config"]["optim"]["lr"]
 
 
+@SHARES_RUNS
 def test_eval_only_translates_and_scores_the_checkpoint(runs):
     corpus, _, straight, _ = runs
     at_end = json.loads((straight / "bleu_test.json").read_text())
@@ -118,6 +123,7 @@ def test_eval_only_translates_and_scores_the_checkpoint(runs):
     assert model.encoder[0].ffn.act.__class__.__name__ == "NSwish" and model.encoder[0].ffn.act.per_instance
 
 
+@SHARES_RUNS
 def test_test_sentences_limits_the_decode_and_reports_its_speed(runs, tmp_path, capsys):
     _, _, straight, _ = runs
     at_end = json.loads((straight / "bleu_test.json").read_text())
@@ -133,6 +139,7 @@ def test_test_sentences_limits_the_decode_and_reports_its_speed(runs, tmp_path, 
     assert json.loads((tmp_path / "bleu_test.json").read_text()) == results
 
 
+@SHARES_RUNS
 def test_resume_with_other_model_options_is_refused(runs):
     corpus, spm, _, split = runs
     with pytest.raises(SystemExit, match="error: .*trained with model config"):
@@ -160,6 +167,7 @@ def test_a_missing_test_split_stops_the_run_before_step_0(tmp_path):
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
 
 
+@SHARES_RUNS
 def test_compiled_training_compiles_each_layer_once_before_the_first_step(corpus, tmp_path, monkeypatch, capsys):
     """--compile: the encoder's 3 layers run one graph and the decoder's 2 another, compiled in a warm-up over
     every padded batch shape before step 0, whatever the depth and the shapes (the whole model compiled one graph
