@@ -165,6 +165,38 @@ def test_a_training_step_with_the_fused_mlp_equals_one_without(monkeypatch):
     assert calls == [1, 1]  # one fused layer's backward per activation, in the fused runs only
 
 
+def test_a_translation_step_with_the_fused_ffn_equals_one_without(monkeypatch):
+    """The translation Transformer (tiny, relu, its trainer's default) through one SGD step with its FFNs fused and
+    without: loss and every parameter within fp32's tolerance, the fused backward run once per FFN; the policy finds
+    its FFNs as it finds GPT-2's MLPs, except where dropout on the hidden tensor sits between act and fc2."""
+    from activations import policy
+    from translation.model import Transformer, TranslationConfig
+
+    g = torch.Generator().manual_seed(0)
+    src, tgt = torch.randint(4, 40, (2, 5), generator=g), torch.randint(4, 40, (2, 7), generator=g)
+    calls = []
+    real = fused_mlp.act_grad
+    monkeypatch.setattr(fused_mlp, "act_grad", lambda *a: calls.append(1) or real(*a))
+    cfg = dict(vocab_size=40, enc_layers=1, dec_layers=1, d_model=16, ffn_dim=24, n_head=2, dropout=0.0)
+    results = []
+    for fused in (False, True):
+        model = Transformer(TranslationConfig(**cfg), seed=0).to(DEVICE)
+        assert sorted(policy.fused_groups(model)) == ["mlp/relu"] and len(policy.fused_groups(model)["mlp/relu"]) == 2
+        for ffn in policy.fused_groups(model)["mlp/relu"]:
+            ffn.fused = fused
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        loss = model.loss(model(src.to(DEVICE), tgt[:, :-1].to(DEVICE)), tgt[:, 1:].to(DEVICE))
+        loss.backward()
+        optimizer.step()
+        results.append((loss.detach(), {n: p.detach().clone() for n, p in model.named_parameters()}))
+    (loss, params), (loss_fused, params_fused) = results
+    torch.testing.assert_close(loss_fused, loss, rtol=1e-5, atol=1e-6)
+    for name, p in params.items():
+        torch.testing.assert_close(params_fused[name], p, rtol=1e-4, atol=1e-6, msg=name)
+    assert calls == [1, 1]  # encoder's and decoder's FFN, in the fused run only
+    assert policy.fused_groups(Transformer(TranslationConfig(**cfg, act_dropout=0.1), seed=0)) == {}
+
+
 @pytest.mark.long
 @pytest.mark.skipif(not os.environ.get("NANOACT_FUSED_COMPILE"), reason="~15 CPU-s: NANOACT_FUSED_COMPILE=1")
 def test_the_heaviest_fused_epilogue_compiles_without_spills(tmp_path):
