@@ -38,25 +38,39 @@ NOT_POINTWISE = {"NSwish": "NSwish normalises with its batch's statistics (not p
                  "NReLU": "NReLU normalises with its batch's statistics (not pointwise): kernels.py's passes"}
 
 
+# Epilogues with no exponential (pointwise.py: relu, relu2, leaky_relu2) or one (gelu, silu): light enough for the
+# wider tiles, whose 32-64 accumulator values per thread leave them ~40 registers where AGLU's backward needs ~100
+LIGHT = frozenset(pointwise.KINDS[n] for n in ("relu", "relu2", "leaky_relu2", "gelu", "silu"))
+
+
 def _configs():
-    """Tiles to autotune over on a GPU; one small tile in the interpreter. Every tile leaves 16 accumulator values per
-    thread (8 warps): the heaviest epilogue (AGLU's backward, ~40 fp32 temporaries per value) spills registers on
-    sm_90 at 32 per thread, and at 16 with 16 warps (128 registers each); bench/kernel_instructions.py --fused."""
+    """Tiles to autotune over on a GPU, (BLOCK_M, BLOCK_N, BLOCK_K, stages), all at 8 warps; one small tile in the
+    interpreter, so the autotuner times nothing there. NARROW tiles leave 16 accumulator values per thread: every
+    epilogue fits, the heaviest (AGLU's backward) spills at 32 per thread on sm_90, and at 16 with 16 warps or with
+    4 warps. WIDE ones (32-64 per thread) only for the plain MLP's LIGHT epilogues (_prune). Each config the pruning leaves is
+    compiled for sm_80/90/100 without spills by `python bench/kernel_instructions.py 80 90 100 --fused`
+    (BENCHMARKS.md, "The activation fused into the MLP's matmuls")."""
     if INTERPRETED:
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_warps=8, num_stages=s)
-            for m, n, k, s in [(64, 64, 64, 3), (64, 64, 64, 4), (64, 64, 32, 5), (64, 64, 32, 3), (32, 128, 64, 3),
-                               (128, 32, 64, 3)]]
+            for m, n, k, s in NARROW + WIDE]
 
 
+NARROW = [(64, 64, 64, 3), (64, 64, 64, 4), (64, 64, 32, 5), (64, 64, 32, 3), (32, 128, 64, 3), (128, 32, 64, 3)]
+WIDE = [(128, 64, 64, 3), (64, 128, 64, 3), (128, 128, 32, 4)]
 CONFIGS = _configs()
 
 
 def _prune(configs, named_args, **kwargs):
-    """The gated forward (two accumulators) takes BLOCK_K 32: at 64 its operand fragments spill on sm_80."""
-    if kwargs.get("GATED") and not kwargs.get("BACKWARD"):
-        return [c for c in configs if c.kwargs["BLOCK_K"] <= 32] or configs
-    return configs
+    """What the autotuner may time for this launch: WIDE tiles only for a LIGHT epilogue of the plain MLP (the gated
+    one's second accumulator, or its backward's second input and output per value, spill there on sm_80); the gated
+    forward (two accumulators) at BLOCK_K 32: at 64 its operand fragments spill on sm_80."""
+    gated, backward = kwargs.get("GATED"), kwargs.get("BACKWARD")
+    wide_ok = kwargs.get("KIND") in LIGHT and not gated
+    kept = [c for c in configs if wide_ok or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
+    if gated and not backward:
+        kept = [c for c in kept if c.kwargs["BLOCK_K"] <= 32]
+    return kept or configs
 
 
 @triton.jit

@@ -318,11 +318,12 @@ def _vote(local, names, dist_info):
 
 
 def fused_groups(model):
-    """{"mlp/NAME" or "mlp/NAME_glu" (gated): [the MLPs whose activation NAME has a fused form (fused_mlp.py)]}."""
+    """{"mlp/NAME" or "mlp/NAME_glu" (gated): [the MLPs whose activation NAME has a fused form (fused_mlp.py)]}:
+    model.py's MLP and translation/model.py's FFN, unless it says it is not `fusable` (dropout on its hidden tensor)."""
     fused = activations.load_fused_mlp()
     groups = {}
     for m in model.modules():
-        if all(hasattr(m, a) for a in ("c_fc", "act", "c_proj")):
+        if all(hasattr(m, a) for a in ("c_fc", "act", "c_proj")) and getattr(m, "fusable", True):
             name, _ = fused.fused_kind(m.act)
             if name is not None:
                 gated = activations.GLU_SUFFIX if getattr(m, "c_up", None) is not None else ""

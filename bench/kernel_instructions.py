@@ -90,7 +90,7 @@ def fused_variants(largest_only=False, kinds=None):
                                                           "stride_bn")}}
     kinds = kinds or sorted(set(pointwise.KINDS) - {"swish"})
     for name, backward, gated in itertools.product(kinds, (False, True), (False, True)):
-        configs = fused._prune(fused.CONFIGS, {}, GATED=gated, BACKWARD=backward)  # what the autotuner may pick
+        configs = fused._prune(fused.CONFIGS, {}, KIND=pointwise.KINDS[name], GATED=gated, BACKWARD=backward)
         for config in largest(configs) if largest_only else configs:
             yield (fused._matmul_act_kernel.fn, scalars,
                    dict(KIND=pointwise.KINDS[name], BACKWARD=backward, GATED=gated, HAS_BIAS=not backward,

@@ -165,22 +165,75 @@ def test_a_training_step_with_the_fused_mlp_equals_one_without(monkeypatch):
     assert calls == [1, 1]  # one fused layer's backward per activation, in the fused runs only
 
 
+def test_a_translation_step_with_the_fused_ffn_equals_one_without(monkeypatch):
+    """The translation Transformer (tiny, relu, its trainer's default) through one SGD step with its FFNs fused and
+    without: loss and every parameter within fp32's tolerance, the fused backward run once per FFN; the policy finds
+    its FFNs as it finds GPT-2's MLPs, except where dropout on the hidden tensor sits between act and fc2."""
+    from activations import policy
+    from translation.model import Transformer, TranslationConfig
+
+    g = torch.Generator().manual_seed(0)
+    src, tgt = torch.randint(4, 40, (2, 5), generator=g), torch.randint(4, 40, (2, 7), generator=g)
+    calls = []
+    real = fused_mlp.act_grad
+    monkeypatch.setattr(fused_mlp, "act_grad", lambda *a: calls.append(1) or real(*a))
+    cfg = dict(vocab_size=40, enc_layers=1, dec_layers=1, d_model=16, ffn_dim=24, n_head=2, dropout=0.0)
+    results = []
+    for fused in (False, True):
+        model = Transformer(TranslationConfig(**cfg), seed=0).to(DEVICE)
+        assert sorted(policy.fused_groups(model)) == ["mlp/relu"] and len(policy.fused_groups(model)["mlp/relu"]) == 2
+        for ffn in policy.fused_groups(model)["mlp/relu"]:
+            ffn.fused = fused
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        loss = model.loss(model(src.to(DEVICE), tgt[:, :-1].to(DEVICE)), tgt[:, 1:].to(DEVICE))
+        loss.backward()
+        optimizer.step()
+        results.append((loss.detach(), {n: p.detach().clone() for n, p in model.named_parameters()}))
+    (loss, params), (loss_fused, params_fused) = results
+    torch.testing.assert_close(loss_fused, loss, rtol=1e-5, atol=1e-6)
+    for name, p in params.items():
+        torch.testing.assert_close(params_fused[name], p, rtol=1e-4, atol=1e-6, msg=name)
+    assert calls == [1, 1]  # encoder's and decoder's FFN, in the fused run only
+    assert policy.fused_groups(Transformer(TranslationConfig(**cfg, act_dropout=0.1), seed=0)) == {}
+
+
+def test_autotune_candidates_wide_only_where_they_fit_and_one_in_the_interpreter():
+    """The tiles the autotuner may time per launch (fused_mlp._prune, on the GPU's candidate list): the wide ones
+    (32-64 accumulator values per thread) only for the plain MLP's light epilogues, which compile without spills at
+    them on sm_80/90/100 where AGLU's backward and a gated MLP's spill (BENCHMARKS.md); the gated forward at
+    BLOCK_K 32. In the interpreter one config: the autotuner times nothing, the tests' launches run once."""
+    import itertools
+    import triton
+
+    assert len(fused_mlp.CONFIGS) == 1
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_warps=8, num_stages=st)
+               for m, n, k, st in fused_mlp.NARROW + fused_mlp.WIDE]
+    light = {"relu", "relu2", "leaky_relu2", "gelu", "silu", "swish"}
+    for (name, kind), gated, backward in itertools.product(pointwise.KINDS.items(), (False, True), (False, True)):
+        kept = fused_mlp._prune(configs, {}, KIND=kind, GATED=gated, BACKWARD=backward)
+        wide = [c for c in kept if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 64 * 64]
+        assert bool(wide) == (name in light and not gated), (name, gated, backward)
+        assert kept and all(c.kwargs["BLOCK_K"] <= 32 for c in kept if gated and not backward)
+
+
 @pytest.mark.long
 @pytest.mark.skipif(not os.environ.get("NANOACT_FUSED_COMPILE"), reason="~15 CPU-s: NANOACT_FUSED_COMPILE=1")
 def test_the_heaviest_fused_epilogue_compiles_without_spills(tmp_path):
     """AGLU's backward epilogue (the most registers of every activation's, bench/kernel_instructions.py --fused:
-    BENCHMARKS.md) at the largest autotune tile, compiled for sm_90 with no GPU: no register spilled to the stack
-    or local memory. Off by default: the suite's time budget has no room for a matmul compile."""
+    BENCHMARKS.md) at the largest autotune tile it may get, and GELU's backward at the widest (a light epilogue's),
+    compiled for sm_90 with no GPU: no register spilled to the stack or local memory. Off by default: the suite's
+    time budget has no room for a matmul compile; the bench script compiles every config for sm_80/90/100."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path))
     code = ("import json; from bench import kernel_instructions as K\n"
-            "fn, sc, ce, op = next(v for v in K.fused_variants(True, ['aglu']) if v[2]['BACKWARD'])\n"
-            "print(json.dumps(K.usage(K.compile_one(fn, sc, ce, op, 'bf16', 90), fn.__name__)))")
+            "for kind in ('aglu', 'gelu'):\n"
+            "    fn, sc, ce, op = next(v for v in K.fused_variants(True, [kind]) if v[2]['BACKWARD'])\n"
+            "    print(json.dumps(K.usage(K.compile_one(fn, sc, ce, op, 'bf16', 90), fn.__name__)))")
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
                             timeout=600)
     if "bundles no" in result.stderr or result.returncode and "ptxas" in result.stderr:
         pytest.skip(result.stderr[-300:])
     assert result.returncode == 0, result.stderr[-3000:]
-    usage = json.loads(result.stdout.splitlines()[-1])
-    assert usage["STACK"] == 0 and usage["LOCAL"] == 0, usage
+    usages = [json.loads(line) for line in result.stdout.splitlines()[-2:]]
+    assert all(u["STACK"] == 0 and u["LOCAL"] == 0 for u in usages), usages

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from activations import layer_activation, mlp_activation
+from activations import layer_activation, load_fused_mlp, mlp_activation
 from activations.impl import model_identity
 from activations.gated import GatedProduct, hidden_width
 from errors import ConfigError
@@ -99,7 +99,10 @@ def ffn_width_args(cfg):
 
 
 class FFN(nn.Module):
-    """fc2(act(fc1(x))), or gated: fc2(act(fc1(x)) * fc_up(x)), fc1 being the gate."""
+    """fc2(act(fc1(x))), or gated: fc2(act(fc1(x)) * fc_up(x)), fc1 being the gate. With .fused set
+    (activations/policy.py's measured choice, as for model.py's MLP) the activation runs in the matmuls' epilogues
+    (activations/fused_mlp.py), which read the layers as c_fc, c_up, c_proj; never with dropout on the hidden
+    tensor in training, which would sit between the activation and fc2."""
 
     def __init__(self, cfg, layer, n_layers):
         super().__init__()
@@ -111,8 +114,21 @@ class FFN(nn.Module):
         self.glu = GatedProduct() if gated else None
         self.fc2 = nn.Linear(hidden, cfg.d_model)
         self.act_dropout = nn.Dropout(cfg.act_dropout)
+        self.fused = False
+
+    # model.py's MLP names, which the fused MLP and the policy's probe read (the checkpoints keep fc1, fc_up, fc2)
+    c_fc = property(lambda self: self.fc1)
+    c_up = property(lambda self: self.fc_up)
+    c_proj = property(lambda self: self.fc2)
+
+    @property
+    def fusable(self):
+        """Whether the fused MLP computes this FFN: no dropout between the activation and fc2."""
+        return self.act_dropout.p == 0 or not self.training
 
     def forward(self, x):
+        if self.fused and self.fusable and (y := load_fused_mlp().forward(self, x)) is not None:
+            return y
         h = self.act(self.fc1(x))
         if self.fc_up is not None:
             h = self.glu(h, self.fc_up(x))
