@@ -10,8 +10,8 @@ favours the arm it picked for. Without them the pick was made on the compared ru
 is marked "exploratory" (the winner's curse: an arm with a flat lr curve gains most from picking the luckiest point).
 The grid's own pairs are always exploratory. The tuning
 audit (the plan's audit_size, on the first two of lr_seeds): each arm's optimum at the largest size with its interval,
-and the lr it ran there judged within or beyond the tolerance (stats/lr_audit.py); an arm whose lr it refutes
-declares nothing where it rests on that lr (withheld). Every multiplier and trend sentence names the lrs, where and on
+and the lr it ran there judged within or beyond the tolerance (stats/lr_audit.py); an arm whose lr it does not put
+within the tolerance declares nothing where it rests on that lr (withheld). Every multiplier and trend sentence names the lrs, where and on
 which seeds they were picked, and the audit's result. Several sizes: stats/ladder_fit.py gives the estimator's numbers
 (estimate in stats/scaling.py: each arm's multiplier at the largest rung with its interval, the ladder average, the
 curve-free multiplier at every size, the trend) and its coverage measured on ladders drawn from the configuration
