@@ -123,7 +123,8 @@ def _sweep_command(out, ladder, arm, lrs, seeds, sub):
     size = next((opts for opts in ((plan.get("ladder") or {}).get("sizes") or {}).values()
                  if shape_of(opts) == ladder.audit_size), [])
     return " ".join(["python -m sweep", *(["--trainer", plan["trainer"]] if plan.get("trainer") else []),
-                     "--config", plan.get("config", "CONFIG"), "--acts", act, "--lrs", ",".join(f"{lr:.3g}" for lr in lrs),
+                     "--config", plan.get("config", "CONFIG"), "--acts", act,
+                     "--lrs", ",".join(f"{lr:.3g}" for lr in lrs),
                      "--seeds", ",".join(map(str, seeds)), "--out-dir", str(out / sub),
                      *options, *size, *plan.get("overrides", [])])
 

@@ -11,8 +11,8 @@ is marked "exploratory" (the winner's curse: an arm with a flat lr curve gains m
 The grid's own pairs are always exploratory. The tuning
 audit (the plan's audit_size, on the first two of lr_seeds): each arm's optimum at the largest size with its interval,
 and the lr it ran there judged within or beyond the tolerance (stats/lr_audit.py); an arm whose lr it does not put
-within the tolerance declares nothing where it rests on that lr (withheld). Every multiplier and trend sentence names the lrs, where and on
-which seeds they were picked, and the audit's result. Several sizes: stats/ladder_fit.py gives the estimator's numbers
+within the tolerance declares nothing where it rests on that lr (withheld). Every multiplier and trend sentence
+names the lrs, where and on which seeds they were picked, and the audit's result. Several sizes: stats/ladder_fit.py gives the estimator's numbers
 (estimate in stats/scaling.py: each arm's multiplier at the largest rung with its interval, the ladder average, the
 curve-free multiplier at every size, the trend) and its coverage measured on ladders drawn from the configuration
 this ladder implies; this module only formats them; scaling.png. Verdicts (the per-size pairs, the multipliers, the
@@ -295,6 +295,14 @@ def fit_input(compared, complete, shared, arms):
     return losses, compute_at
 
 
+def audit_seeds(ladder, result):
+    """The tuning audit's seeds the calibration simulates: the plan's (its first AUDIT_SEEDS lr seeds), or as many
+    as the audit ran on where more were added; 0 without an audit."""
+    if ladder.audit_size is None:
+        return 0
+    return max(len((result.get("audit") or {}).get("seeds", [])), min(lr_audit.AUDIT_SEEDS, len(ladder.lr_seeds)))
+
+
 def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family):
     """The multiplier fit (its verdicts join the family, Holm-adjusted here, unless a fitted size's lr was picked
     on the compared runs: the calibration does not simulate that pick, so they are then exploratory; or the audit
@@ -320,7 +328,8 @@ def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family
     fit = ladder_fit.fit_ladder(losses, ladder.baseline, opts.estimator(), target=target_of(opts.target),
                                 extrapolate=opts.extrapolate, vocab=vocab.pop() if len(vocab) == 1 else None,
                                 throughput=speeds, n_sims=opts.resamples, rng=opts.seed,
-                                lr_design=(ladder.lr_design, max(len(ladder.lr_seeds), 1)))
+                                lr_design=(ladder.lr_design, max(len(ladder.lr_seeds), 1),
+                                           audit_seeds(ladder, result), opts.tolerance))
     if isinstance(fit, ladder_fit.NotFitted):
         adjust([(p, where) for _, _, p, where in family])
         result["fit"] = {"not_fitted": fit.reason}

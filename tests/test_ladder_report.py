@@ -89,8 +89,8 @@ def _audited_ladder(path, drift, bend=None, lr_seeds=(11, 12)):
         for seed, lr in runs:
             for act in ("gelu", "relu2"):
                 optimum = 3e-3 / drift[act] ** (i / 3)
-                loss = (curve(c) + (bend or {}).get(act, 0.03) ** (i == 3) * 0.03 ** (i < 3) * np.log(lr / optimum) ** 2 + 0.01 * seed % 3
-                        + 0.002 * rng.standard_normal())
+                bent = (bend or {}).get(act, 0.03) if i == 3 else 0.03  # the loss's bend in log lr at the audit
+                loss = curve(c) + bent * np.log(lr / optimum) ** 2 + 0.01 * seed % 3 + 0.002 * rng.standard_normal()
                 index += 1
                 ladder_run(path / f"job{index:03d}", act, shape, lr, seed, loss, 10 ** (i + 4))
 
