@@ -6,8 +6,13 @@ the sizes it did not pick its lr at, its multipliers and its trend "not declared
 reason and the command that settles it (the arm at its audited optimum, or the audit on more seeds): a verdict
 whose lr the audit does not vouch for is the lr's, not the arm's. Also the report's small formatting helpers (size
 labels, intervals, rates), which the rest of analysis/ladder_report.py shares."""
+import json
+import math
+
 from analysis.ladder_points import plan_of, shape_of
 from stats import lr_audit
+
+AFTER_AUDIT = "after_audit.json"  # OUT's record of the re-runs after the tuning audit (sweep/schedule.py AfterAudit)
 
 
 def size_label(size):
@@ -77,6 +82,21 @@ def _audit_rates(cal):
                      for key, name in (("parabola", "parabola"),
                                        ("skewed", f"curve {lr_audit.SKEW:g}x steeper above its optimum"))) \
         + f" ({cal['n']} simulated audits of {cal['assumptions']})"
+
+
+def reruns_of(out, points, lr_seeds):
+    """The plan's rerun_refuted: ({arm: {size: the re-run's lr}} from OUT/after_audit.json ({} without one), the
+    points without those each finished re-run supersedes (the arm's compared runs at another lr at that size))."""
+    path = out / AFTER_AUDIT
+    reruns = json.loads(path.read_text()).get("reruns", {}) if path.is_file() else {}
+    sizes = {name: shape_of(opts) for name, opts in ((plan_of(out).get("ladder") or {}).get("sizes") or {}).items()}
+    lrs = {(arm, sizes[name]): lr for arm, by_size in reruns.items() for name, lr in by_size.items() if name in sizes}
+
+    def rerun(p):
+        return (p["arm"], p["size"]) in lrs and math.isclose(p["lr"], lrs[(p["arm"], p["size"])], rel_tol=1e-6)
+
+    done = {(p["arm"], p["size"]) for p in points if rerun(p) and p["seed"] not in lr_seeds}
+    return reruns, [p for p in points if (p["arm"], p["size"]) not in done or rerun(p) or p["seed"] in lr_seeds]
 
 
 def withheld(ladder, result, out):

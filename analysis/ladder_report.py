@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.lr_grid_plot import plot_lr_grid
-from analysis.ladder_audit import audit_section, ci_text, rate_text, size_label, verdicts, withheld, withhold
+from analysis.ladder_audit import (audit_section, ci_text, rate_text, reruns_of, size_label, verdicts, withheld,
+                                   withhold)
 from analysis.ladder_points import SHAPE, by_size_arm_lr, plan_of, read_points, shape_of
 from analysis.runs import RunError, markdown_table
 from analysis.scaling_plot import plot_scaling
@@ -135,6 +136,7 @@ class LadderRuns:
     audit_size: tuple | None = None  # where the tuning audit ran (the plan's audit_size)
     audit: dict | None = None  # its runs {arm: {lr: {seed: point}}}
     lr_design: str = "smallest"  # the plan's lr design (stats/lr_grid.py DESIGNS), for the calibration
+    reruns: dict | None = None  # {arm: {size name: lr}}: re-run at the audited optimum (the plan's rerun_refuted)
 
     def at(self, size, arm, lr):
         """{seed: point} of one arm at one size and lr, or None."""
@@ -150,6 +152,7 @@ def read_ladder(out, points, baseline):
     # a horizon design's grid on the base shape at another size's steps: its picks set the lrs (after_grid.json)
     horizons = [f"_{name}_lr" for name in ladder.get("grid_sizes", {}) if name not in ladder.get("sizes", {})]
     points = [p for p in points if not any(h in p["path"] for h in horizons)]
+    reruns, points = reruns_of(out, points, lr_seeds)
     grid_points = [p for p in points if p["seed"] in lr_seeds]
     points = [p for p in points if p["seed"] not in lr_seeds]
     arms = sorted({p["arm"] for p in points})
@@ -165,7 +168,7 @@ def read_ladder(out, points, baseline):
                            "compute") for s in by_size}
     sizes = sorted(by_size, key=lambda s: (compute_of[s], tuple(x or 0 for x in s)))  # by compute
     return LadderRuns(arms, baseline, sizes, by_size, grid_by_size, lr_seeds, points, len(grid_points), audit_size,
-                      audit, ladder.get("lr_design", "smallest"))
+                      audit, ladder.get("lr_design", "smallest"), reruns)
 
 
 def runs_section(out, ladder, unfinished):
@@ -244,6 +247,11 @@ def lr_choices(ladder, result, chosen):
                if where else "the one lr it ran")
         ran = (f"{lrs[0][1]:g} at every size" if len({lr for _, lr in lrs}) == 1 else
                ", ".join(f"{lr:g} at {size_label(s)}" for s, lr in lrs)) if lrs else "no run"
+        if a in (ladder.reruns or {}):
+            how += (f"; re-run at {', '.join(ladder.reruns[a])} at lrs between its lr at the smallest size and its "
+                    "audited optimum at the largest, as a power of the horizon, after the audit did not put its lr "
+                    "within the tolerance (rerun_refuted; its runs at the design's lrs there superseded, the audit "
+                    "judging the re-run's lr on its same runs)")
         result["lr_choice"][a] = f"{ran} ({how})"
         result["lr_basis"][a] = (ran, how)
     return ["## Each arm's lr", "", *[f"- {a}: {text}." for a, text in result["lr_choice"].items()], ""]

@@ -71,7 +71,7 @@ SHAPE_KEYS = ("n_layer", "n_embd", "n_head")
 SIZE_KEYS = (*SHAPE_KEYS, "max_steps")
 # how a size runs, where it needs it (its memory: training/memory.py), not what it trains: optional per size
 SIZE_RUN_KEYS = ("batch_size", "dist", "activation_checkpointing", "hellaswag_interval")
-LADDER_KEYS = ("lrs", "lr_size", "lr_seeds", "sizes", "lr_design")
+LADDER_KEYS = ("lrs", "lr_size", "lr_seeds", "sizes", "lr_design", "rerun_refuted")
 
 
 class Variant(NamedTuple):
@@ -89,6 +89,7 @@ class Ladder:
     audit_size: str | None = None  # where the tuning audit re-grids every arm (the largest size), on lr_seeds[:2]
     design: str = "smallest"  # stats/lr_grid.py DESIGNS: how each arm's lr at each size is chosen
     grid_sizes: dict | None = None  # {name: its table} where the grids run; None: lr_size alone
+    rerun_refuted: bool = False  # an arm the audit does not put within the tolerance runs again (schedule.AfterAudit)
 
     def grids(self):
         """The sizes whose lr grids run, by name (their tables in grid_sizes or sizes)."""
@@ -237,8 +238,13 @@ def read_ladder(plan, where, lrs=None):
                           f"got {lr_seeds!r}")
     largest = max(sizes, key=lambda name: size_compute(sizes[name])) if lr_seeds else None
     design = plan.get("lr_design", "smallest")
+    rerun = plan.get("rerun_refuted", False)
+    if not isinstance(rerun, bool) or (rerun and (not lr_seeds or largest == lr_size or design == "ends")):
+        raise ConfigError(f"{where}: rerun_refuted = true re-runs an arm at its tuning audit's optimum, so it needs "
+                          "the audit (lr_seeds, sizes above lr_size, lr_design smallest or horizon)")
     if design == "smallest":
-        return Ladder(lrs or [None], sizes or {None: {}}, lr_size, lr_seeds, largest if largest != lr_size else None)
+        return Ladder(lrs or [None], sizes or {None: {}}, lr_size, lr_seeds, largest if largest != lr_size else None,
+                      rerun_refuted=rerun)
     if design not in DESIGNS or not lr_seeds or largest == lr_size or (
             design == "horizon" and plan.get("param") not in TRANSFERRING):
         raise ConfigError(f"{where}: lr_design {design!r} must be one of {', '.join(DESIGNS)} and needs lr_seeds, "
@@ -248,7 +254,7 @@ def read_ladder(plan, where, lrs=None):
     far = f"{lr_size}_T{largest}" if design == "horizon" else largest
     grid_sizes = {lr_size: sizes[lr_size], far: {**sizes[lr_size], "max_steps": sizes[largest]["max_steps"]}
                   if design == "horizon" else sizes[largest]}
-    return Ladder(lrs, sizes, lr_size, lr_seeds, largest if design == "horizon" else None, design, grid_sizes)
+    return Ladder(lrs, sizes, lr_size, lr_seeds, largest if design == "horizon" else None, design, grid_sizes, rerun)
 
 
 def lr_at(ladder, picks, size):
@@ -257,8 +263,14 @@ def lr_at(ladder, picks, size):
     them (log lr linear in log steps: Bjorck et al. 2024), read at the size's steps."""
     steps = [ladder.grid_sizes[name]["max_steps"] for name in picks]
     vertex = [p["interpolated_lr"] or p["best_lr"] for p in picks.values()]
-    slope, intercept = np.polyfit(np.log(steps), np.log(vertex), 1)
-    return float(f"{math.exp(intercept + slope * math.log(ladder.sizes[size]['max_steps'])):.3g}")
+    return power_of_horizon(steps, vertex, ladder.sizes[size]["max_steps"])
+
+
+def power_of_horizon(steps, lrs, at):
+    """The lr at `at` steps of the power of the horizon through (steps, lrs) (log lr linear in log steps, least
+    squares through more than two), to 3 significant digits."""
+    slope, intercept = np.polyfit(np.log(steps), np.log(lrs), 1)
+    return float(f"{math.exp(intercept + slope * math.log(at)):.3g}")
 
 
 def size_compute(table):
