@@ -215,8 +215,9 @@ class AfterAudit:
             if x["optimum"] is None:
                 why_not[label] = "its audit losses do not curve upward about a minimum: no optimum to run at"
                 continue
-            reruns[label] = {size: power_of_horizon([steps[ladder.lr_size], steps[ladder.audit_size]],
-                                                    [self.lrs[label][ladder.lr_size], x["optimum"]], steps[size])
+            ends = [steps[ladder.lr_size], steps[ladder.audit_size]]
+            reruns[label] = {size: power_of_horizon(ends, [self.lrs[label][ladder.lr_size], x["optimum"]], steps[size])
+                             if ends[0] != ends[1] else float(f"{x['optimum']:.3g}")  # one horizon: no power of it
                              for size in self.lrs[label] if size != ladder.lr_size}
         launchers.write_job(out, AFTER_AUDIT, state="ended", status=status, reruns=reruns, why_not=why_not)
         if reruns:
