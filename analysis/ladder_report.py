@@ -137,6 +137,7 @@ class LadderRuns:
     audit: dict | None = None  # its runs {arm: {lr: {seed: point}}}
     lr_design: str = "smallest"  # the plan's lr design (stats/lr_grid.py DESIGNS), for the calibration
     reruns: dict | None = None  # {arm: {size name: lr}}: re-run at the audited optimum (the plan's rerun_refuted)
+    audit_seeds: int = lr_audit.AUDIT_SEEDS  # the plan's
 
     def at(self, size, arm, lr):
         """{seed: point} of one arm at one size and lr, or None."""
@@ -168,7 +169,8 @@ def read_ladder(out, points, baseline):
                            "compute") for s in by_size}
     sizes = sorted(by_size, key=lambda s: (compute_of[s], tuple(x or 0 for x in s)))  # by compute
     return LadderRuns(arms, baseline, sizes, by_size, grid_by_size, lr_seeds, points, len(grid_points), audit_size,
-                      audit, ladder.get("lr_design", "smallest"), reruns)
+                      audit, ladder.get("lr_design", "smallest"), reruns,
+                      ladder.get("audit_seeds", lr_audit.AUDIT_SEEDS))
 
 
 def runs_section(out, ladder, unfinished):
@@ -304,11 +306,11 @@ def fit_input(compared, complete, shared, arms):
 
 
 def audit_seeds(ladder, result):
-    """The tuning audit's seeds the calibration simulates: the plan's (its first AUDIT_SEEDS lr seeds), or as many
+    """The tuning audit's seeds the calibration simulates: the plan's (its audit_seeds first lr seeds), or as many
     as the audit ran on where more were added; 0 without an audit."""
     if ladder.audit_size is None:
         return 0
-    return max(len((result.get("audit") or {}).get("seeds", [])), min(lr_audit.AUDIT_SEEDS, len(ladder.lr_seeds)))
+    return max(len((result.get("audit") or {}).get("seeds", [])), min(ladder.audit_seeds, len(ladder.lr_seeds)))
 
 
 def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family):

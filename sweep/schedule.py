@@ -202,7 +202,7 @@ class AfterAudit:
         status, reruns, why_not = {}, {}, {}
         for label in plan.labels:
             picked = self.lrs[label][ladder.audit_size]
-            dirs = {lr: [run_dir(out, label, seed, ladder.audit_size, lr) for seed in ladder.lr_seeds[:AUDIT_SEEDS]]
+            dirs = {lr: [run_dir(out, label, seed, ladder.audit_size, lr) for seed in ladder.audit_seed_list()]
                     for lr in audit_lrs(picked, ladder.lrs)}
             if unfinished := [p.name for paths in dirs.values() for p in paths if not finished(p)]:
                 why_not[label] = f"its audit has unfinished runs ({', '.join(unfinished[:4])})"
@@ -280,7 +280,9 @@ def write_plan(plan, overrides, out):
                                     **({"audit_size": ladder.audit_size} if ladder.audit_size else {}),
                                     **({"lr_design": ladder.design, "grid_sizes": ladder.grid_sizes}
                                        if ladder.design != "smallest" else {}),
-                                    **({"rerun_refuted": True} if ladder.rerun_refuted else {})}}
+                                    **({"rerun_refuted": True} if ladder.rerun_refuted else {}),
+                                    **({"audit_seeds": ladder.audit_seeds} if ladder.audit_seeds != AUDIT_SEEDS
+                                       else {})}}
     kept = ("trainer", "config", "overrides", "nproc_per_node", "ladder")
     if plan_path.exists():  # the same variant in the same directory must mean the same run
         old = {"trainer": "gpt2", **json.loads(plan_path.read_text())}
@@ -310,7 +312,7 @@ def ladder_jobs(plan, sizes, lrs, seeds=None):
 
 
 def audit_jobs(plan, best):
-    """The tuning audit's runs: every arm at the largest size on the grid's first AUDIT_SEEDS seeds (its vertex's
+    """The tuning audit's runs: every arm at the largest size on the grid's first audit_seeds seeds (its vertex's
     interval needs residuals besides the seeds' levels: stats/lr_audit.py), at the 4 lrs around its best
     lr (stats/lr_grid.py's audit_lrs). best: {arm: its best lr}; {} before the grid has picked: then each job's lr is
     its factor of the pick (such as "0.354x"), for the dry run's words, and its options hold no lr (its FLOPs need none)."""
@@ -320,9 +322,9 @@ def audit_jobs(plan, best):
     if not best:
         factors = [f"{f:g}x" for f in audit_lrs(1, ladder.lrs)]
         return [(label, [*opts, *plan.size_options[ladder.audit_size]], seed, ladder.audit_size, f)
-                for seed in ladder.lr_seeds[:AUDIT_SEEDS] for label, opts, _ in plan.variants for f in factors]
+                for seed in ladder.audit_seed_list() for label, opts, _ in plan.variants for f in factors]
     return ladder_jobs(plan, [ladder.audit_size], {a: audit_lrs(best[a], ladder.lrs) for a in plan.labels},
-                       ladder.lr_seeds[:AUDIT_SEEDS])
+                       ladder.audit_seed_list())
 
 
 def launch(plan, overrides, out, jobs):

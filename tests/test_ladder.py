@@ -13,6 +13,7 @@ import torch
 from analysis import ladder_points, ladder_report
 from analysis.runs import load_run
 from sweep import cli, schedule
+from sweep import plan as sweep_plan
 from stats import scaling
 from sweep.plan import run_dir
 from model import GPT, GPTConfig
@@ -177,7 +178,20 @@ def test_lr_seeds_pick_on_their_own_runs_an_edge_pick_stops_and_the_audit_refute
     assert result["pairs"]["L2-d32-h2"]["relu"]["mean"] == pytest.approx(-math.log(1.3) ** 2)
 
 
+def test_the_audit_runs_on_the_plans_audit_seeds_first_lr_seeds():
+    table = {"lrs": [1e-3, 2e-3], "lr_seeds": [11, 12, 13, 14], "audit_seeds": 3, "seeds": [1],
+             "sizes": {"a": {"n_layer": 1, "n_embd": 32, "n_head": 2, "max_steps": 10},
+                       "b": {"n_layer": 2, "n_embd": 32, "n_head": 2, "max_steps": 20}}, "lr_size": "a"}
+    ladder = sweep_plan.read_ladder(table, "plan")
+    assert ladder.audit_size == "b" and ladder.audit_seed_list() == [11, 12, 13]
+    assert sweep_plan.read_ladder({k: v for k, v in table.items() if k != "audit_seeds"}, "plan").audit_seed_list() == \
+        [11, 12]
+
+
 @pytest.mark.parametrize("change, message", [
+    (("lr_size = \"a\"", "lr_size = \"a\"\nlr_seeds = [7]\naudit_seeds = 2"), "audit_seeds = 2: the tuning audit's "
+                                                                              "seeds, the first of lr_seeds, so an "
+                                                                              "integer from 1 to 1"),
     (("lr_size = \"a\"", "lr_size = \"a\"\nrerun_refuted = true"), "rerun_refuted = true re-runs an arm at its "
                                                                       "tuning audit's optimum, so it needs the audit"),
     (("max_steps = 20\n", "max_steps = 20\nn_heads = 3\n"), "size b has unknown key(s) ['n_heads']"),
