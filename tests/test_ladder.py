@@ -16,6 +16,7 @@ from sweep import cli, schedule
 from sweep import plan as sweep_plan
 from stats import scaling
 from sweep.plan import run_dir
+from errors import ConfigError
 from model import GPT, GPTConfig
 from test_sweep import launches, without_plots
 from training.runlog import RunLog
@@ -179,6 +180,8 @@ def test_lr_seeds_pick_on_their_own_runs_an_edge_pick_stops_and_the_audit_refute
 
 
 def test_the_audit_runs_on_the_plans_audit_seeds_first_lr_seeds():
+    """audit_seeds = 3: the audit on lr seeds 11-13 (2 by default); more than the lr seeds, or rerun_refuted without
+    an audit, is a one-line error."""
     table = {"lrs": [1e-3, 2e-3], "lr_seeds": [11, 12, 13, 14], "audit_seeds": 3, "seeds": [1],
              "sizes": {"a": {"n_layer": 1, "n_embd": 32, "n_head": 2, "max_steps": 10},
                        "b": {"n_layer": 2, "n_embd": 32, "n_head": 2, "max_steps": 20}}, "lr_size": "a"}
@@ -186,14 +189,15 @@ def test_the_audit_runs_on_the_plans_audit_seeds_first_lr_seeds():
     assert ladder.audit_size == "b" and ladder.audit_seed_list() == [11, 12, 13]
     assert sweep_plan.read_ladder({k: v for k, v in table.items() if k != "audit_seeds"}, "plan").audit_seed_list() == \
         [11, 12]
+    with pytest.raises(ConfigError, match="plan: audit_seeds = 5: the tuning audit's seeds, the first of lr_seeds, so "
+                                          "an integer from 1 to 4"):
+        sweep_plan.read_ladder({**table, "audit_seeds": 5}, "plan")
+    with pytest.raises(ConfigError, match="rerun_refuted = true re-runs an arm at its tuning audit's optimum, so it "
+                                          "needs the audit"):
+        sweep_plan.read_ladder({**table, "rerun_refuted": True, "lr_seeds": None}, "plan")
 
 
 @pytest.mark.parametrize("change, message", [
-    (("lr_size = \"a\"", "lr_size = \"a\"\nlr_seeds = [7]\naudit_seeds = 2"), "audit_seeds = 2: the tuning audit's "
-                                                                              "seeds, the first of lr_seeds, so an "
-                                                                              "integer from 1 to 1"),
-    (("lr_size = \"a\"", "lr_size = \"a\"\nrerun_refuted = true"), "rerun_refuted = true re-runs an arm at its "
-                                                                      "tuning audit's optimum, so it needs the audit"),
     (("max_steps = 20\n", "max_steps = 20\nn_heads = 3\n"), "size b has unknown key(s) ['n_heads']"),
     (("lrs = [1e-3, 2e-3, 4e-3]", "lrs = [0.0, 2e-3, 4e-3]"), "learning rate 0.0 is not positive"),
     (("max_steps = 10\n", ""), "size a has no max_steps"),
