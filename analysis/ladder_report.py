@@ -10,9 +10,9 @@ favours the arm it picked for. Without them the pick was made on the compared ru
 is marked "exploratory" (the winner's curse: an arm with a flat lr curve gains most from picking the luckiest point).
 The grid's own pairs are always exploratory. The tuning
 audit (the plan's audit_size, on the first two of lr_seeds): each arm's optimum at the largest size with its interval,
-and the lr it ran there judged within or beyond the tolerance (stats/lr_audit.py); an arm whose lr it refutes
-declares nothing where it rests on that lr (withheld). Every multiplier and trend sentence names the lrs, where and on
-which seeds they were picked, and the audit's result. Several sizes: stats/ladder_fit.py gives the estimator's numbers
+and the lr it ran there judged within or beyond the tolerance (stats/lr_audit.py); an arm whose lr it does not put
+within the tolerance declares nothing where it rests on that lr (withheld). Every multiplier and trend sentence
+names the lrs, where and on which seeds they were picked, and the audit's result. Several sizes: stats/ladder_fit.py gives the estimator's numbers
 (estimate in stats/scaling.py: each arm's multiplier at the largest rung with its interval, the ladder average, the
 curve-free multiplier at every size, the trend) and its coverage measured on ladders drawn from the configuration
 this ladder implies; this module only formats them; scaling.png. Verdicts (the per-size pairs, the multipliers, the
@@ -29,7 +29,8 @@ from pathlib import Path
 
 from analysis import ladder_downstream
 from analysis.lr_grid_plot import plot_lr_grid
-from analysis.ladder_audit import audit_section, ci_text, rate_text, size_label, verdicts, withheld, withhold
+from analysis.ladder_audit import (audit_section, ci_text, rate_text, reruns_of, size_label, verdicts, withheld,
+                                   withhold)
 from analysis.ladder_points import SHAPE, by_size_arm_lr, plan_of, read_points, shape_of
 from analysis.runs import RunError, markdown_table
 from analysis.scaling_plot import plot_scaling
@@ -138,6 +139,8 @@ class LadderRuns:
     audit_size: tuple | None = None  # where the tuning audit ran (the plan's audit_size)
     audit: dict | None = None  # its runs {arm: {lr: {seed: point}}}
     lr_design: str = "smallest"  # the plan's lr design (stats/lr_grid.py DESIGNS), for the calibration
+    reruns: dict | None = None  # {arm: {size name: lr}}: re-run at the audited optimum (the plan's rerun_refuted)
+    audit_seeds: int = lr_audit.AUDIT_SEEDS  # the plan's
 
     def at(self, size, arm, lr):
         """{seed: point} of one arm at one size and lr, or None."""
@@ -153,6 +156,7 @@ def read_ladder(out, points, baseline):
     # a horizon design's grid on the base shape at another size's steps: its picks set the lrs (after_grid.json)
     horizons = [f"_{name}_lr" for name in ladder.get("grid_sizes", {}) if name not in ladder.get("sizes", {})]
     points = [p for p in points if not any(h in p["path"] for h in horizons)]
+    reruns, points = reruns_of(out, points, lr_seeds)
     grid_points = [p for p in points if p["seed"] in lr_seeds]
     points = [p for p in points if p["seed"] not in lr_seeds]
     arms = sorted({p["arm"] for p in points})
@@ -168,7 +172,8 @@ def read_ladder(out, points, baseline):
                            "compute") for s in by_size}
     sizes = sorted(by_size, key=lambda s: (compute_of[s], tuple(x or 0 for x in s)))  # by compute
     return LadderRuns(arms, baseline, sizes, by_size, grid_by_size, lr_seeds, points, len(grid_points), audit_size,
-                      audit, ladder.get("lr_design", "smallest"))
+                      audit, ladder.get("lr_design", "smallest"), reruns,
+                      ladder.get("audit_seeds", lr_audit.AUDIT_SEEDS))
 
 
 def runs_section(out, ladder, unfinished):
@@ -247,6 +252,11 @@ def lr_choices(ladder, result, chosen):
                if where else "the one lr it ran")
         ran = (f"{lrs[0][1]:g} at every size" if len({lr for _, lr in lrs}) == 1 else
                ", ".join(f"{lr:g} at {size_label(s)}" for s, lr in lrs)) if lrs else "no run"
+        if a in (ladder.reruns or {}):
+            how += (f"; re-run at {', '.join(ladder.reruns[a])} at lrs between its lr at the smallest size and its "
+                    "audited optimum at the largest, as a power of the horizon, after the audit did not put its lr "
+                    "within the tolerance (rerun_refuted; its runs at the design's lrs there superseded, the audit "
+                    "judging the re-run's lr on its same runs)")
         result["lr_choice"][a] = f"{ran} ({how})"
         result["lr_basis"][a] = (ran, how)
     return ["## Each arm's lr", "", *[f"- {a}: {text}." for a, text in result["lr_choice"].items()], ""]
@@ -309,6 +319,14 @@ def fit_input(compared, complete, shared, arms, metric=None):
     return losses, compute_at
 
 
+def audit_seeds(ladder, result):
+    """The tuning audit's seeds the calibration simulates: the plan's (its audit_seeds first lr seeds), or as many
+    as the audit ran on where more were added; 0 without an audit."""
+    if ladder.audit_size is None:
+        return 0
+    return max(len((result.get("audit") or {}).get("seeds", [])), min(ladder.audit_seeds, len(ladder.lr_seeds)))
+
+
 def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family):
     """The multiplier fit (its verdicts join the family, Holm-adjusted here, unless a fitted size's lr was picked
     on the compared runs: the calibration does not simulate that pick, so they are then exploratory; or the audit
@@ -332,7 +350,8 @@ def fit_section_of(out, ladder, chosen, cursed, throughput, opts, result, family
     fit = ladder_fit.fit_ladder(losses, ladder.baseline, opts.estimator(), target=target_of(opts.target),
                                 extrapolate=opts.extrapolate, vocab=vocab.pop() if len(vocab) == 1 else None,
                                 throughput=speeds, n_sims=opts.resamples, rng=opts.seed,
-                                lr_design=(ladder.lr_design, max(len(ladder.lr_seeds), 1)))
+                                lr_design=(ladder.lr_design, max(len(ladder.lr_seeds), 1),
+                                           audit_seeds(ladder, result), opts.tolerance))
     if isinstance(fit, ladder_fit.NotFitted):
         adjust([(p, where) for _, _, p, where in family])
         result["fit"] = {"not_fitted": fit.reason}

@@ -7,9 +7,11 @@ arms' lr optima fall with the horizon at their own rates, every ladder through t
     python bench/lr_design.py                       # 2000 ladders per design, 8 ladders per printed check
     python bench/lr_design.py --sims 4000 --reports 20 --json out.json
 
-designs: each design (ladder_noise.DESIGNS) and lr seeds with no activation effect (Holm's family-wise error, the
-trend's false alarm) and with the CPU ladder's headline multipliers planted (coverage), how far each arm's lr lies from
-its optimum at the largest size; printed: the coverage a report prints for ladders drawn from truths that break the
+designs: each design (ladder_noise.DESIGNS), lr seeds and audit seeds with no activation effect (Holm's family-wise
+error, the trend's false alarm, each verdict gated by the tuning audit as the report gates it: only an arm whose lr
+the audit puts within 1.4x declares) and with the CPU ladder's headline multipliers planted (coverage, of every arm's
+interval and of the declared arms'; the share of arms declared), how far each arm's lr lies from its optimum at the
+largest size; printed: the coverage a report prints for ladders drawn from truths that break the
 fit, against the truth's real coverage; curve_free: the curve-free intervals' coverage with the sizes' own deviations
 in their covariance and without (the estimator before).
 """
@@ -27,20 +29,27 @@ from stats.ladder_noise import calibrate, configurations, cpu_ladder
 
 DRIFT = (1.6, 1.6, 3.0)  # gelu's, aglu's and relu2's optima's fall over the CPU ladder (experiments/cpu_ladder.md)
 PLANTED = (1.0, 0.958, 0.892)  # experiments/cpu_ladder.md's headline multipliers
-DESIGNS = (("smallest", 6), ("horizon", 6), ("horizon", 2), ("horizon", 1), ("ends", 2), ("ends", 1))
+# (design, the grids' seeds, the audit's seeds: None the plan's, the first 2 of the grid's; none under ends)
+DESIGNS = (("smallest", 6, None), ("horizon", 6, None), ("horizon", 2, None), ("horizon", 1, None),
+           ("ends", 2, None), ("ends", 1, None), ("horizon", 6, 6), ("horizon", 2, 4), ("horizon", 2, 6),
+           ("horizon", 6, 12))
 
 
 def designs(sims, seed, smoke=False):
-    """Each design and lr seeds, the shape moving the optimum or not: the null's and the planted truth's rates."""
+    """Each design, grid seeds and audit seeds, the shape moving the optimum or not: the null's and the planted
+    truth's rates, every verdict gated by the audit as the report gates it (ladder_noise.calibrate)."""
     out = {}
-    for design, lr_seeds in DESIGNS[1:2] if smoke else DESIGNS:
-        for transfer in (1.21,) if smoke else (1.0, 1.21, 2.0):
-            null = calibrate(cpu_ladder((1.0,) * 3, DRIFT, design, lr_seeds, transfer), scaling.Options(), sims, seed)
-            planted = calibrate(cpu_ladder(PLANTED, DRIFT, design, lr_seeds, transfer), scaling.Options(), sims, seed)
+    for design, lr_seeds, audit_seeds in DESIGNS[1:2] if smoke else DESIGNS:
+        for transfer in (1.21,) if smoke or audit_seeds else (1.0, 1.21, 2.0):
+            truths = [cpu_ladder(m, DRIFT, design, lr_seeds, transfer, audit_seeds) for m in ((1.0,) * 3, PLANTED)]
+            null, planted = (calibrate(t, scaling.Options(), sims, seed) for t in truths)
             row = {"family_wise": null["family_wise"], "false_alarm": null["false_alarm"],
-                   "coverage": planted["coverage"], "lr_within_1.4x": planted["lr_within_tolerance"],
-                   "lr_off_top": planted["lr_off_top"], "audit_clean": planted["audit_clean"]}
-            out[f"{design}, {lr_seeds} lr seed(s), shape moving the optimum up to {transfer}x"] = row
+                   "declared_null": null["declared"], "coverage": planted["coverage"],
+                   "coverage_declared": planted.get("coverage_declared"), "declared": planted["declared"],
+                   "lr_within_1.4x": planted["lr_within_tolerance"], "lr_off_top": planted["lr_off_top"]}
+            audit = truths[0].lr.audit_seeds
+            out[f"{design}, {lr_seeds} lr seed(s), audit on {audit or 'none'}, shape moving the optimum up to "
+                f"{transfer}x"] = {k: v for k, v in row.items() if v is not None}
     return out
 
 

@@ -136,8 +136,9 @@ def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapo
     the calibration as plain numbers for sweep.json. ladder: {arm: {C: {seed: loss}}}; options: the estimator's
     (scaling.Options); target: (name, C, vocabulary or None) or None; vocab: the ladder's vocabulary; throughput:
     {"ratio": {arm: {C: X's compute per second over the baseline's}}, "source": text}; n_sims, rng: the calibration's
-    ladders per truth and seed; lr_design: (the plan's lr design, its grid's seeds) for the calibration
-    (stats/ladder_unseen.py; None: no lr stage, each arm at its optimum at every size). Each verdict carries its p
+    ladders per truth and seed; lr_design: (the plan's lr design, its grid's seeds[, its audit's seeds, the
+    report's lr tolerance]) for the calibration (stats/ladder_unseen.py report_calibration; design None: no lr
+    stage, each arm at its optimum at every size). Each verdict carries its p
     ("p"). A ladder the power law cannot describe gives NotFitted."""
     arms, log_c, losses, seeds = scaling.check_ladder(ladder, baseline)
     computes = [sorted(ladder[a]) for a in arms]  # the given values: a throughput ratio is looked up by them

@@ -26,9 +26,9 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.stats import beta, ttest_rel
 
-from stats import scaling
+from stats import lr_audit, scaling
 from stats.family import holm
-from stats.lr_grid import DESIGNS, best_and_vertex
+from stats.lr_grid import AUDIT_STEPS, DESIGNS, best_and_vertex
 
 
 LR_TOLERANCE = 1.4  # an arm's lr this close to its optimum at a size counts as at it
@@ -48,16 +48,19 @@ class LrStage:
     point at the smallest rung; "horizon" grids the base shape at the smallest and the largest rung's horizons and
     runs rung r at the vertices interpolated in log C (the best point where a grid has no vertex); "ends" the same
     with the grids at the smallest and the largest rung's own shapes, which see the shape's move. The tuning audit
-    re-grids at the largest rung on fresh seeds and flags an arm whose lr lies more than `audit` x from that grid's
-    vertex, or whose best point there is an edge or no minimum."""
+    (audit_seeds of the grid's seeds; 0: none, as the ends design's plan has none) runs each arm at the largest rung
+    at the 4 lrs around its lr there (stats/lr_grid.py AUDIT_STEPS, in grid steps), each seed with its own level,
+    and judges it as the report does, by the very stats/lr_audit.py vertex() and judge() under `audit` (its
+    tolerance and confidence): an arm declares only where its lr is "within"."""
     grid: tuple = tuple(range(6))  # log2 lr, an octave apart as configs/ladder_cpu.toml's grid
     # experiments/lr_transfer.md: gelu completep d4 w64 rises 0.16 and 0.17 nats one octave either side of its best
     curvature: float | tuple = 0.17
     shift: float | tuple = 2.0
     seeds: int = 1
-    audit: float = 2.0
+    audit: lr_audit.AuditOptions = lr_audit.AuditOptions()
     design: str = "smallest"
     transfer: float = 1.0
+    audit_seeds: int = lr_audit.AUDIT_SEEDS
 
     def optimum(self, k, log_c, rng, n):
         """(each arm's optimum at the base shape, at its shape) (n, K, S) in log2 lr."""
@@ -69,9 +72,25 @@ class LrStage:
         shape = np.log2(self.transfer) * rng.uniform(-1, 1, (n, k, len(log_c))) * frac
         return base, base + shape
 
+    def audited(self, picked, optimum, curvature, sd, rng):
+        """Whether the audit puts each arm's lr at the largest rung within the tolerance (n, K): picked and optimum
+        (n, K) in log2 lr there, curvature in nats per octave^2, sd (K,) of one run there. All True without an
+        audit (the report then withholds nothing)."""
+        if not self.audit_seeds:
+            return np.ones(picked.shape, bool)
+        n, k = picked.shape
+        steps = np.asarray(AUDIT_STEPS) * float(np.mean(np.diff(self.grid)))  # log2 lr about the pick
+        mean = curvature * (picked[..., None] + steps - optimum[..., None]) ** 2
+        losses = (mean[..., None] + rng.standard_normal((n, k, 1, self.audit_seeds))
+                  + sd[None, :, None, None] * rng.standard_normal((n, k, len(steps), self.audit_seeds)))
+        v = lr_audit.vertex(np.log(2) * steps, losses.reshape(n * k, len(steps), -1), self.audit.confidence)
+        status = [lr_audit.judge(0.0, low, high, self.audit.tolerance) for low, high in zip(v["low"], v["high"])]
+        return (np.array(status) == "within").reshape(n, k)
+
     def draw(self, truth, n, rng):
         """(penalty (n, K, S) each arm pays at each rung for its lr, whether the arms' lrs at the largest rung
-        differ (n,), whether the audit flags any arm (n,), each arm's lr over its optimum (n, K, S) in log2)."""
+        differ (n,), whether the audit puts each arm's lr within the tolerance (n, K), each arm's lr over its
+        optimum (n, K, S) in log2)."""
         if self.design not in DESIGNS:
             raise ValueError(f"lr design {self.design!r}: one of {', '.join(DESIGNS)}")
         k, s = len(truth.curves), len(truth.compute)
@@ -94,10 +113,9 @@ class LrStage:
             low, high = (chosen(grids[:, :, r], r, self.seeds, True)[0] for r in (0, s - 1))
             frac = (log_c - log_c[0]) / (log_c[-1] - log_c[0])
             lr = low[..., None] + (high - low)[..., None] * frac
-        _, top, best = chosen(optimum[:, :, -1], s - 1, 1, True)
-        flag = ~np.isfinite(top) | (np.abs(lr[:, :, -1] - np.nan_to_num(top)) > np.log2(self.audit))
-        return (curv * (lr - optimum) ** 2, (np.abs(lr[:, :, -1] - lr[:, :1, -1]) > 1e-9).any(axis=1),
-                flag.any(axis=1), lr - optimum)
+        within = self.audited(lr[:, :, -1], optimum[:, :, -1], curv[-1], sd[:, -1], rng)
+        return (curv * (lr - optimum) ** 2, (np.abs(lr[:, :, -1] - lr[:, :1, -1]) > 1e-9).any(axis=1), within,
+                lr - optimum)
 
     def words(self):
         shift = np.broadcast_to(np.asarray(self.shift, float), (1,)) if np.ndim(self.shift) == 0 else self.shift
@@ -106,7 +124,9 @@ class LrStage:
                 f", {self.seeds} own seed{'s' if self.seeds > 1 else ''}), each arm's optimum falling "
                 f"{', '.join(f'{v:g}' for v in shift)}x over the ladder"
                 + (f", a size's shape moving it up to {self.transfer:g}x" if self.transfer != 1 else "")
-                + f", {'-'.join(f'{v:g}' for v in curvature)} nats per octave^2 off it")
+                + f", {'-'.join(f'{v:g}' for v in curvature)} nats per octave^2 off it"
+                + (f", the tuning audit on {self.audit_seeds} seed(s) (an arm declaring only where it puts its lr "
+                   f"within {self.audit.tolerance:g}x)" if self.audit_seeds else ", no tuning audit"))
 
 
 @dataclass(frozen=True)
@@ -143,9 +163,9 @@ class LadderTruth:
         return scale[:, None] * np.asarray(self.seed_sd, float)[None]
 
     def draw(self, n, rng, lr_stage=False):
-        """n ladders' losses (n, K, S, seeds); with lr_stage, and {"differ", "flagged"} (n,): whether the arms'
-        lr picks differ and whether the tuning audit flags one (all False without an lr stage), "off" (n, K, S):
-        each arm's lr over its optimum in log2 (0 without one)."""
+        """n ladders' losses (n, K, S, seeds); with lr_stage, and {"differ" (n,): whether the arms' lr picks
+        differ, "within" (n, K): whether the tuning audit puts each arm's lr within its tolerance (all True without
+        an lr stage or an audit), "off" (n, K, S): each arm's lr over its optimum in log2 (0 without one)}."""
         k, s, r = len(self.curves), len(self.compute), self.seeds
         rng = np.random.default_rng(rng)
         persistent = np.broadcast_to(np.asarray(self.persistent, float), (k,))[None, :, None, None]
@@ -157,12 +177,12 @@ class LadderTruth:
         mean = np.array([self.loss(a, self.compute) for a in range(k)])[None]
         if self.size_effect_sd > 0:
             mean = mean + self.size_effect_sd * rng.standard_normal((n, 1, s))
-        differ, flagged, off = np.zeros(n, bool), np.zeros(n, bool), np.zeros((n, k, s))
+        differ, within, off = np.zeros(n, bool), np.ones((n, k), bool), np.zeros((n, k, s))
         if self.lr is not None:
-            penalty, differ, flagged, off = self.lr.draw(self, n, rng)
+            penalty, differ, within, off = self.lr.draw(self, n, rng)
             mean = mean + penalty
         losses = mean[..., None] + self.sd()[None, :, :, None] * z
-        return (losses, {"differ": differ, "flagged": flagged, "off": off}) if lr_stage else losses
+        return (losses, {"differ": differ, "within": within, "off": off}) if lr_stage else losses
 
     def log_multiplier(self, compute):
         """Each other arm's true log m (K-1,) at `compute`: the baseline's compute reaching its loss there, over it
@@ -233,20 +253,25 @@ def calibrate(truth, options, n, rng):
     counted), "E_coverage" and "alpha_coverage" (a truth of one term and one floor: the headline fit's E and the
     baseline's alpha), "false_alarm" (a truth of constant multipliers): share of trend verdicts fired, "family_wise" (a
     truth where no arm differs): share of ladders where Holm over the report's family (each size's pair paired by
-    seed, the headline multipliers, the trends) declares anything, "n", "assumptions"}; with an lr stage (the true m
-    is the arms' at their optimal lrs) also "picks_differ", "audit_clean" (the tuning audit flags no arm) and each
-    rate over the ladders whose audit is clean ("coverage_audit_clean", ...), "lr_within_tolerance" (every arm's lr at
-    the largest rung within LR_TOLERANCE x of its optimum there) and "lr_off_top" (the median factor off it)."""
+    seed, the headline multipliers, the trends) declares anything, "n", "assumptions"}. The verdicts are the report's:
+    an arm whose lr the tuning audit does not put within its tolerance (every arm, where it is the baseline's)
+    leaves the family with its multiplier, its trend and its pairs but at the smallest rung (where its lr was picked
+    on a grid of that size), and its trend fires no alarm (analysis/ladder_audit.py withheld). With an lr stage (the
+    true m is the arms' at their optimal lrs) also "picks_differ", "declared" (the share of arms the audit lets
+    declare), "coverage_declared" (the coverage of those arms' intervals), "audit_clean" (it lets every arm declare)
+    and each rate over those ladders ("coverage_audit_clean", ...), "lr_within_tolerance" (every arm's lr at the
+    largest rung within LR_TOLERANCE x of its optimum there) and "lr_off_top" (the median factor off it)."""
     losses, lr = truth.draw(n, rng, lr_stage=True)
+    declared = lr["within"][:, 1:] & lr["within"][:, :1]  # (n, K-1): each comparison rests on both lrs
     # the headline's form only: no rate below reads the shared fit's ladder average (the trend's where the sizes
     # identify it, as in the report)
     k, sizes = len(truth.curves), len(truth.compute)
     head = "trend" if sizes >= scaling.MIN_SIZES["trend"] and k * sizes > scaling.layout("trend", k)[3] else "shared"
     est = scaling.estimate(losses, truth.log_c, options, forms=(head,), report=False)
     head = est["headline"]
-    low, high = scaling.interval(head["value"], head["se"], head["dof"], options.confidence)
-    true = truth.log_multiplier(est["reference"])
-    hits = {"coverage": ((low <= true) & (true <= high)).mean(axis=1)}
+    low_head, high_head = scaling.interval(head["value"], head["se"], head["dof"], options.confidence)
+    true_head = truth.log_multiplier(est["reference"])
+    hits = {"coverage": ((low_head <= true_head) & (true_head <= high_head)).mean(axis=1)}
     out = {"n": n, "assumptions": truth.assumptions(), "headline_form": head["form"], "reference": est["reference"]}
     if all(len(terms) == 1 for _, terms in truth.curves) and len({e for e, _ in truth.curves}) == 1:
         f = est["fits"][head["form"]]  # one term and one floor: the fit's E and the baseline's alpha have a truth
@@ -257,19 +282,26 @@ def calibrate(truth, options, n, rng):
     slope = est["slope"]
     if slope is not None and truth.constant:
         low, high = scaling.interval(slope["value"], slope["se"], slope["dof"], options.confidence)
-        hits["false_alarm"] = ((low > 0) | (high < 0)).mean(axis=1)
+        hits["false_alarm"] = (((low > 0) | (high < 0)) & declared).mean(axis=1)
     if truth.constant and len({c for c in truth.curves}) == 1:
         base = np.broadcast_to(losses[:, :1], losses[:, 1:].shape)
-        p = [ttest_rel(losses[:, 1:], base, axis=-1).pvalue.reshape(n, -1),
-             scaling.p_value(head["value"], head["se"], head["dof"])]
+        pairs = np.nan_to_num(ttest_rel(losses[:, 1:], base, axis=-1).pvalue, nan=1.0)  # (n, K-1, S)
+        # a withheld verdict is no member of the family (holm's nan)
+        pairs[~declared[:, :, None] & (np.arange(sizes) > 0)] = np.nan
+        p = [pairs.reshape(n, -1), np.where(declared, scaling.p_value(head["value"], head["se"], head["dof"]), np.nan)]
         if slope is not None:
-            p.append(scaling.p_value(slope["value"], slope["se"], slope["dof"]))
-        adjusted = holm(np.nan_to_num(np.concatenate(p, axis=1), nan=1.0))
+            p.append(np.where(declared, scaling.p_value(slope["value"], slope["se"], slope["dof"]), np.nan))
+        adjusted = holm(np.concatenate(p, axis=1))
         hits["family_wise"] = (adjusted < 1 - options.confidence).any(axis=1)
     out.update({key: rate(h) for key, h in hits.items()})
     if truth.lr is not None:
-        clean = ~lr["flagged"]
+        clean = declared.all(axis=1)
+        some = declared.any(axis=1)
+        covered = (low_head <= true_head) & (true_head <= high_head)
         out.update({"picks_differ": rate(lr["differ"]), "audit_clean": rate(clean),
+                    "declared": rate(declared.mean(axis=1)),
+                    **({"coverage_declared": rate((covered & declared)[some].sum(axis=1)
+                                                  / declared[some].sum(axis=1))} if some.any() else {}),
                     "lr_within_tolerance": rate((np.abs(lr["off"][:, :, -1]) <= np.log2(LR_TOLERANCE)).all(axis=1)),
                     "lr_off_top": float(np.median(2 ** np.abs(lr["off"][:, :, -1])))})
         if clean.any():
@@ -316,9 +348,9 @@ LR_STAGE = "f: two identical arms, each at its lr picked at the smallest size, t
 def lr_stage():
     """Configuration f, which the calibrated claim excludes (BENCHMARKS.md, "Ladder estimator calibration"): the
     null's truth with two identical arms, each run at its lr picked on a one-seed grid at the smallest rung
-    (LrStage's defaults: the optimum falling 2x over the ladder)."""
+    (LrStage's defaults: the optimum falling 2x over the ladder), with no tuning audit."""
     null = configurations()["null: three identical arms"]
-    return {LR_STAGE: replace(null, curves=null.curves[:2], lr=LrStage())}
+    return {LR_STAGE: replace(null, curves=null.curves[:2], lr=LrStage(audit_seeds=0))}
 
 
 # experiments/cpu_ladder.md's ladder (sizes A-D, 6 seeds): its FLOPs, gelu's fit (E 0.87, alpha 0.18, 1.931 at A),
@@ -327,13 +359,16 @@ CPU_LADDER = {"compute": (1.53e11, 6.36e11, 1.37e12, 3.88e12, 6.77e12), "E": 0.8
               "seed_sd": (0.014, 0.029, 0.011, 0.007, 0.008), "seeds": 6, "curvature": (0.06, 0.01)}
 
 
-def cpu_ladder(multipliers, shift, design, lr_seeds, transfer=1.21):
+def cpu_ladder(multipliers, shift, design, lr_seeds, transfer=1.21, audit_seeds=None):
     """The CPU ladder's truth with arms at these compute multipliers over the first (constant), each arm's optimum
     falling by its `shift` over the ladder, the lr stage by `design` on `lr_seeds` seeds, a size's shape moving the
-    optimum up to `transfer` x (experiments/lr_transfer.md: the most it moved over 4x width and depth)."""
+    optimum up to `transfer` x (experiments/lr_transfer.md: the most it moved over 4x width and depth), the tuning
+    audit on `audit_seeds` (None: the plan's, the first AUDIT_SEEDS of the lr seeds; none under the ends design)."""
+    if audit_seeds is None:
+        audit_seeds = 0 if design == "ends" else min(lr_audit.AUDIT_SEEDS, lr_seeds)
     c = CPU_LADDER
     a = (c["first"] - c["E"]) * c["compute"][0] ** c["alpha"]
     curves = tuple((c["E"], ((a * m ** -c["alpha"], c["alpha"]),)) for m in multipliers)
     return LadderTruth(c["compute"], curves, c["seed_sd"], c["seeds"],
                        lr=LrStage(curvature=c["curvature"], shift=shift, seeds=lr_seeds, design=design,
-                                  transfer=transfer))
+                                  transfer=transfer, audit_seeds=audit_seeds))

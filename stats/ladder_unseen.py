@@ -29,6 +29,7 @@ from scipy.stats import chi2, ncx2
 
 from stats import scaling
 from stats.ladder_noise import LrStage, calibrate, truth_of
+from stats.lr_audit import AUDIT_SEEDS, AuditOptions
 
 DRIFT = 3.0  # the fastest an arm's optimum falls over the ladder (relu2's on the CPU ladder: experiments/cpu_ladder.md)
 PERSISTENT = 0.3  # one arm's own persisting share of its seed variance
@@ -38,9 +39,11 @@ CURVATURE = (0.06, 0.01)
 TRANSFER = 1.21  # experiments/lr_transfer.md: the most the optimum moved over 4x width and 4x depth at one horizon
 
 
-def lr_stage(design, seeds):
-    """The lr stage a report simulates for a plan of this design, the grid on `seeds` of its own."""
-    return LrStage(curvature=CURVATURE, seeds=seeds, design=design, transfer=TRANSFER)
+def lr_stage(design, seeds, audit_seeds=AUDIT_SEEDS, audit=AuditOptions()):
+    """The lr stage a report simulates for a plan of this design, the grid on `seeds` of its own, the tuning audit
+    on `audit_seeds` (0: none) judged under the report's `audit` options."""
+    return LrStage(curvature=CURVATURE, seeds=seeds, design=design, transfer=TRANSFER, audit_seeds=audit_seeds,
+                   audit=audit)
 
 
 def misfit(truth, form):
@@ -130,13 +133,16 @@ def worst(results, key, lowest):
     return have[name], name
 
 
-def report_calibration(est, log_c, form, seeds, options, n, rng, design="smallest", lr_seeds=1):
+def report_calibration(est, log_c, form, seeds, options, n, rng, design="smallest", lr_seeds=1,
+                       audit_seeds=AUDIT_SEEDS, tolerance=AuditOptions.tolerance):
     """The rates a ladder report prints for estimate's output `est` (one ladder, headline `form`, `seeds` seeds a
     cell): calibrate's keys, each the worst over the twin and its perturbations (module docstring), n ladders
     each; "twin": the twin's own rates; "worst": {rate: the truth it came from}; "truths": {name: its rates and
     assumptions}. design, lr_seeds: the plan's lr design (ladder_noise.DESIGNS) and the grid's seeds; design None:
-    no lr stage (each arm at its optimum at every size, as the fit assumes)."""
-    lr = None if design is None else lr_stage(design, lr_seeds)
+    no lr stage (each arm at its optimum at every size, as the fit assumes); audit_seeds, tolerance: the plan's
+    tuning audit's seeds (0: none) and the report's tolerance."""
+    lr = None if design is None else lr_stage(design, lr_seeds, audit_seeds,
+                                              AuditOptions(tolerance, options.confidence))
     twin = truth_of(est, 0, log_c, form, seeds)
     groups = {"coverage": {"the fit": twin, **seed_perturbations(twin, lr), **curve_perturbations(twin, form)},
               "null": {}}

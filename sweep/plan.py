@@ -16,6 +16,10 @@ Beside those, a plan file may name a ladder:
                                # its own steps and at the largest size's too (size LRSIZE_TLARGEST), "ends" grids the
                                # smallest and the largest size: each arm then runs each size at the grids' vertices
                                # as a power of the horizon, read at the size's steps (lr_at)
+    audit_seeds = 2            # optional: the tuning audit's seeds, the first this many of lr_seeds (default 2)
+    rerun_refuted = true       # optional, with the tuning audit: an arm whose lr the audit does not put within the
+                               # tolerance runs again at every size above lr_size, at lrs between its pick there and
+                               # its audited optimum as a power of the horizon (sweep/schedule.py AfterAudit)
     param = "completep"        # optional: every run's parametrization (model_parts/parametrization.py), with
     base_width = 64            # base_width and base_depth (else the config's): the lr then transfers across sizes,
     base_depth = 2             # so the grid runs at the smallest size (lr_size defaults to it; another is refused)
@@ -28,10 +32,10 @@ Beside those, a plan file may name a ladder:
 
 Sizes are ordered by their compute, n_layer x n_embd^2 x max_steps (the blocks' parameters times the tokens). With
 lr_size and lr_seeds below the largest size, a tuning audit follows the grid: every arm again at the largest size, on
-the first two of lr_seeds, at 4 lrs around its pick (stats/lr_grid.py's audit_lrs); the report refutes an arm's lr
-where the audit's optimum lies beyond its tolerance from it (stats/lr_audit.py). A pick at the grid's edge stops the plan before the other sizes run (the
-optimum may lie outside the grid): extend lrs (in a new --out-dir), or pass --allow-edge-lr to run the ladder at
-it.
+the first audit_seeds (2) of lr_seeds, at 4 lrs around its pick (stats/lr_grid.py's audit_lrs); the report declares
+an arm's verdicts only where the audit puts its lr within its tolerance (stats/lr_audit.py). A pick at the grid's edge stops
+the plan before the other sizes run (the optimum may lie outside the grid): extend lrs (in a new --out-dir), or pass
+--allow-edge-lr to run the ladder at it.
 
 Runs: arms x sizes x seeds (x lrs). What an lr sets is the trainer's to say (its optim section's `swept_lr`): the
 GPT trainer's max_lr, with min_lr scaled at the config's min_lr / max_lr (the cosine schedule keeps its shape), the
@@ -53,6 +57,7 @@ import numpy as np
 
 from analysis.runs import RunError, load_run, summary
 from errors import ConfigError
+from stats.lr_audit import AUDIT_SEEDS
 from stats.lr_grid import DESIGNS, check_grid, pick
 from sweep.launchers import Resources, read_resources
 
@@ -71,7 +76,7 @@ SHAPE_KEYS = ("n_layer", "n_embd", "n_head")
 SIZE_KEYS = (*SHAPE_KEYS, "max_steps")
 # how a size runs, where it needs it (its memory: training/memory.py), not what it trains: optional per size
 SIZE_RUN_KEYS = ("batch_size", "dist", "activation_checkpointing", "hellaswag_interval")
-LADDER_KEYS = ("lrs", "lr_size", "lr_seeds", "sizes", "lr_design")
+LADDER_KEYS = ("lrs", "lr_size", "lr_seeds", "sizes", "lr_design", "rerun_refuted", "audit_seeds")
 
 
 class Variant(NamedTuple):
@@ -86,9 +91,14 @@ class Ladder:
     sizes: dict  # name -> its table; {None: {}}: the config's size
     lr_size: str | None
     lr_seeds: list | None = None  # the grid's own seeds (None: the sweep's seeds, the choice then made on them)
-    audit_size: str | None = None  # where the tuning audit re-grids every arm (the largest size), on lr_seeds[:2]
+    audit_size: str | None = None  # where the tuning audit re-grids every arm (the largest size)
     design: str = "smallest"  # stats/lr_grid.py DESIGNS: how each arm's lr at each size is chosen
     grid_sizes: dict | None = None  # {name: its table} where the grids run; None: lr_size alone
+    rerun_refuted: bool = False  # an arm the audit does not put within the tolerance runs again (schedule.AfterAudit)
+    audit_seeds: int = AUDIT_SEEDS  # the audit runs on the first this many of lr_seeds
+
+    def audit_seed_list(self):
+        return (self.lr_seeds or [])[:self.audit_seeds]
 
     def grids(self):
         """The sizes whose lr grids run, by name (their tables in grid_sizes or sizes)."""
@@ -237,8 +247,19 @@ def read_ladder(plan, where, lrs=None):
                           f"got {lr_seeds!r}")
     largest = max(sizes, key=lambda name: size_compute(sizes[name])) if lr_seeds else None
     design = plan.get("lr_design", "smallest")
+    rerun = plan.get("rerun_refuted", False)
+    if not isinstance(rerun, bool) or (rerun and (not lr_seeds or largest == lr_size or design == "ends")):
+        raise ConfigError(f"{where}: rerun_refuted = true re-runs an arm at its tuning audit's optimum, so it needs "
+                          "the audit (lr_seeds, sizes above lr_size, lr_design smallest or horizon)")
+    audit_seeds = plan.get("audit_seeds", AUDIT_SEEDS)
+    if "audit_seeds" in plan and (not lr_seeds or type(audit_seeds) is not int
+                                  or not 1 <= audit_seeds <= len(lr_seeds) or largest == lr_size or design == "ends"):
+        raise ConfigError(f"{where}: audit_seeds = {audit_seeds!r}: the tuning audit's seeds, the first of lr_seeds, "
+                          f"so an integer from 1 to {len(lr_seeds or [])} (the lr seeds), with sizes above lr_size "
+                          "and lr_design smallest or horizon")
     if design == "smallest":
-        return Ladder(lrs or [None], sizes or {None: {}}, lr_size, lr_seeds, largest if largest != lr_size else None)
+        return Ladder(lrs or [None], sizes or {None: {}}, lr_size, lr_seeds, largest if largest != lr_size else None,
+                      rerun_refuted=rerun, audit_seeds=audit_seeds)
     if design not in DESIGNS or not lr_seeds or largest == lr_size or (
             design == "horizon" and plan.get("param") not in TRANSFERRING):
         raise ConfigError(f"{where}: lr_design {design!r} must be one of {', '.join(DESIGNS)} and needs lr_seeds, "
@@ -248,7 +269,8 @@ def read_ladder(plan, where, lrs=None):
     far = f"{lr_size}_T{largest}" if design == "horizon" else largest
     grid_sizes = {lr_size: sizes[lr_size], far: {**sizes[lr_size], "max_steps": sizes[largest]["max_steps"]}
                   if design == "horizon" else sizes[largest]}
-    return Ladder(lrs, sizes, lr_size, lr_seeds, largest if design == "horizon" else None, design, grid_sizes)
+    return Ladder(lrs, sizes, lr_size, lr_seeds, largest if design == "horizon" else None, design, grid_sizes, rerun,
+                  audit_seeds)
 
 
 def lr_at(ladder, picks, size):
@@ -257,8 +279,14 @@ def lr_at(ladder, picks, size):
     them (log lr linear in log steps: Bjorck et al. 2024), read at the size's steps."""
     steps = [ladder.grid_sizes[name]["max_steps"] for name in picks]
     vertex = [p["interpolated_lr"] or p["best_lr"] for p in picks.values()]
-    slope, intercept = np.polyfit(np.log(steps), np.log(vertex), 1)
-    return float(f"{math.exp(intercept + slope * math.log(ladder.sizes[size]['max_steps'])):.3g}")
+    return power_of_horizon(steps, vertex, ladder.sizes[size]["max_steps"])
+
+
+def power_of_horizon(steps, lrs, at):
+    """The lr at `at` steps of the power of the horizon through (steps, lrs) (log lr linear in log steps, least
+    squares through more than two), to 3 significant digits."""
+    slope, intercept = np.polyfit(np.log(steps), np.log(lrs), 1)
+    return float(f"{math.exp(intercept + slope * math.log(at)):.3g}")
 
 
 def size_compute(table):

@@ -16,13 +16,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from analysis.runs import finished
+from analysis.runs import finished, load_run, summary
 from errors import ConfigError
 from sweep import launchers, status
 from sweep.cost import bench_rates, cost_text, run_rates
+from stats import lr_audit
 from stats.lr_audit import AUDIT_SEEDS
 from stats.lr_grid import audit_lrs
-from sweep.plan import Plan, grid_pick, lr_at, run_dir
+from analysis.ladder_audit import AFTER_AUDIT
+from sweep.plan import Plan, grid_pick, lr_at, power_of_horizon, run_dir
 
 
 def train_argv(plan, variant_options, seed, path, overrides):
@@ -157,13 +159,74 @@ class AfterGrid:
         jobs = ladder_jobs(plan, self.sizes, {a: {size: [lr] for size, lr in by_size.items()}
                                               for a, by_size in lrs.items()}) + audit_jobs(plan, best)
         if not self.token:
-            return launch(plan, self.overrides, out, jobs)
+            return self.after_audit(launch(plan, self.overrides, out, jobs), lrs)
         write_after_grid(out, state="ended", best=best, lrs=lrs)
         try:
-            return launch(plan, self.overrides, out, jobs)
+            return self.after_audit(launch(plan, self.overrides, out, jobs), lrs)
         except ConfigError as e:
             write_after_grid(out, state="not submitted", error=str(e))
             raise
+
+    def after_audit(self, queued, lrs):
+        """With the plan's rerun_refuted, AfterAudit once the sizes and the audit have ended: here, now, where they
+        ran here; else a job after theirs. Returns the runs still queued."""
+        if not self.plan.ladder.rerun_refuted:
+            return queued
+        after = AfterAudit(self.plan, self.out, self.overrides, lrs)
+        if not queued:
+            return after()
+        scheduler = launcher(self.plan, self.out)
+        job_id = scheduler.launch_after(scheduler.waits_on(queued), after)
+        launchers.write_job(self.out, AFTER_AUDIT, job_id=job_id, state="submitted")
+        tqdm.write(f"job {job_id}: once the sizes' and the audit's jobs end, re-runs each arm whose lr the audit "
+                   "does not put within the tolerance at its audited optimum")
+        return queued
+
+
+@dataclass(frozen=True)
+class AfterAudit:
+    """The plan's rerun_refuted: once the tuning audit has ended, each arm whose lr it does not put within the
+    tolerance (stats/lr_audit.py's audit, the report's defaults) runs again at every size above lr_size, on the
+    sweep's seeds, at lrs re-interpolated as a power of the horizon (log lr linear in log steps) between its lr at
+    lr_size and its audited optimum at the audit's size. OUT/after_audit.json records each arm's audit status, its
+    new lrs ("reruns", which the report then uses for that arm) or why it cannot run again ("why_not": an audit
+    without an optimum, or unfinished). lrs: {arm: {size: the lr it ran}}."""
+    plan: Plan
+    out: Path
+    overrides: list
+    lrs: dict
+
+    def __call__(self):
+        plan, ladder, out = self.plan, self.plan.ladder, self.out
+        steps = {name: table["max_steps"] for name, table in ladder.sizes.items()}
+        status, reruns, why_not = {}, {}, {}
+        for label in plan.labels:
+            picked = self.lrs[label][ladder.audit_size]
+            dirs = {lr: [run_dir(out, label, seed, ladder.audit_size, lr) for seed in ladder.audit_seed_list()]
+                    for lr in audit_lrs(picked, ladder.lrs)}
+            if unfinished := [p.name for paths in dirs.values() for p in paths if not finished(p)]:
+                why_not[label] = f"its audit has unfinished runs ({', '.join(unfinished[:4])})"
+                continue
+            x = lr_audit.audit(picked, {lr: {i: summary(load_run(p))["final_val"] for i, p in enumerate(paths)}
+                                        for lr, paths in dirs.items()})
+            status[label] = "no audit" if x is None else x["status"]
+            if x is None or x["status"] == "within":
+                continue
+            if x["optimum"] is None:
+                why_not[label] = "its audit losses do not curve upward about a minimum: no optimum to run at"
+                continue
+            ends = [steps[ladder.lr_size], steps[ladder.audit_size]]
+            reruns[label] = {size: power_of_horizon(ends, [self.lrs[label][ladder.lr_size], x["optimum"]], steps[size])
+                             if ends[0] != ends[1] else float(f"{x['optimum']:.3g}")  # one horizon: no power of it
+                             for size in self.lrs[label] if size != ladder.lr_size}
+        launchers.write_job(out, AFTER_AUDIT, state="ended", status=status, reruns=reruns, why_not=why_not)
+        if reruns:
+            tqdm.write("re-run at the audited optimum: " + "; ".join(
+                f"{a} " + ", ".join(f"{s} {lr:g}" for s, lr in by_size.items()) for a, by_size in reruns.items()))
+        jobs = ladder_jobs(plan, [s for s in self.lrs[plan.labels[0]] if s != ladder.lr_size],
+                           {a: {size: [lr] for size, lr in reruns[a].items()} if a in reruns else
+                            {size: [] for size in self.lrs[a]} for a in plan.labels})
+        return launch(plan, self.overrides, out, jobs)
 
 
 def size_lrs(plan, picks, sizes):
@@ -216,7 +279,10 @@ def write_plan(plan, overrides, out):
                                     **({"lr_seeds": ladder.lr_seeds} if ladder.lr_seeds else {}),
                                     **({"audit_size": ladder.audit_size} if ladder.audit_size else {}),
                                     **({"lr_design": ladder.design, "grid_sizes": ladder.grid_sizes}
-                                       if ladder.design != "smallest" else {})}}
+                                       if ladder.design != "smallest" else {}),
+                                    **({"rerun_refuted": True} if ladder.rerun_refuted else {}),
+                                    **({"audit_seeds": ladder.audit_seeds} if ladder.audit_seeds != AUDIT_SEEDS
+                                       else {})}}
     kept = ("trainer", "config", "overrides", "nproc_per_node", "ladder")
     if plan_path.exists():  # the same variant in the same directory must mean the same run
         old = {"trainer": "gpt2", **json.loads(plan_path.read_text())}
@@ -246,7 +312,7 @@ def ladder_jobs(plan, sizes, lrs, seeds=None):
 
 
 def audit_jobs(plan, best):
-    """The tuning audit's runs: every arm at the largest size on the grid's first AUDIT_SEEDS seeds (its vertex's
+    """The tuning audit's runs: every arm at the largest size on the grid's first audit_seeds seeds (its vertex's
     interval needs residuals besides the seeds' levels: stats/lr_audit.py), at the 4 lrs around its best
     lr (stats/lr_grid.py's audit_lrs). best: {arm: its best lr}; {} before the grid has picked: then each job's lr is
     its factor of the pick (such as "0.354x"), for the dry run's words, and its options hold no lr (its FLOPs need none)."""
@@ -256,9 +322,9 @@ def audit_jobs(plan, best):
     if not best:
         factors = [f"{f:g}x" for f in audit_lrs(1, ladder.lrs)]
         return [(label, [*opts, *plan.size_options[ladder.audit_size]], seed, ladder.audit_size, f)
-                for seed in ladder.lr_seeds[:AUDIT_SEEDS] for label, opts, _ in plan.variants for f in factors]
+                for seed in ladder.audit_seed_list() for label, opts, _ in plan.variants for f in factors]
     return ladder_jobs(plan, [ladder.audit_size], {a: audit_lrs(best[a], ladder.lrs) for a in plan.labels},
-                       ladder.lr_seeds[:AUDIT_SEEDS])
+                       ladder.audit_seed_list())
 
 
 def launch(plan, overrides, out, jobs):

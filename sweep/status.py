@@ -19,7 +19,6 @@ from pathlib import Path
 
 from analysis.runs import RunError, finished, load_run, markdown_table
 from sweep import launchers
-from stats.lr_audit import AUDIT_SEEDS
 from sweep.plan import run_dir
 
 NOTE_WIDTH = 200
@@ -42,7 +41,7 @@ def planned_runs(plan, out):
                     names.append(name if grid else name.replace(f"_seed{seed}", f"_lr*_seed{seed}"))
     if ladder and ladder.audit_size:  # the tuning audit: 4 lrs per arm around its pick, known after the grid
         names += [run_dir(out, label, seed, ladder.audit_size).name.replace(f"_seed{seed}", f"_lr*_seed{seed}")
-                  for seed in ladder.lr_seeds[:AUDIT_SEEDS] for label in plan.labels]
+                  for seed in ladder.audit_seed_list() for label in plan.labels]
     return names
 
 

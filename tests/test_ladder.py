@@ -13,8 +13,10 @@ import torch
 from analysis import ladder_points, ladder_report
 from analysis.runs import load_run
 from sweep import cli, schedule
+from sweep import plan as sweep_plan
 from stats import scaling
 from sweep.plan import run_dir
+from errors import ConfigError
 from model import GPT, GPTConfig
 from test_sweep import launches, without_plots
 from training.runlog import RunLog
@@ -101,14 +103,10 @@ def test_ladder_plan_runs_every_cell_and_a_half_finished_ladder_resumes(tmp_path
     assert calls == []
 
 
-def test_lr_seeds_pick_on_their_own_runs_an_edge_pick_stops_and_the_audit_refutes_an_lr_that_moved(
-        tmp_path, monkeypatch):
-    """The plan's param reaches every run (grid, sizes, audit); the grid at the smallest size on lr_seeds; relu's pick
-    at the grid's top edge stops the plan until --allow-edge-lr; every size then runs on the other seeds, and the
-    audit at the largest size (4 lrs around each pick, seed 7) refutes relu's lr, its optimum there 3x its pick
-    (beyond the 1.4x tolerance), and not gelu's, 1.3x; relu's comparison there is then not declared."""
-    calls = []
-    moved = {"gelu": 1.3, "relu": 3.0}  # each arm's optimum at size b over its optimum at size a
+def moved_optimum_trainer(calls, moved=(("gelu", 1.3), ("relu", 3.0))):
+    """A stand-in for the trainer's subprocess: each arm's loss a parabola in log lr about BEST at size a, about
+    BEST times its `moved` factor at size b (2 layers), noise-free."""
+    moved = dict(moved)
 
     def fake(cmd, stdout=None, stderr=None):
         calls.append(cmd)
@@ -120,6 +118,17 @@ def test_lr_seeds_pick_on_their_own_runs_an_edge_pick_stops_and_the_audit_refute
                    param=option(cmd, "--param"), base_width=int(option(cmd, "--base-width")))
         return subprocess.CompletedProcess(cmd, 0)
 
+    return fake
+
+
+def test_lr_seeds_pick_on_their_own_runs_an_edge_pick_stops_and_the_audit_refutes_an_lr_that_moved(
+        tmp_path, monkeypatch):
+    """The plan's param reaches every run (grid, sizes, audit); the grid at the smallest size on lr_seeds; relu's pick
+    at the grid's top edge stops the plan until --allow-edge-lr; every size then runs on the other seeds, and the
+    audit at the largest size (4 lrs around each pick, seed 7) refutes relu's lr, its optimum there 3x its pick
+    (beyond the 1.4x tolerance), and not gelu's, 1.3x; relu's comparison there is then not declared."""
+    calls = []
+    fake = moved_optimum_trainer(calls)
     (tmp_path / "plan.toml").write_text(PLAN.replace('lr_size = "a"', 'lr_seeds = [7]\nparam = "completep"\n'
                                                                        'base_width = 32\nbase_depth = 1'))
     launches(monkeypatch, fake)
@@ -148,6 +157,44 @@ def test_lr_seeds_pick_on_their_own_runs_an_edge_pick_stops_and_the_audit_refute
     # relu's comparison at L2 rests on an lr 3x off its optimum there: not declared, out of the Holm family
     assert [c["claim"] for c in result["not_declared"]] == ["relu - gelu at L2-d32-h2"]
     assert [c["claim"] for c in result["family"]] == ["relu - gelu at L1-d32-h2"]
+
+    # rerun_refuted = true: the job after the grid (here, in this process, as the sequential and local launchers
+    # run it) goes on after the audit: relu runs b again on the compared seeds at its audited optimum (two sizes: the
+    # power of the horizon through a's pick and it is it at b); gelu, within the tolerance, runs nothing more. The
+    # report compares relu at b on those runs, says so, and the same audit judges the new lr: within, declared.
+    (tmp_path / "rerun.toml").write_text("rerun_refuted = true\n" + (tmp_path / "plan.toml").read_text())
+    _, rerun = cli.parse_args(["--plan", str(tmp_path / "rerun.toml"), "--out-dir", str(tmp_path / "s"),
+                               "--allow-edge-lr"])
+    calls.clear()
+    schedule.AfterGrid(rerun, tmp_path / "s", [], ["a", "b"])()
+    optimum = f"{BEST['relu'] * 3:.3g}"
+    assert [(option(c, "--act"), option(c, "--n-layer"), option(c, "--max-lr"), option(c, "--seed"))
+            for c in calls] == [("relu", "2", optimum, "1"), ("relu", "2", optimum, "2")]
+    assert json.loads((tmp_path / "s" / "after_audit.json").read_text())["reruns"] == {"relu": {"b": float(optimum)}}
+    ladder_report.ladder_report(tmp_path / "s")
+    result = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert f"{optimum} at L2-d32-h2" in result["lr_choice"]["relu"] and "re-run at b" in result["lr_choice"]["relu"]
+    assert result["audit"]["arms"]["relu"]["status"] == "within" and result["not_declared"] == []
+    # relu now at its optimum at b, gelu 1.3x off its own: relu - gelu is what gelu pays there
+    assert result["pairs"]["L2-d32-h2"]["relu"]["mean"] == pytest.approx(-math.log(1.3) ** 2)
+
+
+def test_the_audit_runs_on_the_plans_audit_seeds_first_lr_seeds():
+    """audit_seeds = 3: the audit on lr seeds 11-13 (2 by default); more than the lr seeds, or rerun_refuted without
+    an audit, is a one-line error."""
+    table = {"lrs": [1e-3, 2e-3], "lr_seeds": [11, 12, 13, 14], "audit_seeds": 3, "seeds": [1],
+             "sizes": {"a": {"n_layer": 1, "n_embd": 32, "n_head": 2, "max_steps": 10},
+                       "b": {"n_layer": 2, "n_embd": 32, "n_head": 2, "max_steps": 20}}, "lr_size": "a"}
+    ladder = sweep_plan.read_ladder(table, "plan")
+    assert ladder.audit_size == "b" and ladder.audit_seed_list() == [11, 12, 13]
+    assert sweep_plan.read_ladder({k: v for k, v in table.items() if k != "audit_seeds"}, "plan").audit_seed_list() == \
+        [11, 12]
+    with pytest.raises(ConfigError, match="plan: audit_seeds = 5: the tuning audit's seeds, the first of lr_seeds, so "
+                                          "an integer from 1 to 4"):
+        sweep_plan.read_ladder({**table, "audit_seeds": 5}, "plan")
+    with pytest.raises(ConfigError, match="rerun_refuted = true re-runs an arm at its tuning audit's optimum, so it "
+                                          "needs the audit"):
+        sweep_plan.read_ladder({**table, "rerun_refuted": True, "lr_seeds": None}, "plan")
 
 
 @pytest.mark.parametrize("change, message", [

@@ -3,6 +3,7 @@ sweep does; as a SLURM job array (stand-in sbatch, srun, sacct, scontrol: tests/
 resources, and a job signalled mid-run checkpoints, requeues and ends bit-for-bit where an uninterrupted run ends;
 the cost line and --status."""
 import json
+import math
 import os
 import re
 import time
@@ -15,6 +16,7 @@ import fake_slurm
 from analysis import ladder_report
 from analysis.runs import finished
 from sweep import cli, launchers, plan, schedule
+from stats import lr_grid
 from sweep.status import status_rows
 from train_gpt2 import memory_shape
 from training import memory
@@ -470,6 +472,46 @@ def test_a_ladder_submitted_once_reaches_its_report(tmp_path, monkeypatch):
     assert submissions(state)[2]["slurm_env"] == []  # submitted without the job's own SLURM_* settings
     cli.main(argv)
     assert (out / "sweep.md").is_file() and len(submissions(state)) == 3
+
+
+def test_rerun_refuted_on_slurm_is_a_job_after_the_sizes_and_the_audit_that_submits_the_reruns(tmp_path, monkeypatch,
+                                                                                                capsys):
+    """rerun_refuted = true under SLURM, in the one submission: once the grid has finished, the job after it (here its
+    function, in this process) submits the sizes' and the audit's array and a job after that (afterany) which reads
+    the audit; its function, once the audit has ended with relu's optimum at b 3x its lr there, submits relu's re-runs
+    at b at the audited optimum (an array of its 2 seeds), and nothing for gelu, whose lr the audit puts within the
+    tolerance."""
+    from test_ladder import BEST, ladder_run
+
+    text = ('lrs = [1e-3, 2e-3, 4e-3, 8e-3]\nlr_size = "a"\nlr_seeds = [7]\nrerun_refuted = true\n'
+            + PLAN.replace("n_layer = 2\nn_embd = 32\nn_head = 2\nmax_steps = 4", "n_layer = 2\nn_embd = 32\n"
+                           "n_head = 2\nmax_steps = 8") + '[launcher]\nkind = "slurm"\npartition = "cpu"\n')
+    argv, state = submit_to_fake_slurm(tmp_path, monkeypatch, text)
+    _, ladder = cli.parse_args(argv)
+    out, bests = tmp_path / "s", {("gelu", 1): 2e-3, ("gelu", 2): 2.6e-3, ("relu", 1): 4e-3, ("relu", 2): 1.2e-2}
+
+    def finished_run(size, act, lr, seed):
+        n_layer = 1 if size == "a" else 2
+        loss = 4.0 + math.log(lr / bests[(act, n_layer)]) ** 2 + seed / 100
+        ladder_run(plan.run_dir(out, act, seed, size, lr), act, (n_layer, 32, 2), lr, seed, loss, 1000 * n_layer)
+
+    for act in ("gelu", "relu"):
+        for lr in (1e-3, 2e-3, 4e-3, 8e-3):
+            finished_run("a", act, lr, 7)
+    schedule.AfterGrid(ladder, out, [], ["a", "b"])()  # what the command runs here once the grid has finished
+    sizes, after = submissions(state)
+    assert sizes["options"]["array"] == "0-15%16"  # 2 arms x 2 sizes x 2 seeds, and the audit's 2 x 4 lrs
+    assert after["options"]["dependency"] == "afterany:1000" and "array" not in after["options"]
+    assert launchers.read_job(out, "after_audit.json") == {"job_id": "1001", "state": "submitted"}
+    assert "job 1001: once the sizes' and the audit's jobs end, re-runs each arm" in capsys.readouterr().out
+    lrs = {act: {"a": BEST[act], "b": BEST[act]} for act in ("gelu", "relu")}
+    for act in ("gelu", "relu"):
+        for lr in lr_grid.audit_lrs(BEST[act], ladder.ladder.lrs):
+            finished_run("b", act, lr, 7)
+    assert schedule.AfterAudit(ladder, out, [], lrs)() and submissions(state)[2]["options"]["array"] == "0-1%2"
+    assert [launchers.read_job(plan.run_dir(out, "relu", seed, "b", 1.2e-2))["job_id"] for seed in (1, 2)] == \
+        ["1002_0", "1002_1"]
+    assert launchers.read_job(out, "after_audit.json")["reruns"] == {"relu": {"b": 1.2e-2}}
 
 
 @pytest.mark.parametrize("change, extra, message", [
