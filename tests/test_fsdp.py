@@ -1,7 +1,9 @@
 """--dist fsdp (training/fsdp.py) on 2 gloo ranks against DDP, from tests/two_rank_runs.py's one torchrun job:
-tests/fsdp_vs_ddp.py's tiny models step by step, and the trainer's runs end to end (checkpoints, resume on 2 ranks
-and on 1 process)."""
+tests/fsdp_vs_ddp.py's tiny models step by step and HellaSwag scoring, and the trainer's runs end to end (sharded
+checkpoints, resume on 2 ranks and on 1 process)."""
 import json
+import pickle
+import shutil
 from dataclasses import replace
 
 import numpy as np
@@ -9,19 +11,34 @@ import pytest
 import torch
 
 from model import GPT
-from test_train_gpt2 import args, final_weights, train_in_process, train_losses
-from training.checkpoint import load_checkpoint
+from test_train_gpt2 import args, train_in_process, train_losses
+from training.checkpoint import CorruptCheckpoint, load_checkpoint
 from two_rank_runs import FSDP_RESUMED
 
 
 @pytest.mark.long
 @pytest.mark.xdist_group("two_rank_runs")
-def test_fsdp_trains_as_ddp_and_resumes_on_two_ranks_and_on_one(two_rank_runs, tmp_path):
+def no_pickle(monkeypatch):
+    """Every unpickling entry point raises: DCP's own reader pickle.loads its .metadata and its planner torch.loads
+    non-tensor entries with weights_only=False (pickle.Unpickler); torch.load(weights_only=True) uses neither."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a checkpoint load unpickled")
+
+    class Refused(pickle.Unpickler):  # a class: modules imported meanwhile may subclass it
+        __init__ = refuse
+
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", Refused)
+
+
+def test_fsdp_trains_as_ddp_and_resumes_on_two_ranks_and_on_one(two_rank_runs, tmp_path, monkeypatch):
     # step by step, gelu, aglu, nswish and swiglu under sp and completep: the same initial weights (the sharded
     # build on the meta device), losses and clipped norms of steps of 2 accumulated micro-batches, every
     # gradient after the first step (the tied embedding, AGLU's kappa and lam), every weight and buffer (NSwish's
     # running statistics) at the end; a 67-row tied embedding split 34 + 33 over the ranks moves in every row
     cases = json.loads((two_rank_runs / "fsdp_vs_ddp.json").read_text())
+    hellaswag = cases.pop("hellaswag", None)
     assert len(cases) == 8
     for name, case in cases.items():
         assert case["sharded"] and case["embedding_shard_rows"] == 34, name
@@ -35,13 +52,27 @@ def test_fsdp_trains_as_ddp_and_resumes_on_two_ranks_and_on_one(two_rank_runs, t
     assert "buffer:transformer.h.0.mlp.act.running_rho" in cases["nswish/completep"]["end"]["names"]
     assert "grad:transformer.h.0.mlp.c_up.weight" in cases["swiglu/sp"]["grad"]["names"]
 
-    # the trainer: FSDP's run equals DDP's ("plain"), and its checkpoint is a whole one that every reader of
-    # checkpoints (eval/hellaswag.py, sample.py, the lm-eval class, the export: GPT.from_checkpoint) loads
+    # the in-loop HellaSwag's scorer on the same weights sharded: DDP's scores (where the GPT-2 tokenizer is at hand)
+    if hellaswag is not None:
+        for scoring, ddp_scores in hellaswag["ddp"].items():
+            ours = hellaswag["fsdp"][scoring]
+            assert (ours["correct"], ours["correct_norm"], ours["n"]) == \
+                (ddp_scores["correct"], ddp_scores["correct_norm"], 11)
+            assert abs(ours["bpb"] - ddp_scores["bpb"]) < 1e-6 and ours["forwards"] == ddp_scores["forwards"]
+
+    # the trainer: FSDP's run equals DDP's ("plain"); its checkpoints are sharded (each rank's file, a JSON index,
+    # no DCP .metadata), read without unpickling by every reader of checkpoints (eval/hellaswag.py, sample.py, the
+    # lm-eval class, the export: load_checkpoint, GPT.from_checkpoint), the whole weights in one process
     fsdp, ddp = train_losses(two_rank_runs / "fsdp"), train_losses(two_rank_runs / "plain")
     np.testing.assert_allclose(fsdp[0], ddp[0], rtol=0, atol=1e-5)
     assert len(fsdp[1]) == 1 and abs(fsdp[1][0] - ddp[1][-1]) < 1e-5  # the val loss at the end
-    ours, theirs = load_checkpoint(two_rank_runs / "fsdp"), load_checkpoint(two_rank_runs / "plain")
-    assert ours["model"].keys() == theirs["model"].keys() and ours["world_size"] == 2
+    sharded = two_rank_runs / "fsdp" / "model_00008.dcp"
+    assert sorted(p.name for p in sharded.iterdir()) == ["__0_0.distcp", "__1_0.distcp", "index.json", "state.pt"]
+    with monkeypatch.context() as patched:
+        no_pickle(patched)
+        ours = load_checkpoint(two_rank_runs / "fsdp")
+    theirs = load_checkpoint(two_rank_runs / "plain")
+    assert ours["path"] == str(sharded) and ours["model"].keys() == theirs["model"].keys() and ours["world_size"] == 2
     x = torch.arange(16)[None] % 64
     logits = [GPT.from_checkpoint(c)(x)[0] for c in (ours, theirs)]
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=1e-5)
@@ -49,16 +80,25 @@ def test_fsdp_trains_as_ddp_and_resumes_on_two_ranks_and_on_one(two_rank_runs, t
     # resumed on 2 ranks from its step-4 checkpoint: the uninterrupted run's steps, bit for bit
     resumed = train_losses(two_rank_runs / FSDP_RESUMED)
     assert resumed[0] == fsdp[0][4:] and resumed[1] == fsdp[1]
-    for key, value in final_weights(two_rank_runs / "fsdp").items():
-        assert torch.equal(final_weights(two_rank_runs / FSDP_RESUMED)[key], value), key
+    resumed_weights = load_checkpoint(two_rank_runs / FSDP_RESUMED)["model"]
+    for key, value in ours["model"].items():
+        assert torch.equal(resumed_weights[key], value), key
 
-    # on 1 process, the change declared: the same weights, optimizer state and data position go on
-    (tmp_path / "one").mkdir()
-    for suffix in ("", ".sha256"):
-        (tmp_path / "one" / f"model_00004.pt{suffix}").write_bytes(
-            (two_rank_runs / "fsdp" / f"model_00004.pt{suffix}").read_bytes())
-    train_in_process(args(two_rank_runs / "gpt_data", tmp_path / "one", resume="true", resume_changes="world_size,dist",
-                          dist="ddp"))
+    # a damaged shard is found before anything is loaded
+    damaged = shutil.copytree(sharded, tmp_path / "damaged.dcp")
+    with open(damaged / "__1_0.distcp", "r+b") as f:
+        f.seek(-9, 2)
+        f.write(b"x")
+    with pytest.raises(CorruptCheckpoint, match="__1_0.distcp's sha256"):
+        load_checkpoint(damaged)
+
+    # on 1 process, the change declared: the same weights, optimizer state and data position go on, resharded by
+    # DCP from the 2 ranks' files, without unpickling
+    shutil.copytree(two_rank_runs / "fsdp" / "model_00004.dcp", tmp_path / "one" / "model_00004.dcp")
+    with monkeypatch.context() as patched:
+        no_pickle(patched)
+        train_in_process(args(two_rank_runs / "gpt_data", tmp_path / "one", resume="true",
+                              resume_changes="world_size,dist", dist="ddp"))
     one = train_losses(tmp_path / "one")
     np.testing.assert_allclose(one[0], fsdp[0][4:], rtol=0, atol=1e-5)
     run = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]

@@ -31,7 +31,7 @@ TRANSLATION_RUN = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", 
 def two_rank_runs(tmp_path_factory):
     """The job's directory: gpt_data/ and translation_data/ (the corpora), spm/ (the sentencepiece model the
     translation run trained), a run directory per GPT_RUNS entry and fsdp-resumed/, fsdp_vs_ddp.json
-    (tests/fsdp_vs_ddp.py's), translation/, job.log (its stdout), and with the
+    (tests/fsdp_vs_ddp.py's, with its HellaSwag scores where the GPT-2 tokenizer is at hand), translation/, job.log (its stdout), and with the
     GPT-2 tokenizer eval/hellaswag.py's hellaswag.json, of the checkpoint in run_gelu_0/ on hellaswag.jsonl."""
     # imported when it runs: conftest.py imports this module, and the test files import its constants
     from conftest import offline_gpt2_encoding, tiny_checkpoint, write_hellaswag
@@ -44,17 +44,19 @@ def two_rank_runs(tmp_path_factory):
     gpt_data = write_corpus(root / "gpt_data")
     commands = [["train_gpt2.py", *args(gpt_data, root / name, **extra)] for name, extra in GPT_RUNS.items()]
     commands += [["tests/copy_checkpoint.py", str(root / "fsdp"), "4", str(root / FSDP_RESUMED)],
-                 ["train_gpt2.py", *args(gpt_data, root / FSDP_RESUMED, **GPT_RUNS["fsdp"], resume="true")],
-                 ["tests/fsdp_vs_ddp.py", str(root / "fsdp_vs_ddp.json")]]
+                 ["train_gpt2.py", *args(gpt_data, root / FSDP_RESUMED, **GPT_RUNS["fsdp"], resume="true")]]
     commands.append(["train_translation.py", *translation_args(write_translation_corpus(root / "translation_data"),
                                                                root / "translation", root / "spm", *TRANSLATION_RUN)])
-    try:  # tests/test_hellaswag.py's run, where the GPT-2 tokenizer is at hand (that test skips otherwise)
-        offline_gpt2_encoding()
-        commands.append(["eval/hellaswag.py", str(tiny_checkpoint(root)), "--data",
-                         str(write_hellaswag(root / "hellaswag.jsonl", n=11)), "--device", "cpu", "--batch-items", "2",
-                         "--out", str(root / "hellaswag.json")])
+    fsdp_vs_ddp = ["tests/fsdp_vs_ddp.py", str(root / "fsdp_vs_ddp.json")]
+    try:  # tests/test_hellaswag.py's run and fsdp_vs_ddp's HellaSwag, where the GPT-2 tokenizer is at hand (those
+        offline_gpt2_encoding()  # tests skip otherwise)
+        hellaswag = str(write_hellaswag(root / "hellaswag.jsonl", n=11))
+        commands.append(["eval/hellaswag.py", str(tiny_checkpoint(root)), "--data", hellaswag, "--device", "cpu",
+                         "--batch-items", "2", "--out", str(root / "hellaswag.json")])
+        fsdp_vs_ddp.append(hellaswag)
     except TokenizerError:
         pass
+    commands.append(fsdp_vs_ddp)
     job = run_trainer(sum((["---", *c] for c in commands), [])[1:], nproc=2, script=ROOT / "tests" / "run_in_turn.py",
                       env={"NANOACT_CACHE": str(root / "nanoact_cache")})
     (root / "job.log").write_text(job.stdout)

@@ -14,9 +14,10 @@ unallocated; the small ones (biases, norms, an activation's scalars and buffers)
 plain build. After sharding, each rank draws every large parameter in full from its own stream
 (activations/init_streams.py) and keeps its shard: the same weights as the plain build for a seed.
 
-Checkpoints gather the shards whole on rank 0 (training_states: torch.distributed.checkpoint.state_dict's full
-state dicts), written and verified as DDP's: DCP's own sharded files are read back with pickle.load of their
-.metadata (torch 2.13), and a checkpoint here is data, never code (docs/training.md).
+Checkpoints are sharded: each rank's shards of the weights and AdamW's state (training_states) are written by
+that rank through torch.distributed.checkpoint, with a JSON index instead of DCP's pickled metadata
+(training/sharded_checkpoint.py), and read back into any layout (load_sharded_training_states): no process ever
+holds the whole training state.
 
 A vocabulary that does not divide by the world size leaves the last rank a shorter shard of the tied
 embedding (pytorch #176076: rows of that shard were not updated on some versions); tests/test_fsdp.py checks
@@ -202,15 +203,27 @@ def local_value(tensor):
 
 
 def training_states(model, optimizer):
-    """(model state, optimizer state) as a checkpoint stores them. Sharded: gathered whole on rank 0 (a
-    collective; the other ranks get empty dicts), the optimizer's state keyed by parameter name (what
-    torch.distributed.checkpoint.state_dict gives), so that any world size, sharded or not, reads it."""
+    """(model state, optimizer state) as a checkpoint stores them. Sharded: this rank's shards (DTensors), the
+    optimizer's state keyed by parameter name (torch.distributed.checkpoint.state_dict's), for
+    training/sharded_checkpoint.py to write, so that any world size, sharded or not, reads them."""
     if sharded_root(model) is None:
         return model.state_dict(), optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    whole = _whole_options(cpu_offload=True)
-    return get_model_state_dict(model, options=whole), get_optimizer_state_dict(model, optimizer, options=whole)
+    return get_state_dict(model, optimizer)
+
+
+def load_sharded_training_states(model, optimizer, read_into, param_groups):
+    """Load a sharded checkpoint into this run's layout, sharded or not: `read_into` (Shards.read_into) fills
+    this model's and optimizer's state dicts in place, each rank reading its own chunks (DCP reshards), and
+    `param_groups` (keyed by name) come from the checkpoint's state.pt."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    # get_state_dict creates a fresh optimizer's moments (a step at lr 0), so that there is a state to fill
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    read_into({"model": model_state, "optimizer": {"state": optimizer_state["state"]}})
+    set_state_dict(model, optimizer, model_state_dict=model_state,
+                   optim_state_dict={"state": optimizer_state["state"], "param_groups": param_groups})
 
 
 def whole_model_state(model):
