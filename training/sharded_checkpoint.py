@@ -153,9 +153,9 @@ def save(tensors, rest, out_dir, step, d):
             # read back after DCP's fsync: the hashes are of what is on disk
             mine = {p.name: _sha256(p) for p in sorted(tmp.glob(f"__{d.rank}_*"))}
         except Exception as e:  # DCP reports a failed write on any rank as one CheckpointException on all
-            error, mine = e, {}
-        hashes = distributed.gather_objects(mine, d)
-        if d.master and error is None:
+            error, mine = e, None
+        hashes = distributed.gather_objects(mine, d)  # None from a rank that failed: nothing is renamed
+        if d.master and None not in hashes:
             try:
                 _finish(tmp, final, rest, writer.metadata, {k: v for h in hashes for k, v in h.items()}, step)
             except (OSError, RuntimeError, CheckpointError) as e:
