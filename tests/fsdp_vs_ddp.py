@@ -7,6 +7,7 @@ differences of the initial weights, each step's loss and gradient norm, every gr
 and the weights and buffers at the end; and how many rows of the tied embedding never moved. With a HellaSwag
 file, the in-loop HellaSwag's scorer (eval/hellaswag.py's evaluate_model) on the same weights plain and sharded."""
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -85,12 +86,12 @@ def largest_gap(whole, ours, prefix, d):
     return {"gap": gaps.max().item(), "where": names[int(gaps.argmax())], "names": names}
 
 
-def case(act, param, d):
+def case(act, param, d, layout="fsdp"):
     config = replace(MODEL, act=act, param=param)
     torch.manual_seed(0)
     plain = GPT(config, seed=7)
     cfg = TrainConfig(model=config)
-    cfg.run = replace(cfg.run, dist="fsdp", seed=7)
+    cfg.run = replace(cfg.run, dist=layout, seed=7)
     sharded, _ = build_model(cfg, Context(d, "float32", None, None, False), None)
     start_plain, start_sharded = state(plain), state(sharded)
     ddp = train(plain, DDP(plain, **NO_BUFFER_SYNC), d)
@@ -125,6 +126,11 @@ def main(out, hellaswag_file=None):
     torch.set_num_threads(1)
     try:
         results = {f"{act}/{param}": case(act, param, d) for act, param in CASES}
+        # --dist hsdp with each rank a node of its own: 2 replicas of a model sharded over 1 rank (a 2-D mesh),
+        # their gradients all-reduced across the replicas by FSDP; a (2, 2) mesh would take 4 processes
+        os.environ["LOCAL_WORLD_SIZE"] = "1"
+        results["hsdp"] = case("aglu", "sp", d, layout="hsdp")
+        os.environ["LOCAL_WORLD_SIZE"] = str(d.world_size)
         if hellaswag_file:
             results["hellaswag"] = hellaswag(hellaswag_file, d)
     finally:

@@ -38,7 +38,7 @@ def test_fsdp_trains_as_ddp_and_resumes_on_two_ranks_and_on_one(two_rank_runs, t
     # gradient after the first step (the tied embedding, AGLU's kappa and lam), every weight and buffer (NSwish's
     # running statistics) at the end; a 67-row tied embedding split 34 + 33 over the ranks moves in every row
     cases = json.loads((two_rank_runs / "fsdp_vs_ddp.json").read_text())
-    hellaswag = cases.pop("hellaswag", None)
+    hellaswag, hsdp = cases.pop("hellaswag", None), cases.pop("hsdp")
     assert len(cases) == 8
     for name, case in cases.items():
         assert case["sharded"] and case["embedding_shard_rows"] == 34, name
@@ -51,8 +51,12 @@ def test_fsdp_trains_as_ddp_and_resumes_on_two_ranks_and_on_one(two_rank_runs, t
         <= set(names)
     assert "buffer:transformer.h.0.mlp.act.running_rho" in cases["nswish/completep"]["end"]["names"]
     assert "grad:transformer.h.0.mlp.c_up.weight" in cases["swiglu/sp"]["grad"]["names"]
+    # --dist hsdp, 2 replicas (2-D mesh): DDP's step too, every rank holding all 67 rows
+    assert hsdp["sharded"] and hsdp["embedding_shard_rows"] == 67 and hsdp["rows_unmoved"] == 0
+    assert hsdp["init"]["gap"] == 0 and hsdp["loss"] < 1e-5 and hsdp["norm"] < 1e-5
+    assert hsdp["grad"]["gap"] < 1e-5 and hsdp["end"]["gap"] < 1e-5
 
-    # the in-loop HellaSwag's scorer on the same weights sharded: DDP's scores (where the GPT-2 tokenizer is at hand)
+    # the in-loop HellaSwag's scorer on the same weights sharded: DDP's scores (where the GPT-2 tokenizer is there)
     if hellaswag is not None:
         for scoring, ddp_scores in hellaswag["ddp"].items():
             ours = hellaswag["fsdp"][scoring]
@@ -72,7 +76,8 @@ def test_fsdp_trains_as_ddp_and_resumes_on_two_ranks_and_on_one(two_rank_runs, t
         no_pickle(patched)
         ours = load_checkpoint(two_rank_runs / "fsdp")
     theirs = load_checkpoint(two_rank_runs / "plain")
-    assert ours["path"] == str(sharded) and ours["model"].keys() == theirs["model"].keys() and ours["world_size"] == 2
+    assert ours["path"] == str(sharded) and ours["world_size"] == 2
+    assert ours["model"].keys() == theirs["model"].keys()
     x = torch.arange(16)[None] % 64
     logits = [GPT.from_checkpoint(c)(x)[0] for c in (ours, theirs)]
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=1e-5)

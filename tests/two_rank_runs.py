@@ -31,8 +31,9 @@ TRANSLATION_RUN = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", 
 def two_rank_runs(tmp_path_factory):
     """The job's directory: gpt_data/ and translation_data/ (the corpora), spm/ (the sentencepiece model the
     translation run trained), a run directory per GPT_RUNS entry and fsdp-resumed/, fsdp_vs_ddp.json
-    (tests/fsdp_vs_ddp.py's, with its HellaSwag scores where the GPT-2 tokenizer is at hand), translation/, job.log (its stdout), and with the
-    GPT-2 tokenizer eval/hellaswag.py's hellaswag.json, of the checkpoint in run_gelu_0/ on hellaswag.jsonl."""
+    (tests/fsdp_vs_ddp.py's), translation/, job.log (its stdout), and with the GPT-2 tokenizer eval/hellaswag.py's
+    hellaswag.json, of the checkpoint in run_gelu_0/ on hellaswag.jsonl (fsdp_vs_ddp.json then has HellaSwag
+    scores too)."""
     # imported when it runs: conftest.py imports this module, and the test files import its constants
     from conftest import offline_gpt2_encoding, tiny_checkpoint, write_hellaswag
     from data.tokenizer import TokenizerError
@@ -48,8 +49,10 @@ def two_rank_runs(tmp_path_factory):
     commands.append(["train_translation.py", *translation_args(write_translation_corpus(root / "translation_data"),
                                                                root / "translation", root / "spm", *TRANSLATION_RUN)])
     fsdp_vs_ddp = ["tests/fsdp_vs_ddp.py", str(root / "fsdp_vs_ddp.json")]
-    try:  # tests/test_hellaswag.py's run and fsdp_vs_ddp's HellaSwag, where the GPT-2 tokenizer is at hand (those
-        offline_gpt2_encoding()  # tests skip otherwise)
+    # tests/test_hellaswag.py's run and fsdp_vs_ddp's HellaSwag, where the GPT-2 tokenizer is at hand (those tests
+    # skip otherwise)
+    try:
+        offline_gpt2_encoding()
         hellaswag = str(write_hellaswag(root / "hellaswag.jsonl", n=11))
         commands.append(["eval/hellaswag.py", str(tiny_checkpoint(root)), "--data", hellaswag, "--device", "cpu",
                          "--batch-items", "2", "--out", str(root / "hellaswag.json")])

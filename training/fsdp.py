@@ -34,7 +34,8 @@ from torch.utils.checkpoint import checkpoint
 from activations.init_streams import draw_parameter
 from errors import ConfigError
 
-DISTS = ("ddp", "fsdp")
+DISTS = ("ddp", "fsdp", "hsdp")
+SHARDED = ("fsdp", "hsdp")
 
 
 # torch.distributed's fsdp, tensor and checkpoint modules cost about a CPU-second to import: imported where a model
@@ -53,7 +54,19 @@ def _whole_options(cpu_offload):
 
 def check_dist(name):
     if name not in DISTS:
-        raise ConfigError(f"unknown dist {name!r}; choose {' or '.join(DISTS)}")
+        raise ConfigError(f"unknown dist {name!r}; choose {', '.join(DISTS[:-1])} or {DISTS[-1]}")
+
+
+def shard_group_size(dist, world_size, local_world_size):
+    """The ranks one copy of the model is sharded over: every rank under fsdp; under hsdp a node's (torchrun's
+    LOCAL_WORLD_SIZE), the nodes holding replicas that all-reduce their gradients, so that the all-gathers and
+    reduce-scatters of every step stay on a node's fast links and only one all-reduce crosses nodes."""
+    if dist != "hsdp":
+        return world_size
+    if world_size % local_world_size:
+        raise ConfigError(f"--dist hsdp: {world_size} ranks do not split into nodes of {local_world_size}; "
+                          "give every node the same number of processes (torchrun --nproc-per-node)")
+    return local_world_size
 
 
 class _LargeOnMeta(TorchFunctionMode):
@@ -73,13 +86,19 @@ def meta_init():
     return _LargeOnMeta()
 
 
-def shard(model, groups, precision, device, world_size):
-    """fully_shard each module (or list of modules sharing a weight) of `groups`, then the root `model`.
+def shard(model, groups, precision, device, world_size, shard_size=None):
+    """fully_shard each module (or list of modules sharing a weight) of `groups`, then the root `model`, over
+    `shard_size` ranks (all of them by default); fewer: HSDP, a 2-D mesh of world_size / shard_size replicas.
     precision: the run's (bfloat16: bfloat16 parameters in compute, float32 gradient reduction)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(torch.device(device).type, (world_size,))
+    shard_size = shard_size or world_size
+    if shard_size == world_size:
+        mesh = init_device_mesh(torch.device(device).type, (world_size,))
+    else:  # fully_shard takes a 2-D mesh as (replicate, shard)
+        mesh = init_device_mesh(torch.device(device).type, (world_size // shard_size, shard_size),
+                                mesh_dim_names=("replicate", "shard"))
     low = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(precision)
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
     # fully_shard refuses 0-D parameters (an activation's scalars, DyT's alpha): each rank keeps them whole and

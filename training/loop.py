@@ -324,7 +324,7 @@ class Trainer:
         decisions made, for run.json)."""
         run = self.cfg.run
         fsdp.check_dist(run.dist)
-        if (run.dist == "fsdp" or run.activation_checkpointing) and not self.shards:
+        if (run.dist in fsdp.SHARDED or run.activation_checkpointing) and not self.shards:
             raise ConfigError(f"the {self.kind} trainer has no FSDP layout or activation checkpointing: "
                               "use --dist ddp and --no-activation-checkpointing")
         torch.manual_seed(run.init_seed)

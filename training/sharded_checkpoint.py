@@ -3,7 +3,7 @@ torch.distributed.checkpoint (DCP), so that no process ever holds the whole trai
 on load, onto any world size or one process.
 
 A checkpoint is a directory `model_NNNNN.dcp/`:
-    __R_0.distcp   rank R's tensors (DCP's files: torch.save of each tensor, read with torch.load weights_only=True)
+    __R_0.distcp   rank R's tensors (DCP's files: torch.save of each tensor, read with weights_only=True)
     state.pt       the rest, written by rank 0: config, step, loader positions, RNG states, the optimizer's
                    param_groups (torch.save of plain data, read as data as training/checkpoint.py reads a .pt)
     index.json     DCP's metadata (which chunk of which tensor lies where) and every file's sha256
@@ -15,8 +15,8 @@ entries with torch.load(weights_only=False): code, where a checkpoint must be da
 is refused on save and on load), and everything else is in state.pt.
 
 Atomic and verified as a .pt checkpoint: the ranks write into a hidden temporary directory; each hashes its own
-files after DCP's fsync, rank 0 writes state.pt and index.json and renames the directory into place. A reader checks
-the hashes (on a resume each rank checks its share of the files) before it loads.
+files after DCP's fsync, rank 0 writes state.pt and index.json and renames the directory into place. A reader
+checks the hashes (on a resume each rank checks its share of the files) before it loads.
 """
 import hashlib
 import json
@@ -62,7 +62,8 @@ def metadata_to_json(md):
     tensors = {}
     for fqn, entry in md.state_dict_metadata.items():
         if not isinstance(entry, metadata.TensorStorageMetadata):
-            raise CheckpointError(f"{fqn}: not a tensor; a sharded checkpoint stores tensors only (the rest: state.pt)")
+            raise CheckpointError(f"{fqn}: not a tensor; a sharded checkpoint stores tensors only (the rest: "
+                                  "state.pt)")
         tensors[fqn] = {"dtype": str(entry.properties.dtype).removeprefix("torch."), "size": list(entry.size),
                         "chunks": [[list(c.offsets), list(c.sizes)] for c in entry.chunks]}
     storage = []
@@ -77,7 +78,7 @@ def metadata_to_json(md):
 
 
 def metadata_from_json(data, files):
-    """The Metadata that metadata_to_json wrote; `files`: the directory's hashed files, the only ones it may name."""
+    """The Metadata that metadata_to_json wrote; `files`: the directory's hashed files, the only ones it names."""
     _, filesystem, metadata, _ = _dcp()
     tensors = {fqn: metadata.TensorStorageMetadata(
         metadata.TensorProperties(dtype=_dtype(t["dtype"])), torch.Size(t["size"]),
@@ -112,7 +113,7 @@ def _reader_class():
     _, filesystem, _, planner = _dcp()
 
     class JsonIndexReader(filesystem.FileSystemReader):
-        """DCP's file reader given the metadata read from index.json; tensors only (read with weights_only=True)."""
+        """DCP's file reader given the metadata read from index.json; tensors only (weights_only=True)."""
 
         def __init__(self, path, metadata):
             super().__init__(path)
@@ -163,7 +164,8 @@ def save(tensors, rest, out_dir, step, d):
     if distributed.any_rank(error is not None, d):
         if d.master:
             shutil.rmtree(tmp, ignore_errors=True)
-        reason = str(error).strip().splitlines()[0] if error is not None and str(error).strip() else "on another rank"
+        text = str(error).strip() if error is not None else ""
+        reason = text.splitlines()[0] if text else "on another rank"
         free = f"{shutil.disk_usage(out_dir).free / 2**20:,.0f} MiB free there" if out_dir.is_dir() else ""
         raise CheckpointError(f"saving {final} failed ({reason}; {free}); earlier checkpoints are untouched; free "
                               f"space or fix {out_dir}, then continue with --resume")
@@ -215,7 +217,8 @@ class Shards:
 
     def model_weights(self):
         """{name: tensor} of the model's weights, whole, in this process (the readers': hellaswag, sample, ...)."""
-        weights = {name: torch.empty(size, dtype=self.metadata.state_dict_metadata["model." + name].properties.dtype)
+        saved = self.metadata.state_dict_metadata
+        weights = {name: torch.empty(size, dtype=saved["model." + name].properties.dtype)
                    for name, size in self.shapes().items()}
         self.read_into({"model": weights}, no_dist=True)
         return weights
