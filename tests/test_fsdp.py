@@ -134,3 +134,49 @@ def test_memory_estimate_and_the_refusal_of_a_run_that_cannot_fit():
     assert memory.refusal(shape, *micro, "fsdp", 8, "bfloat16", False, 0, 80e9, "an 80 GB GPU") is None
     checkpointed = memory.estimate(shape, *micro, "fsdp", 8, "bfloat16", checkpointing=True)
     assert checkpointed.activations < fsdp.activations / 2
+
+
+# beside the test above, which imports torch.distributed.checkpoint too (a CPU-second) in the worker of that group
+@pytest.mark.xdist_group("two_rank_runs")
+def test_a_sharded_checkpoint_is_atomic_verified_and_data_only(tmp_path, monkeypatch):
+    """training/sharded_checkpoint.py in one process (DCP needs no process group for it): a save that fails leaves
+    neither its directory nor its temporary one; a damaged index is skipped for the newest checkpoint that verifies;
+    --keep-checkpoints removes old directories; every tensor reads back bit for bit, with no unpickling."""
+    from errors import CheckpointError
+    from training.checkpoint import list_checkpoints, newest_good_checkpoint, save_training_checkpoint
+    from training.distributed import Dist
+
+    class Loader:
+        def state_dict(self):
+            return {"position": 7}
+
+    d = Dist()
+    weights = {"w": torch.randn(5, 3), "b": torch.arange(4, dtype=torch.bfloat16)}
+    optimizer = {"state": {"w": {"exp_avg": torch.randn(5, 3), "step": torch.tensor(2.0)}},
+                 "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": ["w", "b"]}]}
+
+    def save(step, model, keep=None):
+        state = {"kind": "gpt2", "model": model, "model_config": {}, "config": {}, "optimizer": optimizer}
+        return save_training_checkpoint(state, Loader(), d, tmp_path, step, keep, sharded=True)
+
+    for step in (1, 2):
+        save(step, weights)
+    with pytest.raises(CheckpointError, match="model_00003.dcp failed .*not a tensor") as error:
+        save(3, {**weights, "note": "text"})  # non-tensor bytes would be unpickled on load: refused
+    assert "\n" not in str(error.value) and [p.name for p in tmp_path.iterdir()] == ["model_00001.dcp",
+                                                                                    "model_00002.dcp"]
+    (tmp_path / "model_00002.dcp" / "index.json").write_text("{")
+    with monkeypatch.context() as patched:
+        no_pickle(patched)
+        ckpt, skipped = newest_good_checkpoint(tmp_path, "gpt2", d)
+        read = load_checkpoint(tmp_path / "model_00001.dcp")
+    assert ckpt["step"] == 1 and "model_00002.dcp: corrupt or incomplete" in skipped[0]
+    assert ckpt["loader"] == [{"position": 7}] and ckpt["param_groups"] == optimizer["param_groups"]
+    model = {"w": torch.zeros(5, 3), "b": torch.zeros(4, dtype=torch.bfloat16)}
+    state = {"w": {"exp_avg": torch.zeros(5, 3), "step": torch.tensor(0.0)}}
+    ckpt["shards"].read_into({"model": model, "optimizer": {"state": state}})
+    for name, value in weights.items():
+        assert torch.equal(model[name], value) and torch.equal(read["model"][name], value), name
+    assert torch.equal(state["w"]["exp_avg"], optimizer["state"]["w"]["exp_avg"]) and state["w"]["step"] == 2
+    save(4, weights, keep=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["model_00004.dcp"]
