@@ -262,7 +262,8 @@ def newest_good_checkpoint(out_dir, kind, d):
     if ckpt["step"] != min(steps):
         ckpt = load_checkpoint(listed_checkpoint(out_dir, min(steps)), kind, weights=False,
                                share=(d.rank, d.world_size))
-    return ckpt, skipped
+    # every rank's reasons: a sharded checkpoint's files are checked a share per rank
+    return ckpt, list(dict.fromkeys(r for _, rank_reasons in found for r in rank_reasons))
 
 
 def save_training_checkpoint(state, loader, d, out_dir, step, keep_last=None, sharded=False):
