@@ -11,6 +11,7 @@ train_translation.py; this file holds what is GPT-2's own, top to bottom: its op
 shards, the evaluations (the contract: training/loop.py's docstring).
 """
 import contextlib
+import os
 import sys
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
@@ -150,7 +151,8 @@ class GPTTrainer(Trainer):
             if d.master:
                 print(f"--init-from {cfg.init_from} not read: the run resumes its own checkpoint", flush=True)
         if d.device_type == "cuda":  # a run that cannot fit its GPU stops here, in one line, before it allocates
-            reason = memory.refusal(memory_shape(cfg.model), o.batch_size, o.seq_len, cfg.run.dist, d.world_size,
+            reason = memory.refusal(memory_shape(cfg.model), o.batch_size, o.seq_len, cfg.run.dist,
+                                    shard_group(cfg, d),
                                     ctx.precision, cfg.run.activation_checkpointing, cfg.speed.loss_chunks,
                                     torch.cuda.get_device_properties(d.device).total_memory,
                                     torch.cuda.get_device_name(d.device))
@@ -285,11 +287,8 @@ def build_model(cfg, ctx, source):
     the tied embedding and head in one group (training/fsdp.py); from scratch it is built on the meta device and
     each rank draws only its shards' worth of memory, the same weights as a plain build."""
     d = ctx.dist
-    sharded = cfg.run.dist == "fsdp" and d.world_size > 1
-    if sharded and cfg.eval.hellaswag_interval:  # its ranks score different numbers of batches: FSDP would wait
-        raise ConfigError("--hellaswag-interval with --dist fsdp: score the run's checkpoints with eval/hellaswag.py "
-                          "instead (docs/training.md), or train with --hellaswag-interval 0")
-    if sharded and cfg.eval.core_bundle:  # the same: its ranks score different numbers of rows
+    sharded = cfg.run.dist in fsdp.SHARDED and d.world_size > 1
+    if sharded and cfg.eval.core_bundle:  # its ranks score different numbers of rows: FSDP would wait
         raise ConfigError("--core-bundle with --dist fsdp: score the run's checkpoints with eval/core.py instead, or "
                           "train with --core-bundle ''")
 
@@ -310,10 +309,16 @@ def build_model(cfg, ctx, source):
     origin = init_weights(model, *source) if source is not None else "starting from scratch"
     if sharded:
         fsdp.shard(model, [*model.transformer.h, [model.transformer.wte, model.lm_head]], ctx.precision, d.device,
-                   d.world_size)
+                   d.world_size, shard_group(cfg, d))
         if small is not None:
             fsdp.materialize(model, small, cfg.run.init_seed, model._init_weight, d.device)
     return model, origin
+
+
+def shard_group(cfg, d):
+    """The ranks the model is sharded over (training/fsdp.py's shard_group_size: a node's under --dist hsdp)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", d.world_size))  # torchrun's processes on this node
+    return fsdp.shard_group_size(cfg.run.dist, d.world_size, local)
 
 
 def memory_shape(config):
@@ -334,7 +339,7 @@ def memory_estimates(cfg, world_size):
     shape = memory_shape(cfg.model)
     precision = "bfloat16" if cfg.run.dtype in ("auto", "bfloat16") else cfg.run.dtype
     return {dist: memory.estimate(shape, cfg.optim.batch_size, cfg.optim.seq_len, dist, world_size, precision,
-                                  cfg.run.activation_checkpointing, cfg.speed.loss_chunks) for dist in DISTS}
+                                  cfg.run.activation_checkpointing, cfg.speed.loss_chunks) for dist in DISTS[:2]}
 
 
 def parametrization_note(model):

@@ -1,10 +1,13 @@
-"""`torchrun --nproc_per_node 2 tests/fsdp_vs_ddp.py OUT.json` (run by tests/two_rank_runs.py's job): tiny GPTs
+"""`torchrun --nproc_per_node 2 tests/fsdp_vs_ddp.py OUT.json [HELLASWAG.jsonl]` (run by tests/two_rank_runs.py's
+job): tiny GPTs
 trained a few steps under DDP and under --dist fsdp (train_gpt2.build_model, the trainer's own layout and meta
 init) with the training loop's own pieces (no_sync_unless, step_statistics, reduce_replicated, clip_grad_norm),
 for each activation and parametrization in CASES. Rank 0 writes what tests/test_fsdp.py asserts: the largest
 differences of the initial weights, each step's loss and gradient norm, every gradient after the first step,
-and the weights and buffers at the end; and how many rows of the tied embedding never moved."""
+and the weights and buffers at the end; and how many rows of the tied embedding never moved. With a HellaSwag
+file, the in-loop HellaSwag's scorer (eval/hellaswag.py's evaluate_model) on the same weights plain and sharded."""
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from activations import step_statistics
+from eval.hellaswag import evaluate_model
 from model import GPT, GPTConfig
 from train_gpt2 import TrainConfig, build_model
 from training import distributed, fsdp
@@ -82,12 +86,12 @@ def largest_gap(whole, ours, prefix, d):
     return {"gap": gaps.max().item(), "where": names[int(gaps.argmax())], "names": names}
 
 
-def case(act, param, d):
+def case(act, param, d, layout="fsdp"):
     config = replace(MODEL, act=act, param=param)
     torch.manual_seed(0)
     plain = GPT(config, seed=7)
     cfg = TrainConfig(model=config)
-    cfg.run = replace(cfg.run, dist="fsdp", seed=7)
+    cfg.run = replace(cfg.run, dist=layout, seed=7)
     sharded, _ = build_model(cfg, Context(d, "float32", None, None, False), None)
     start_plain, start_sharded = state(plain), state(sharded)
     ddp = train(plain, DDP(plain, **NO_BUFFER_SYNC), d)
@@ -103,11 +107,32 @@ def case(act, param, d):
             "embedding_shard_rows": len(moved), "rows_unmoved": int(unmoved[0]), "rows": int(unmoved[1])}
 
 
-def main(out):
+def hellaswag(path, d):
+    """Both scorings of the HellaSwag file by a GPT in GPT-2's vocabulary, its rows split over the ranks: the
+    model whole on each rank (DDP's in-loop evaluation) and sharded (every rank's forwards are collectives)."""
+    config = replace(MODEL, vocab_size=50304, block_size=64, n_layer=1)
+    torch.manual_seed(0)
+    plain = GPT(config, seed=7)
+    cfg = TrainConfig(model=config)
+    cfg.run = replace(cfg.run, dist="fsdp", seed=7)
+    cfg.eval = replace(cfg.eval, hellaswag_interval=1)  # the trainer's build accepts the in-loop HellaSwag
+    sharded, _ = build_model(cfg, Context(d, "float32", None, None, False), None)
+    return {name: evaluate_model(model, "cpu", data_path=path, dist_info=d, progress=False, batch_items=2)
+            for name, model in (("ddp", plain), ("fsdp", sharded))}
+
+
+def main(out, hellaswag_file=None):
     d = distributed.setup("cpu")
     torch.set_num_threads(1)
     try:
         results = {f"{act}/{param}": case(act, param, d) for act, param in CASES}
+        # --dist hsdp with each rank a node of its own: 2 replicas of a model sharded over 1 rank (a 2-D mesh),
+        # their gradients all-reduced across the replicas by FSDP; a (2, 2) mesh would take 4 processes
+        os.environ["LOCAL_WORLD_SIZE"] = "1"
+        results["hsdp"] = case("aglu", "sp", d, layout="hsdp")
+        os.environ["LOCAL_WORLD_SIZE"] = str(d.world_size)
+        if hellaswag_file:
+            results["hellaswag"] = hellaswag(hellaswag_file, d)
     finally:
         distributed.cleanup(d)
     if d.master:
@@ -115,4 +140,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -31,9 +31,10 @@ TRANSLATION_RUN = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", 
 def two_rank_runs(tmp_path_factory):
     """The job's directory: gpt_data/ and translation_data/ (the corpora), spm/ (the sentencepiece model the
     translation run trained), a run directory per GPT_RUNS entry and fsdp-resumed/, fsdp_vs_ddp.json
-    (tests/fsdp_vs_ddp.py's), translation/, job.log (its stdout), and with the
-    GPT-2 tokenizer eval/hellaswag.py's hellaswag.json, of the checkpoint in run_gelu_0/ on hellaswag.jsonl, and
-    eval/core.py's core.json of that checkpoint on core_bundle/ (bench/core_nanochat.py's tiny bundle)."""
+    (tests/fsdp_vs_ddp.py's), translation/, job.log (its stdout), and with the GPT-2 tokenizer eval/hellaswag.py's
+    hellaswag.json, of the checkpoint in run_gelu_0/ on hellaswag.jsonl (fsdp_vs_ddp.json then has HellaSwag
+    scores too), and eval/core.py's core.json of that checkpoint on core_bundle/ (bench/core_nanochat.py's tiny
+    bundle)."""
     # imported when it runs: conftest.py imports this module, and the test files import its constants
     from bench.core_nanochat import write_tiny_bundle
     from conftest import offline_gpt2_encoding, tiny_checkpoint, write_hellaswag
@@ -46,21 +47,25 @@ def two_rank_runs(tmp_path_factory):
     gpt_data = write_corpus(root / "gpt_data")
     commands = [["train_gpt2.py", *args(gpt_data, root / name, **extra)] for name, extra in GPT_RUNS.items()]
     commands += [["tests/copy_checkpoint.py", str(root / "fsdp"), "4", str(root / FSDP_RESUMED)],
-                 ["train_gpt2.py", *args(gpt_data, root / FSDP_RESUMED, **GPT_RUNS["fsdp"], resume="true")],
-                 ["tests/fsdp_vs_ddp.py", str(root / "fsdp_vs_ddp.json")]]
+                 ["train_gpt2.py", *args(gpt_data, root / FSDP_RESUMED, **GPT_RUNS["fsdp"], resume="true")]]
     commands.append(["train_translation.py", *translation_args(write_translation_corpus(root / "translation_data"),
                                                                root / "translation", root / "spm", *TRANSLATION_RUN)])
-    try:  # tests/test_hellaswag.py's and test_core.py's runs, where the GPT-2 tokenizer is at hand (else they skip)
+    fsdp_vs_ddp = ["tests/fsdp_vs_ddp.py", str(root / "fsdp_vs_ddp.json")]
+    # tests/test_hellaswag.py's and test_core.py's runs and fsdp_vs_ddp's HellaSwag, where the GPT-2 tokenizer is at
+    # hand (those tests skip otherwise)
+    try:
         offline_gpt2_encoding()
         checkpoint = str(tiny_checkpoint(root))
-        commands.append(["eval/hellaswag.py", checkpoint, "--data",
-                         str(write_hellaswag(root / "hellaswag.jsonl", n=11)), "--device", "cpu", "--batch-items", "2",
+        hellaswag = str(write_hellaswag(root / "hellaswag.jsonl", n=11))
+        commands.append(["eval/hellaswag.py", checkpoint, "--data", hellaswag, "--device", "cpu", "--batch-items", "2",
                          "--out", str(root / "hellaswag.json")])
         commands.append(["eval/core.py", checkpoint, "--bundle", str(write_tiny_bundle(root / "core_bundle")),
                          "--max-per-task", "4", "--device", "cpu", "--batch-rows", "3",
                          "--out", str(root / "core.json")])
+        fsdp_vs_ddp.append(hellaswag)
     except TokenizerError:
         pass
+    commands.append(fsdp_vs_ddp)
     job = run_trainer(sum((["---", *c] for c in commands), [])[1:], nproc=2, script=ROOT / "tests" / "run_in_turn.py",
                       env={"NANOACT_CACHE": str(root / "nanoact_cache")})
     (root / "job.log").write_text(job.stdout)

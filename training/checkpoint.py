@@ -14,6 +14,9 @@ and the logs' position, so that a resumed run continues bit-for-bit.
   refused with one line naming the file and the callable it asked for.
 - Checked on load: a sidecar that does not match means a corrupt or truncated file; --resume then takes
   the newest checkpoint that verifies (newest_good_checkpoint).
+- A sharded model's (--dist fsdp) is a directory model_NNNNN.dcp/ that every rank writes its shards into
+  (training/sharded_checkpoint.py): atomic, hashed and read as data the same way; a resume reads each rank's
+  shards of it, the readers (load_checkpoint) the whole weights in one process.
 """
 import hashlib
 import pickle
@@ -30,11 +33,11 @@ from activations.gated import hidden_width
 from activations.impl import model_identity
 from data.files import atomic_file, fsync_dir, remove_temporaries
 from errors import CheckpointError, CheckpointNotFound
-from training import distributed, fsdp
+from training import distributed, fsdp, sharded_checkpoint
 from training.config import listed_changes, option_paths, result_changes
 from training.foreign_checkpoints import nanogpt_checkpoint_in, read_foreign_checkpoint
 
-NAME = re.compile(r"^model_(\d+)\.pt$")
+NAME = re.compile(r"^model_(\d+)\.(pt|dcp)$")  # a file, or a sharded checkpoint's directory
 # np.random.get_state() as pickled by checkpoints written before the state was stored as a list
 # (numpy 2 names the array constructor numpy._core..., numpy 1 numpy.core...)
 _reconstruct = getattr(np, "_core", getattr(np, "core", None)).multiarray._reconstruct
@@ -55,9 +58,30 @@ def checkpoint_path(out_dir, step):
 
 
 def list_checkpoints(out_dir):
-    """Finished checkpoints in out_dir, oldest first (temporary files of an interrupted save are ignored)."""
-    found = [(int(m.group(1)), p) for p in Path(out_dir).glob("model_*.pt") if (m := NAME.match(p.name))]
+    """Finished checkpoints in out_dir (files and sharded directories), oldest first (temporary files of an
+    interrupted save are ignored)."""
+    found = [(int(m.group(1)), p) for p in Path(out_dir).glob("model_*") if (m := NAME.match(p.name))]
     return [p for _, p in sorted(found)]
+
+
+def listed_checkpoint(out_dir, step):
+    """The checkpoint of `step` in out_dir, file or sharded directory."""
+    return next((p for p in list_checkpoints(out_dir) if int(NAME.match(p.name).group(1)) == step),
+                checkpoint_path(out_dir, step))
+
+
+def is_sharded(path):
+    return Path(path).suffix == sharded_checkpoint.SUFFIX
+
+
+def remove_older(out_dir, keep_last):
+    """Delete the checkpoints beyond the newest `keep_last` (after the newest was verified)."""
+    for old in list_checkpoints(out_dir)[:-keep_last]:
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+            sidecar_path(old).unlink(missing_ok=True)
 
 
 def sidecar_path(path):
@@ -109,9 +133,7 @@ def save_checkpoint(state, out_dir, step, keep_last=None):
                               f"{previous[-1].name if previous else 'none'}); free space or fix {out_dir}, "
                               "then continue with --resume") from None
     if keep_last:
-        for old in list_checkpoints(out_dir)[:-keep_last]:
-            old.unlink(missing_ok=True)
-            sidecar_path(old).unlink(missing_ok=True)
+        remove_older(out_dir, keep_last)
     return final
 
 
@@ -163,10 +185,12 @@ def read_checkpoint_file(path, map_location="cpu"):
 REQUIRED = ("kind", "model", "model_config", "step")
 
 
-def load_checkpoint(path, kind=None, map_location="cpu"):
-    """Load a checkpoint file (or the newest one in a directory) with one-line errors for bad input."""
+def load_checkpoint(path, kind=None, map_location="cpu", weights=True, share=(0, 1)):
+    """Load a checkpoint file (or the newest one in a directory) with one-line errors for bad input. A sharded
+    checkpoint: its whole weights in this process as "model" (`weights`), else none, but its "shards" to read
+    into a model of any layout; `share`: which of its files this process verifies (sharded_checkpoint)."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not is_sharded(path):
         newest = latest_checkpoint(path) or nanogpt_checkpoint_in(path)
         if newest is None:
             raise CheckpointNotFound(f"{path}: no model_*.pt checkpoint in this directory; train first or give a file")
@@ -175,7 +199,16 @@ def load_checkpoint(path, kind=None, map_location="cpu"):
     if foreign is not None:  # build-nanogpt / nanoGPT: converted to our layout, read as data only
         print(foreign["source"], flush=True)
         return foreign
+    shards = None
+    if is_sharded(path):
+        try:
+            path, shards = sharded_checkpoint.open_verified(path, share)
+        except ValueError as e:
+            raise CorruptCheckpoint(f"{path}: corrupt or incomplete sharded checkpoint ({e})") from None
     state = read_checkpoint_file(path, map_location)
+    if shards is not None and isinstance(state, dict):
+        path, state["shards"] = shards.path, shards
+        state["model"] = shards.model_weights() if weights else None
     missing = [key for key in REQUIRED if key not in state] if isinstance(state, dict) else list(REQUIRED)
     if "kind" not in missing and kind is not None and state["kind"] != kind:
         raise CheckpointError(f"{path}: a {state['kind']!r} checkpoint, but this command needs a {kind!r} one")
@@ -183,11 +216,11 @@ def load_checkpoint(path, kind=None, map_location="cpu"):
         raise CheckpointError(f"{path}: not a nanoact checkpoint (no {', '.join(map(repr, missing))} "
                               "entries); for transformers GPT-2 weights use --hf DIR")
     state["path"] = str(path)
-    pin_gated_width(state)
+    pin_gated_width(state, shards.shapes() if shards else {k: v.shape for k, v in state["model"].items()})
     return state
 
 
-def pin_gated_width(ckpt):
+def pin_gated_width(ckpt, shapes):
     """glu_hidden 0 means the width rule's, and the rule changed (2/3 rounded to 64, then the plain MLP's parameters
     within 0.5%: activations/gated.py). A gated checkpoint whose weights are not today's rule's width gets theirs
     as glu_hidden: it loads, and a resume or --init-from that would build another width says so in one line."""
@@ -198,7 +231,7 @@ def pin_gated_width(ckpt):
         up, shape = "transformer.h.0.mlp.c_up.weight", (config["n_embd"], 4 * config["n_embd"], config.get("bias", True))
     else:
         up, shape = "encoder.0.ffn.fc_up.weight", (config["d_model"], config["ffn_dim"], True)
-    width = ckpt["model"][up].shape[0]
+    width = shapes[up][0]
     if width != hidden_width(shape[0], shape[1], True, bias=shape[2]):
         config["glu_hidden"] = width
 
@@ -209,7 +242,7 @@ def newest_good_checkpoint(out_dir, kind, d):
     ckpt, skipped = None, []
     for path in reversed(list_checkpoints(out_dir) if Path(out_dir).is_dir() else []):
         try:
-            ckpt = load_checkpoint(path, kind)
+            ckpt = load_checkpoint(path, kind, weights=False, share=(d.rank, d.world_size))
             break
         except CorruptCheckpoint as e:
             skipped.append(str(e))
@@ -227,16 +260,29 @@ def newest_good_checkpoint(out_dir, kind, d):
                                   "files away to start afresh")
         return None, skipped
     if ckpt["step"] != min(steps):
-        ckpt = load_checkpoint(checkpoint_path(out_dir, min(steps)), kind)
-    return ckpt, skipped
+        ckpt = load_checkpoint(listed_checkpoint(out_dir, min(steps)), kind, weights=False,
+                               share=(d.rank, d.world_size))
+    # every rank's reasons: a sharded checkpoint's files are checked a share per rank
+    return ckpt, list(dict.fromkeys(r for _, rank_reasons in found for r in rank_reasons))
 
 
-def save_training_checkpoint(state, loader, d, out_dir, step, keep_last=None):
+def save_training_checkpoint(state, loader, d, out_dir, step, keep_last=None, sharded=False):
     """Add every rank's loader and RNG states to `state` (collective: all ranks call it), save it on the
-    master rank, and wait until it is on disk everywhere. Returns the path on the master, else None."""
+    master rank, and wait until it is on disk everywhere. Returns the path on the master, else None.
+    `sharded`: state's model and optimizer states are each rank's shards (fsdp.training_states), written by
+    every rank into a model_NNNNN.dcp directory."""
     state = {**state, "step": step, "world_size": d.world_size,
              "loader": distributed.gather_objects(loader.state_dict(), d),
              "rng": distributed.gather_objects(rng_state(), d)}
+    if sharded:
+        tensors = {"model": state.pop("model"), "optimizer": {"state": state["optimizer"]["state"]}}
+        state["param_groups"] = state.pop("optimizer")["param_groups"]
+        path = sharded_checkpoint.save(tensors, state, out_dir, step, d)
+        if d.master:
+            print(f"saved {path}", flush=True)
+            if keep_last:
+                remove_older(out_dir, keep_last)
+        return path if d.master else None
     path = error = None
     if d.master:
         try:
@@ -298,7 +344,10 @@ def resume_training(ckpt, model_config, world_size, rank, model, optimizer, load
                               "world size so data order and RNG streams continue exactly, or declare the change "
                               f"with --resume-changes {WORLD_SIZE} (the data stream continues; sums over ranks "
                               "change order)")
-    fsdp.load_training_states(model, optimizer, ckpt["model"], ckpt["optimizer"])
+    if ckpt.get("shards") is not None:
+        fsdp.load_sharded_training_states(model, optimizer, ckpt["shards"].read_into, ckpt["param_groups"])
+    else:
+        fsdp.load_training_states(model, optimizer, ckpt["model"], ckpt["optimizer"])
     saved = rank if rank < ckpt["world_size"] else 0
     loader.load_state_dict(ckpt["loader"][saved])
     set_rng_state(ckpt["rng"][saved])

@@ -282,8 +282,9 @@ class RunConfig:
     checkpoint_interval: int = 1000  # a checkpoint every N steps (0: only at the end and on a stop signal)
     keep_checkpoints: int = 3
     dist_timeout: float = 600.0  # seconds a collective may wait for the other ranks before the run stops naming them
-    # several ranks: ddp (every rank holds the whole model) or fsdp (parameters, gradients and optimizer state
-    # sharded over the ranks: training/fsdp.py; docs/training.md says when); one process trains unsharded either way
+    # several ranks: ddp (every rank holds the whole model), fsdp (parameters, gradients and optimizer state
+    # sharded over the ranks: training/fsdp.py; docs/training.md says when) or hsdp (sharded within each node,
+    # replicated across nodes); one process trains unsharded either way
     dist: str = "ddp"
     activation_checkpointing: bool = False  # recompute each block's activations in backward: memory for compute
     # the activation kernels' verdicts (activations/policy.py); "": $NANOACT_CACHE, else $XDG_CACHE_HOME/nanoact

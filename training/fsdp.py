@@ -14,9 +14,10 @@ unallocated; the small ones (biases, norms, an activation's scalars and buffers)
 plain build. After sharding, each rank draws every large parameter in full from its own stream
 (activations/init_streams.py) and keeps its shard: the same weights as the plain build for a seed.
 
-Checkpoints gather the shards whole on rank 0 (training_states: torch.distributed.checkpoint.state_dict's full
-state dicts), written and verified as DDP's: DCP's own sharded files are read back with pickle.load of their
-.metadata (torch 2.13), and a checkpoint here is data, never code (docs/training.md).
+Checkpoints are sharded: each rank's shards of the weights and AdamW's state (training_states) are written by
+that rank through torch.distributed.checkpoint, with a JSON index instead of DCP's pickled metadata
+(training/sharded_checkpoint.py), and read back into any layout (load_sharded_training_states): no process ever
+holds the whole training state.
 
 A vocabulary that does not divide by the world size leaves the last rank a shorter shard of the tied
 embedding (pytorch #176076: rows of that shard were not updated on some versions); tests/test_fsdp.py checks
@@ -33,7 +34,8 @@ from torch.utils.checkpoint import checkpoint
 from activations.init_streams import draw_parameter
 from errors import ConfigError
 
-DISTS = ("ddp", "fsdp")
+DISTS = ("ddp", "fsdp", "hsdp")
+SHARDED = ("fsdp", "hsdp")
 
 
 # torch.distributed's fsdp, tensor and checkpoint modules cost about a CPU-second to import: imported where a model
@@ -52,7 +54,19 @@ def _whole_options(cpu_offload):
 
 def check_dist(name):
     if name not in DISTS:
-        raise ConfigError(f"unknown dist {name!r}; choose {' or '.join(DISTS)}")
+        raise ConfigError(f"unknown dist {name!r}; choose {', '.join(DISTS[:-1])} or {DISTS[-1]}")
+
+
+def shard_group_size(dist, world_size, local_world_size):
+    """The ranks one copy of the model is sharded over: every rank under fsdp; under hsdp a node's (torchrun's
+    LOCAL_WORLD_SIZE), the nodes holding replicas that all-reduce their gradients, so that the all-gathers and
+    reduce-scatters of every step stay on a node's fast links and only one all-reduce crosses nodes."""
+    if dist != "hsdp":
+        return world_size
+    if world_size % local_world_size:
+        raise ConfigError(f"--dist hsdp: {world_size} ranks do not split into nodes of {local_world_size}; "
+                          "give every node the same number of processes (torchrun --nproc-per-node)")
+    return local_world_size
 
 
 class _LargeOnMeta(TorchFunctionMode):
@@ -72,13 +86,19 @@ def meta_init():
     return _LargeOnMeta()
 
 
-def shard(model, groups, precision, device, world_size):
-    """fully_shard each module (or list of modules sharing a weight) of `groups`, then the root `model`.
+def shard(model, groups, precision, device, world_size, shard_size=None):
+    """fully_shard each module (or list of modules sharing a weight) of `groups`, then the root `model`, over
+    `shard_size` ranks (all of them by default); fewer: HSDP, a 2-D mesh of world_size / shard_size replicas.
     precision: the run's (bfloat16: bfloat16 parameters in compute, float32 gradient reduction)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(torch.device(device).type, (world_size,))
+    shard_size = shard_size or world_size
+    if shard_size == world_size:
+        mesh = init_device_mesh(torch.device(device).type, (world_size,))
+    else:  # fully_shard takes a 2-D mesh as (replicate, shard)
+        mesh = init_device_mesh(torch.device(device).type, (world_size // shard_size, shard_size),
+                                mesh_dim_names=("replicate", "shard"))
     low = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(precision)
     policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
     # fully_shard refuses 0-D parameters (an activation's scalars, DyT's alpha): each rank keeps them whole and
@@ -202,15 +222,27 @@ def local_value(tensor):
 
 
 def training_states(model, optimizer):
-    """(model state, optimizer state) as a checkpoint stores them. Sharded: gathered whole on rank 0 (a
-    collective; the other ranks get empty dicts), the optimizer's state keyed by parameter name (what
-    torch.distributed.checkpoint.state_dict gives), so that any world size, sharded or not, reads it."""
+    """(model state, optimizer state) as a checkpoint stores them. Sharded: this rank's shards (DTensors), the
+    optimizer's state keyed by parameter name (torch.distributed.checkpoint.state_dict's), for
+    training/sharded_checkpoint.py to write, so that any world size, sharded or not, reads them."""
     if sharded_root(model) is None:
         return model.state_dict(), optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    whole = _whole_options(cpu_offload=True)
-    return get_model_state_dict(model, options=whole), get_optimizer_state_dict(model, optimizer, options=whole)
+    return get_state_dict(model, optimizer)
+
+
+def load_sharded_training_states(model, optimizer, read_into, param_groups):
+    """Load a sharded checkpoint into this run's layout, sharded or not: `read_into` (Shards.read_into) fills
+    this model's and optimizer's state dicts in place, each rank reading its own chunks (DCP reshards), and
+    `param_groups` (keyed by name) come from the checkpoint's state.pt."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    # get_state_dict creates a fresh optimizer's moments (a step at lr 0), so that there is a state to fill
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    read_into({"model": model_state, "optimizer": {"state": optimizer_state["state"]}})
+    set_state_dict(model, optimizer, model_state_dict=model_state,
+                   optim_state_dict={"state": optimizer_state["state"], "param_groups": param_groups})
 
 
 def whole_model_state(model):

@@ -324,7 +324,7 @@ class Trainer:
         decisions made, for run.json)."""
         run = self.cfg.run
         fsdp.check_dist(run.dist)
-        if (run.dist == "fsdp" or run.activation_checkpointing) and not self.shards:
+        if (run.dist in fsdp.SHARDED or run.activation_checkpointing) and not self.shards:
             raise ConfigError(f"the {self.kind} trainer has no FSDP layout or activation checkpointing: "
                               "use --dist ddp and --no-activation-checkpointing")
         torch.manual_seed(run.init_seed)
@@ -496,8 +496,10 @@ class Trainer:
 
     def checkpoint(self, state):
         parts, cfg = state.parts, self.cfg
-        self.waiting = (state.step, f"checkpoint model_{state.step:05d}.pt (gathering states, then rank 0 saving it)")
-        model_state, optimizer_state = fsdp.training_states(parts.model, parts.optimizer)  # FSDP: gathered
+        sharded = fsdp.sharded_root(parts.model) is not None
+        self.waiting = (state.step, f"checkpoint model_{state.step:05d}" + (".dcp (every rank writing its shards)"
+                                    if sharded else ".pt (gathering states, then rank 0 saving it)"))
+        model_state, optimizer_state = fsdp.training_states(parts.model, parts.optimizer)  # FSDP: this rank's
         contents = {"kind": self.kind, "model": model_state, "model_config": model_identity(parts.model_config),
                     "config": to_dict(cfg), "optimizer": optimizer_state, "tokens": state.tokens,
                     "val_loss": state.evals[-1].get("val_loss") if state.evals else None, "best_val": state.best_val,
@@ -505,7 +507,7 @@ class Trainer:
                     "scaler": state.ctx.scaler.state_dict(), "kernels": state.kernels,
                     **self.checkpoint_state(state.evals[-1] if state.evals else None)}
         save_training_checkpoint(contents, parts.loader, state.ctx.dist, cfg.run.out_dir, state.step,
-                                 cfg.run.keep_checkpoints)
+                                 cfg.run.keep_checkpoints, sharded=sharded)
         state.saved_step = state.step
 
     def summarize(self, state, start_step):

@@ -8,7 +8,8 @@ L layers, MLP width F, vocabulary V:
 - states: float32 parameters 4N, gradients 4N, AdamW's moments 8N (Adam's exp_avg and exp_avg_sq); DDP adds its
   gradient buckets, another 4N, on several ranks. FSDP divides the 16N by W and adds what one rank gathers whole
   at once: the two largest groups (the one computing and the one prefetched) in the compute dtype, and the
-  computing group's unsharded gradients in float32 before their reduce-scatter.
+  computing group's unsharded gradients in float32 before their reduce-scatter. Under --dist hsdp W is the ranks
+  of a node, which the model is sharded over (the nodes hold replicas): a GPU holds what FSDP on W ranks holds.
 - activations: what backward keeps per layer and token (Korthikanti et al. 2022, sec. 4.1, without attention
   scores, which flash/SDPA recompute): the two norms' inputs and outputs, q, k, v, the attention output and
   c_proj's input (9C), the MLP's input to the activation and its output (2F; a gated MLP's up projection and
@@ -61,7 +62,7 @@ def estimate(shape, batch_size, seq_len, dist="ddp", world_size=1, precision="fl
     """The Estimate per GPU of training a model of `shape` (ModelShape) at micro-batch (batch_size, seq_len)."""
     n, group = shape.params, shape.largest_group
     low = 2 if precision in ("bfloat16", "float16") else 4
-    sharded = dist == "fsdp" and world_size > 1
+    sharded = dist in ("fsdp", "hsdp") and world_size > 1
     share = world_size if sharded else 1
     if sharded:
         gathered = 2 * group * low + 4 * group
@@ -82,7 +83,7 @@ def refusal(shape, batch_size, seq_len, dist, world_size, precision, checkpointi
     if need.total <= capacity:
         return None
     hints = []
-    if dist != "fsdp" and world_size > 1:
+    if dist == "ddp" and world_size > 1:
         fsdp = estimate(shape, batch_size, seq_len, "fsdp", world_size, precision, checkpointing, loss_chunks)
         hints.append(f"--dist fsdp needs {fsdp.total / GIB:.1f} GiB")
     if not checkpointing:

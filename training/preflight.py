@@ -58,8 +58,9 @@ def checkpoint_bytes(model, optimizer):
     """What one training checkpoint weighs, near enough: the model's state (weights and buffers) and AdamW's two
     moments per trained parameter (its state is still empty before the first step); loader and RNG states and
     the pickle's framing add kilobytes."""
-    # parameters() lists a tied weight (GPT-2's wte and lm_head) once, as it is saved; a sharded one (FSDP) counts
-    # whole, as the consolidated checkpoint holds it
+    # parameters() lists a tied weight (GPT-2's wte and lm_head) once, as torch.save stores it (a sharded
+    # checkpoint stores it under both names, small next to AdamW's moments); a sharded parameter (FSDP) counts
+    # whole, as all ranks' files together hold it
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     moments = sum(p.numel() * p.element_size() for group in optimizer.param_groups for p in group["params"])
     return weights + ADAM_MOMENTS * moments
