@@ -375,7 +375,10 @@ def test_the_hellaswag_file_given_passes_the_preflight_and_is_the_one_scored(tmp
     hella = hellaswag_file(3)
     trainer = train_gpt2.GPTTrainer(load_config(train_gpt2.TrainConfig, ["--hellaswag-interval", "250",
                                                                          "--hellaswag-data", str(hella)]))
-    evaluation, = [cls(trainer, ctx=None) for cls in trainer.in_loop]
+    from eval.hellaswag_in_loop import HellaSwag
+
+    assert HellaSwag in trainer.in_loop
+    evaluation = HellaSwag(trainer, ctx=None)
     assert evaluation.inputs() == [evaluation.resolve]
     evaluation.resolve()  # reads the file and loads the tokenizer; downloads nothing
     assert evaluation.path == hella
