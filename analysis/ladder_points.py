@@ -54,10 +54,11 @@ def final_metrics(run):
 
 
 def is_ladder(out):
-    """Whether a sweep directory holds a ladder plan's runs, or finished runs of several sizes or several lrs."""
+    """Whether a sweep directory holds a ladder plan's runs, or (no plan recorded) finished runs of several sizes or
+    several lrs. A recorded plan decides: arms that differ in shape without a ladder table are a sweep's arms."""
     plan = Path(out) / "sweep_plan.json"
-    if plan.is_file() and json.loads(plan.read_text()).get("ladder"):
-        return True
+    if plan.is_file():
+        return bool(json.loads(plan.read_text()).get("ladder"))
     try:
         points, _ = read_points(out)
     except RunError:

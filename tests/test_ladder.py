@@ -429,3 +429,15 @@ def test_arm_labels_name_the_model_options_that_differ(tmp_path):
     assert [p["arm"] for p in ladder_points.read_points(tmp_path)[0]] == [
         "gelu+norm=layernorm+act_kwargs={}", "gelu+norm=rmsnorm+act_kwargs={}",
         'gelu+norm=layernorm+act_kwargs={"impl":"torch"}']
+
+
+def test_a_recorded_plan_without_a_ladder_is_a_sweep_whose_arms_may_differ_in_shape(tmp_path, monkeypatch):
+    from analysis import ladder_points
+
+    two_sizes = [{"size": "L1-d32-h2", "lr": 3e-3}, {"size": "L2-d64-h4", "lr": 3e-3}]
+    monkeypatch.setattr(ladder_points, "read_points", lambda out: (two_sizes, None))
+    assert ladder_points.is_ladder(tmp_path)  # no plan recorded: runs of several sizes read as a ladder
+    (tmp_path / "sweep_plan.json").write_text(json.dumps({"ladder": None, "acts": ["d32", "d64"]}))
+    assert not ladder_points.is_ladder(tmp_path)  # configs/sweep_sizes_cpu.toml: two shapes as two arms
+    (tmp_path / "sweep_plan.json").write_text(json.dumps({"ladder": {"lrs": [3e-3]}}))
+    assert ladder_points.is_ladder(tmp_path)
