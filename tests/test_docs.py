@@ -11,6 +11,7 @@ import argparse
 import ast
 import functools
 import importlib.util
+import os
 import re
 import runpy
 import shlex
@@ -320,6 +321,9 @@ def accepts(script):
         raise Interface(lambda flag: flag in ("-h", "--help") or trainer_accepts(cls, flag))
 
     with pytest.MonkeyPatch.context() as patch:
+        # a script's top level may set its environment before triton loads (bench/kernel_instructions.py unsets
+        # TRITON_INTERPRET): a copy, so that this worker's later children (the kernel probe's fork server) keep it
+        patch.setattr(os, "environ", os.environ.copy())
         patch.setattr(argparse.ArgumentParser, "parse_known_args", argparse_seen)
         patch.setattr(config, "run_cli", run_cli_seen)
         patch.setattr(sys, "argv", [str(script)])
