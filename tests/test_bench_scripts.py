@@ -118,7 +118,9 @@ def started(tmp_path_factory):
     runs = {name: (str(ROOT / "bench" / f"{name}.py"), [a.replace("{root}", str(root)) for a in args])
             for name, (args, _) in RUNS.items() if tokenizer or name not in GPT2_BPE}
     # Triton's nanobind bindings report leaks at the interpreter's exit: a script that imported it ends there
-    return run_forked(runs, cwd, limit=240, finalize="triton")
+    # the statistics and plotting scripts' imports loaded once (not torch._dynamo: triton would then be loaded in
+    # every command, and what it leaks at exit lost among the parent's)
+    return run_forked(runs, cwd, preload=("torch", "scipy.stats", "matplotlib.pyplot"), limit=240, finalize="triton")
 
 
 def test_every_script_has_a_run():
