@@ -32,6 +32,21 @@ def gpt2_flops(config, options, cache):
     return cache[key]
 
 
+def rerun_text(trainer, config, again, runs):
+    """The plan's rerun_refuted, before the audit has said which arms it clears: the most it can add, `again` (every
+    arm's ladder runs above the lr grid's size, run once more) over all the plan's `runs` [(size, options)]."""
+    if trainer != "gpt2" or not again:
+        return f"rerun_refuted: up to {len(again)} more runs if the tuning audit clears no arm"
+    cache = {}
+    try:
+        more, total = (sum(gpt2_flops(config, options, cache)[1] for _, options in group) for group in (again, runs))
+    except ConfigError as e:
+        return f"rerun_refuted: up to {len(again)} more runs; FLOPs not counted: {e}"
+    return (f"rerun_refuted: up to {len(again)} more runs, {more:.3g} training FLOPs ({more / total:.1%} on top of "
+            "the total above) if the tuning audit clears no arm: each arm it does not clear runs again at every size "
+            "above the lr grid's")
+
+
 def gpt2_memory(config, options, world_size, cache):
     """(GiB per GPU under --dist ddp, under fsdp, the run's own --dist) of one GPT-2 run on `world_size` ranks:
     train_gpt2.py's estimate (training/memory.py) at the run's micro-batch."""

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from analysis.runs import finished, load_run, summary
 from errors import ConfigError
 from sweep import launchers, status
-from sweep.cost import bench_rates, cost_text, run_rates
+from sweep.cost import bench_rates, cost_text, rerun_text, run_rates
 from stats import lr_audit
 from stats.lr_audit import AUDIT_SEEDS
 from stats.lr_grid import audit_lrs
@@ -55,6 +55,9 @@ def run_sweep(plan, out, corpus_options=()):
                   key=lambda run: sizes.index(run[0]))  # the plan's order of sizes
     print(cost_text(plan.trainer, plan.config, [run[:2] for run in runs], *throughput(plan, out),
                     plan.nproc_per_node, [run[2] for run in runs]))
+    if ladder and ladder.rerun_refuted:
+        again = [run[:2] for run in runs if run[2] == "ladder" and run[0] != ladder.lr_size]
+        print(rerun_text(plan.trainer, plan.config, again, [run[:2] for run in runs]))
     if plan.dry_run:
         if text := submission_text(plan, out, phases):
             print(text)

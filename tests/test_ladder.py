@@ -2,6 +2,7 @@
 after a crash; the report read from the runs' own run.json, fitted and turned into a compute multiplier."""
 import json
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -177,6 +178,34 @@ def test_lr_seeds_pick_on_their_own_runs_an_edge_pick_stops_and_the_audit_refute
     assert result["audit"]["arms"]["relu"]["status"] == "within" and result["not_declared"] == []
     # relu now at its optimum at b, gelu 1.3x off its own: relu - gelu is what gelu pays there
     assert result["pairs"]["L2-d32-h2"]["relu"]["mean"] == pytest.approx(-math.log(1.3) ** 2)
+
+
+def test_the_dry_run_counts_what_rerun_refuted_may_add(tmp_path, capsys):
+    """With rerun_refuted, the dry run's cost says the most the re-runs can add before the audit has run: every
+    arm's compared runs above the grid's size again (here b: 2 arms x seeds 1-2), their FLOPs those of b's ladder
+    runs in the cost table."""
+    from sweep import cli
+
+    plan = PLAN.replace('lr_size = "a"', 'lr_size = "a"\nlr_seeds = [7]\nrerun_refuted = true')
+    (tmp_path / "plan.toml").write_text(plan)
+    cli.main(["--plan", str(tmp_path / "plan.toml"), "--out-dir", str(tmp_path / "s"), "--dry-run"])
+    out = capsys.readouterr().out
+    total = float(re.search(r"^cost: \d+ runs, ([\d.e+]+) training FLOPs", out, re.M)[1])
+    b_run = float(re.search(r"^\| b +\| \d+ +\| ([\d.e+]+) +\|", out, re.M)[1])  # FLOPs per run at b
+    more = re.search(r"^rerun_refuted: up to (\d+) more runs, ([\d.e+]+) training FLOPs \(([\d.]+)% on top", out, re.M)
+    assert more and int(more[1]) == 4, out
+    assert float(more[2]) == pytest.approx(4 * b_run, rel=1e-2)
+    assert float(more[3]) == pytest.approx(100 * 4 * b_run / total, abs=0.1)
+    assert "rerun_refuted" not in cli_dry_run(tmp_path, PLAN.replace('lr_size = "a"', 'lr_size = "a"\nlr_seeds = [7]'),
+                                              capsys)
+
+
+def cli_dry_run(tmp_path, plan, capsys):
+    from sweep import cli
+
+    (tmp_path / "plain.toml").write_text(plan)
+    cli.main(["--plan", str(tmp_path / "plain.toml"), "--out-dir", str(tmp_path / "plain"), "--dry-run"])
+    return capsys.readouterr().out
 
 
 def test_the_audit_runs_on_the_plans_audit_seeds_first_lr_seeds():
