@@ -371,22 +371,22 @@ def test_a_stalled_rank_stops_the_run_and_is_named(failing_runs):
 
 def test_data_preparation_killed_and_rerun_gives_the_same_shards(fineweb, tmp_path):
     """kill -9 of data/fineweb.py mid-way (no cleanup runs), then the same command again: every file, manifest
-    included, is byte-identical to an uninterrupted run's."""
+    included, is byte-identical to an uninterrupted run's. The uninterrupted run and the rerun are fineweb.main in
+    this process (the rerun may read only what the killed process left)."""
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"Document {i}: " + "the quick brown fox jumps. " * (i % 7 + 1)})
                               + "\n" for i in range(1500)))
-    command = [sys.executable, str(ROOT / "data" / "fineweb.py"), "--input", str(corpus), "--shard-size", "100",
-               "--workers", "1", "--out"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run(command + [str(tmp_path / "whole")], env=env, check=True, capture_output=True, timeout=300)
+    options = ["--input", str(corpus), "--shard-size", "100", "--workers", "1", "--out"]
+    fineweb.main(options + [str(tmp_path / "whole")])
     manifest = tmp_path / "killed" / "manifest.json"
     with open(tmp_path / "killed.log", "w") as log:
-        proc = subprocess.Popen(command + [str(tmp_path / "killed")], env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, str(ROOT / "data" / "fineweb.py"), *options, str(tmp_path / "killed")],
+                                env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
     wait_for(lambda: manifest.exists() and len(json.loads(manifest.read_text())["shards"]) >= 20, proc, "20 shards")
     proc.kill()
     proc.wait()
     assert not json.loads(manifest.read_text())["finished"], "the kill came after the end: nothing was tested"
-    subprocess.run(command + [str(tmp_path / "killed")], env=env, check=True, capture_output=True, timeout=300)
+    fineweb.main(options + [str(tmp_path / "killed")])
     whole = {p.name: p.read_bytes() for p in (tmp_path / "whole").iterdir()}
     killed = {p.name: p.read_bytes() for p in (tmp_path / "killed").iterdir()}  # no temporary file left either
     assert len(whole) > 100 and killed.keys() == whole.keys()
