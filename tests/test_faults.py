@@ -27,10 +27,10 @@ from training.distributed import Dist
 from training.stop import GracefulStop
 
 
-def torchrun(argv, log, *launcher, env=None):
-    """train_gpt2.py under torchrun in the background, stdout and stderr into the file `log`."""
+def torchrun(argv, log, *launcher, env=None, script=ROOT / "train_gpt2.py"):
+    """train_gpt2.py (or `script`) under torchrun in the background, stdout and stderr into the file `log`."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
-    cmd = [sys.executable, "-m", "torch.distributed.run", *launcher, str(ROOT / "train_gpt2.py"), *map(str, argv)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *launcher, str(script), *map(str, argv)]
     with open(log, "w") as out:
         return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
@@ -306,32 +306,53 @@ def test_work_that_fails_on_one_rank_fails_on_every_rank_before_the_next_collect
     assert distributed.before_collective(lambda: "scored", Dist(rank=0, world_size=2)) == "scored"
 
 
+@pytest.fixture(scope="module")
+def failing_runs(tmp_path_factory):
+    """One torchrun job of 2 gloo ranks for two tests (tests/run_in_turn.py: one start-up): a run whose rank 0
+    cannot save (a directory where model_00004.pt goes), then in the same workers a run left training for
+    test_a_stalled_rank_stops_the_run_and_is_named. Returns the job's directory, its process and the job's log as it
+    was once the second run trained a step (both ranks had ended the first run)."""
+    root = tmp_path_factory.mktemp("failing_runs")
+    data = write_corpus(root / "data")
+    (root / "save" / "model_00004.pt").mkdir(parents=True)
+    failed_save = args(data, root / "save", checkpoint_interval=2)
+    stalled = args(data, root / "stalled", max_steps=100000, checkpoint_interval=100000, eval_interval=100000,
+                   dist_timeout=4)
+    proc = torchrun(["+++", "train_gpt2.py", *failed_save, "---", "train_gpt2.py", *stalled], root / "job.log",
+                    "--standalone", "--nproc_per_node", "2", script=ROOT / "tests" / "run_in_turn.py")
+    try:
+        steps = root / "stalled" / "log.txt"
+        wait_for(lambda: " train " in (steps.read_text() if steps.exists() else ""), proc,
+                 "a training step of the second run")
+        yield root, proc, (root / "job.log").read_text()
+    finally:
+        if proc.poll() is None:  # the stalled test did not run: torchrun stops its workers on SIGTERM
+            proc.terminate()
+            proc.wait(timeout=120)
+
+
 @pytest.mark.long
-def test_a_failed_save_stops_every_rank_with_one_line(tmp_path):
-    """Rank 0 cannot save (a directory where model_00004.pt goes); rank 1 learns it at once, not by a timeout."""
-    data = write_corpus(tmp_path / "data", n_train_shards=1, tokens=1000)
-    (tmp_path / "out" / "model_00004.pt").mkdir(parents=True)
-    proc = torchrun(args(data, tmp_path / "out", checkpoint_interval=2), tmp_path / "out.log", "--standalone",
-                    "--nproc_per_node", "2")
-    assert proc.wait(timeout=300) != 0
-    lines = (tmp_path / "out.log").read_text().splitlines()
+@pytest.mark.xdist_group("failing_runs")
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc (Linux)")
+def test_a_failed_save_stops_every_rank_with_one_line(failing_runs):
+    """Rank 0 cannot save; rank 1 learns it at once, not by a timeout (the run's default --dist-timeout would
+    outlast the fixture's wait for the next run)."""
+    root, _, log = failing_runs
+    lines = log.splitlines()
     errors = sorted(line for line in lines if line.startswith("error: "))
     assert len(errors) == 2 and not [line for line in lines if line.startswith("[rank")], lines  # no worker traceback
     assert "model_00004.pt failed (Is a directory; " in errors[0] and "newest: model_00002.pt" in errors[0]
     assert errors[1].endswith("model_00004.pt failed on rank 0 (its log says why)")
-    assert sorted(p.name for p in (tmp_path / "out").glob("model_*")) == [
+    assert sorted(p.name for p in (root / "save").glob("model_*")) == [
         "model_00002.pt", "model_00002.pt.sha256", "model_00004.pt"]
 
 
 @pytest.mark.long
+@pytest.mark.xdist_group("failing_runs")
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc (Linux)")
-def test_a_stalled_rank_stops_the_run_and_is_named(tmp_path):
-    data = write_corpus(tmp_path / "data")
-    proc = torchrun(args(data, tmp_path / "out", max_steps=100000, checkpoint_interval=100000, eval_interval=100000,
-                         dist_timeout=4), tmp_path / "out.log", "--standalone", "--nproc_per_node", "2")
-    log = tmp_path / "out.log"
-    wait_for(lambda: " train " in ((tmp_path / "out" / "log.txt").read_text()
-                                   if (tmp_path / "out" / "log.txt").exists() else ""), proc, "a training step")
+def test_a_stalled_rank_stops_the_run_and_is_named(failing_runs):
+    root, proc, _ = failing_runs
+    log = root / "job.log"
     stalled = worker_pid(proc.pid, rank=1)
     os.kill(stalled, signal.SIGSTOP)
     started = time.time()
@@ -350,22 +371,22 @@ def test_a_stalled_rank_stops_the_run_and_is_named(tmp_path):
 
 def test_data_preparation_killed_and_rerun_gives_the_same_shards(fineweb, tmp_path):
     """kill -9 of data/fineweb.py mid-way (no cleanup runs), then the same command again: every file, manifest
-    included, is byte-identical to an uninterrupted run's."""
+    included, is byte-identical to an uninterrupted run's. The uninterrupted run and the rerun are fineweb.main in
+    this process (the rerun may read only what the killed process left)."""
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"Document {i}: " + "the quick brown fox jumps. " * (i % 7 + 1)})
                               + "\n" for i in range(1500)))
-    command = [sys.executable, str(ROOT / "data" / "fineweb.py"), "--input", str(corpus), "--shard-size", "100",
-               "--workers", "1", "--out"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run(command + [str(tmp_path / "whole")], env=env, check=True, capture_output=True, timeout=300)
+    options = ["--input", str(corpus), "--shard-size", "100", "--workers", "1", "--out"]
+    fineweb.main(options + [str(tmp_path / "whole")])
     manifest = tmp_path / "killed" / "manifest.json"
     with open(tmp_path / "killed.log", "w") as log:
-        proc = subprocess.Popen(command + [str(tmp_path / "killed")], env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, str(ROOT / "data" / "fineweb.py"), *options, str(tmp_path / "killed")],
+                                env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
     wait_for(lambda: manifest.exists() and len(json.loads(manifest.read_text())["shards"]) >= 20, proc, "20 shards")
     proc.kill()
     proc.wait()
     assert not json.loads(manifest.read_text())["finished"], "the kill came after the end: nothing was tested"
-    subprocess.run(command + [str(tmp_path / "killed")], env=env, check=True, capture_output=True, timeout=300)
+    fineweb.main(options + [str(tmp_path / "killed")])
     whole = {p.name: p.read_bytes() for p in (tmp_path / "whole").iterdir()}
     killed = {p.name: p.read_bytes() for p in (tmp_path / "killed").iterdir()}  # no temporary file left either
     assert len(whole) > 100 and killed.keys() == whole.keys()

@@ -1,11 +1,10 @@
 """eval/lm_eval_model.py: the lm-eval adapter's log-likelihoods, rolling log-likelihoods and greedy
 generations equal direct computations on our model, and local task yamls run offline end to end,
 through lm-eval's evaluator and through the `python -m eval.lm_eval_model` CLI entry."""
+import functools
 import json
 import logging
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -176,23 +175,46 @@ def test_local_tasks_through_lm_eval_evaluator(lm, gpt2_enc, hellaswag_file, tmp
 
 
 @pytest.mark.long
-def test_cli_entry_registers_model_and_runs_offline(make_checkpoint, hellaswag_file, gpt2_enc, tmp_path):
+# runpy's note that eval.lm_eval_model is imported already (this file imports it): the module runs again as __main__
+@pytest.mark.filterwarnings("ignore:'eval.lm_eval_model' found in sys.modules:RuntimeWarning")
+def test_cli_entry_registers_model_and_runs_offline(make_checkpoint, hellaswag_file, gpt2_enc, tmp_path, monkeypatch,
+                                                    no_env_report):
     """... and its --log_samples file reads as eval/hellaswag.py's items file: item by item the same predictions."""
+    import runpy
+
+    import datasets
+    import lm_eval.tasks
+    import lm_eval.utils
+    from huggingface_hub import constants
+    from lm_eval.api.registry import model_registry
+
     ckpt, hs = make_checkpoint(), hellaswag_file(n=6)
     write_tasks(tmp_path, hs)
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    # `python -m eval.lm_eval_model ...`, except that lm-eval's TaskManager skips indexing its ~14,700 bundled
-    # task yamls (~40 s on 2 cores); the local task needs none of them. Nor is lm-eval's environment report
-    # collected (no_env_report).
-    local_tasks_only = ("import functools, runpy, lm_eval.tasks as t; t.TaskManager.__init__ = functools.partialmethod("
-                        "t.TaskManager.__init__, include_defaults=False); import torch.utils.collect_env as e; "
-                        f"e.get_pretty_env_info = lambda: {NO_ENV_REPORT!r}; "
-                        "runpy.run_module('eval.lm_eval_model', run_name='__main__', alter_sys=True)")
-    cmd = [sys.executable, "-c", local_tasks_only, "--model", "nanoact", "--model_args",
-           f"checkpoint={ckpt.parent}", "--batch_size", "8", "--tasks", "hellaswag_local", "--include_path", str(tmp_path),
-           "--device", "cpu", "--output_path", str(tmp_path / "results"), "--log_samples"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # `python -m eval.lm_eval_model ...` in this process (a child's imports of lm-eval and transformers cost
+    # seconds), offline: datasets and huggingface_hub read HF_DATASETS_OFFLINE / HF_HUB_OFFLINE once, at their
+    # import, into these constants. lm-eval's TaskManager skips indexing its ~14,700 bundled task yamls (~40 s on 2
+    # cores; the local task needs none of them), nor is its environment report collected (no_env_report). The
+    # module registers "nanoact" anew as __main__ (the name is freed for it), and lm-eval's logging set-up (a
+    # handler, no propagation to the root logger) is undone afterwards.
+    for name, value in (("HF_DATASETS_OFFLINE", datasets.config), ("HF_HUB_OFFLINE", constants)):
+        monkeypatch.setenv(name, "1")
+        monkeypatch.setattr(value, name, True)
+    monkeypatch.setattr(lm_eval.tasks.TaskManager, "__init__", functools.partialmethod(
+        lm_eval.tasks.TaskManager.__init__, include_defaults=False))
+    monkeypatch.delitem(model_registry._objs, "nanoact")
+    monkeypatch.setattr(sys, "argv", [
+        "-m", "--model", "nanoact", "--model_args", f"checkpoint={ckpt.parent}", "--batch_size", "8", "--tasks",
+        "hellaswag_local", "--include_path", str(tmp_path), "--device", "cpu", "--output_path",
+        str(tmp_path / "results"), "--log_samples"])
+    logger = logging.getLogger("lm_eval")
+    monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+    monkeypatch.setattr(logger, "propagate", logger.propagate)
+    monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", lm_eval.utils._LOGGING_CONFIGURED)
+    level = logger.level
+    try:
+        runpy.run_module("eval.lm_eval_model", run_name="__main__", alter_sys=True)
+    finally:
+        logger.setLevel(level)
     written = list((tmp_path / "results").rglob("results_*.json"))
     assert len(written) == 1
     acc = json.loads(written[0].read_text())["results"]["hellaswag_local"]["acc,none"]

@@ -6,10 +6,6 @@ CPU tensors (impl.KERNEL_DEVICES), which a real run never does. What policy.py's
 from tests/probe_work.py where the test is about the decision, not the kernel; tests/test_kernel_policy.py
 has the child's failures, the cache and the recorded decisions."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +20,6 @@ if not kernels.INTERPRETED:
     pytest.skip("the kernels need Triton's interpreter here (tests/conftest.py sets TRITON_INTERPRET=1)",
                 allow_module_level=True)
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = Platform("cpu", "cpu", None, True, "3", True)
 FAMILIES = ["aglu", "apa", "nswish", "nrelu", "nswish/per_instance", "nrelu/per_instance"]
 
@@ -133,53 +128,21 @@ def test_select_on_platforms_without_the_kernels(monkeypatch, capsys):
                          compiled=False) == {}
 
 
-RANKS = """
-import json, os, sys
-import torch
-import torch.distributed as dist
-import activations
-from activations import impl, policy
-from training.distributed import setup
-from training.hardware import Platform
-
-if __name__ == "__main__":  # policy's child processes start by importing this file, as the parent's main module
-    import probe_work
-    impl.KERNEL_DEVICES = ("cuda", "cpu")
-    d = setup("cpu")
-    collectives = []
-    all_reduce = dist.all_reduce
-    dist.all_reduce = lambda *a, **k: collectives.append(1) or all_reduce(*a, **k)
-    model = torch.nn.Sequential(activations.build("aglu"), activations.build("nswish"))
-    # a verdict cache per rank: two machines, so that rank 1's failure is its own
-    decisions = policy.select(model, (8, 64), Platform("cpu", "cpu", triton="3"), "cpu", torch.float32, False, d,
-                              cache=f"{sys.argv[1]}.cache{d.rank}", work=probe_work.by_rank)
-    dist.all_reduce = all_reduce
-    with open(sys.argv[1] + f".{d.rank}.json", "w") as f:
-        json.dump({"decisions": decisions, "impls": [m.impl for m in model], "collectives": len(collectives)}, f)
-    dist.destroy_process_group()
-"""
 
 
 @pytest.mark.long
-def test_two_gloo_ranks_take_the_same_decision(tmp_path):
+@pytest.mark.xdist_group("two_rank_runs")
+def test_two_gloo_ranks_take_the_same_decision(two_rank_runs):
     """A kernel failing on rank 1 only makes both ranks use the PyTorch path; timings are summed over the ranks;
-    one collective in all."""
-    script = tmp_path / "ranks.py"
-    script.write_text(RANKS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
-           "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(script), str(tmp_path / "out")], env=env, cwd=ROOT, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    ranks = [json.loads((tmp_path / f"out.{r}.json").read_text()) for r in range(2)]
+    one collective in all (tests/selfcheck_ranks.py, a command of tests/two_rank_runs.py's torchrun job)."""
+    ranks = [json.loads((two_rank_runs / f"selfcheck.{r}.json").read_text()) for r in range(2)]
     for r in ranks:
         assert r["impls"] == ["torch", "triton"] and r["collectives"] == 1
         assert r["decisions"]["nswish"]["triton_ms"] == 2.5 and r["decisions"]["nswish"]["torch_ms"] == 3.5
     assert ranks[0]["decisions"]["aglu"]["reason"] == "the Triton kernel failed on 1 other rank(s) (their lines say why)"
     assert "simulated failure" in ranks[1]["decisions"]["aglu"]["reason"]
     assert "rank 1: aglu: the Triton kernel failed its check on cpu, float32: RuntimeError: ptxas fatal" \
-        in result.stdout
+        in (two_rank_runs / "job.log").read_text()
 
 
 def test_a_run_falls_back_and_trains_as_the_pytorch_path(auto_on_cpu, monkeypatch, tmp_path, capsys):

@@ -586,13 +586,17 @@ def test_sweep_refuses_eval_hellaswags_items_under_the_runs_own_name(tmp_path, w
         sweep_report.report(tmp_path, acts=["gelu", "relu"])
 
 
-def test_the_former_command_forwards_to_the_sweep_with_a_note(tmp_path, capsys):
+def test_the_former_command_forwards_to_the_sweep_with_a_note(tmp_path, capsys, monkeypatch):
     """`python -m analysis.sweep ...`, kept for one release: the same output as `python -m sweep ...`, and one line
-    on stderr that names the new command."""
+    on stderr that names the new command (run here as `python -m` runs a module: runpy, as __main__)."""
+    import runpy
+
     fake_run(tmp_path / "gelu_seed1", "gelu", 1, 3.5)
     cli.main(["--status", str(tmp_path)])
-    old = subprocess.run([sys.executable, "-m", "analysis.sweep", "--status", str(tmp_path)], capture_output=True,
-                         text=True, check=True)
-    assert old.stdout == capsys.readouterr().out and "gelu_seed1 | done" in old.stdout
-    assert old.stderr.splitlines() == ["note: `python -m analysis.sweep` is `python -m sweep` now; this name goes in "
-                                       "the next release"]
+    new = capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["-m", "--status", str(tmp_path)])
+    runpy.run_module("analysis.sweep", run_name="__main__", alter_sys=True)
+    old = capsys.readouterr()
+    assert old.out == new and "gelu_seed1 | done" in old.out
+    assert old.err.splitlines() == ["note: `python -m analysis.sweep` is `python -m sweep` now; this name goes in "
+                                    "the next release"]

@@ -148,18 +148,27 @@ def test_dropout_and_nswish_statistics_do_not_depend_on_how_the_step_is_split(tm
 @pytest.mark.long
 def test_kill_and_resume_equals_uninterrupted(tmp_path, capsys):
     """kill -9 of a trainer process mid-run; the resumed run (in this process: all it may read is the files the
-    killed one left) ends where an uninterrupted run does, bit for bit, log included."""
+    killed one left) ends where an uninterrupted run does, bit for bit, log included. The killed trainer is a fork of
+    this process (train_gpt2.train, as the runs here): a process of its own without a second torch import."""
     data = write_corpus(tmp_path / "data")
     # dropout: the RNG state must resume too; 60 steps so the kill lands mid-run (asserted below)
     extra = dict(act="nswish", dropout=0.1, checkpoint_interval=3, max_steps=60, eval_interval=10)
     train_in_process(args(data, tmp_path / "straight", **extra))
-    proc = run_trainer(args(data, tmp_path / "killed", **extra), background_log=tmp_path / "killed.log")
+    pid = os.fork()
+    if pid == 0:  # the trainer: it never returns to pytest, and ends only by the kill (or _exit if it fails first)
+        try:
+            train_in_process(args(data, tmp_path / "killed", **extra))
+        finally:
+            os._exit(1)
     deadline = time.time() + 120
-    while not (tmp_path / "killed" / "model_00003.pt").exists():
-        assert proc.poll() is None and time.time() < deadline, "trainer ended before its first checkpoint"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    try:
+        while not (tmp_path / "killed" / "model_00003.pt").exists():
+            assert os.waitpid(pid, os.WNOHANG) == (0, 0) and time.time() < deadline, \
+                "trainer ended before its first checkpoint"
+            time.sleep(0.02)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
     assert not (tmp_path / "killed" / "model_00060.pt").exists(), "the kill came after the end: nothing was tested"
     capsys.readouterr()
     train_in_process(args(data, tmp_path / "killed", resume="true", **extra))

@@ -1,7 +1,9 @@
 """The runs of 2 gloo processes that tests compare with one process (GPT-2 and translation training, HellaSwag
-scoring), made in turn by one torchrun job (tests/run_in_turn.py): a job's start-up (its agent, and each
-worker's torch and dynamo imports) costs more CPU than a tiny run. Tests that use the `two_rank_runs` fixture
-(tests/conftest.py) share the xdist group "two_rank_runs", so that one pytest-xdist worker runs the job."""
+scoring), and the kernels' "auto" decision on 2 ranks (tests/selfcheck_ranks.py), made in turn by one torchrun job
+(tests/run_in_turn.py): a job's start-up (its agent, and each worker's torch and dynamo imports) costs more CPU
+than a tiny run. Tests that use the `two_rank_runs` fixture (tests/conftest.py) share the xdist group "two_rank_runs", so that one pytest-xdist worker runs the job."""
+import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -31,10 +33,10 @@ TRANSLATION_RUN = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", 
 def two_rank_runs(tmp_path_factory):
     """The job's directory: gpt_data/ and translation_data/ (the corpora), spm/ (the sentencepiece model the
     translation run trained), a run directory per GPT_RUNS entry and fsdp-resumed/, fsdp_vs_ddp.json
-    (tests/fsdp_vs_ddp.py's), translation/, job.log (its stdout), and with the GPT-2 tokenizer eval/hellaswag.py's
-    hellaswag.json, of the checkpoint in run_gelu_0/ on hellaswag.jsonl (fsdp_vs_ddp.json then has HellaSwag
-    scores too), and eval/core.py's core.json of that checkpoint on core_bundle/ (bench/core_nanochat.py's tiny
-    bundle)."""
+    (tests/fsdp_vs_ddp.py's), translation/, job.log (its stdout), selfcheck.RANK.json (tests/selfcheck_ranks.py's)
+    where Triton's interpreter runs the kernels, and with the GPT-2 tokenizer eval/hellaswag.py's hellaswag.json, of
+    the checkpoint in run_gelu_0/ on hellaswag.jsonl (fsdp_vs_ddp.json then has HellaSwag scores too), and
+    eval/core.py's core.json of that checkpoint on core_bundle/ (bench/core_nanochat.py's tiny bundle)."""
     # imported when it runs: conftest.py imports this module, and the test files import its constants
     from bench.core_nanochat import write_tiny_bundle
     from conftest import offline_gpt2_encoding, tiny_checkpoint, write_hellaswag
@@ -66,6 +68,8 @@ def two_rank_runs(tmp_path_factory):
     except TokenizerError:
         pass
     commands.append(fsdp_vs_ddp)
+    if importlib.util.find_spec("triton") and os.environ.get("TRITON_INTERPRET") == "1":  # test_selfcheck.py's
+        commands.append(["tests/selfcheck_ranks.py", str(root / "selfcheck")])
     job = run_trainer(sum((["---", *c] for c in commands), [])[1:], nproc=2, script=ROOT / "tests" / "run_in_turn.py",
                       env={"NANOACT_CACHE": str(root / "nanoact_cache")})
     (root / "job.log").write_text(job.stdout)
