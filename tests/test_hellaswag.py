@@ -160,8 +160,9 @@ def test_rows_are_shared_between_scorings_and_items(gpt2_enc):
     assert not set(packing.index["completion"].flatten().tolist()) & set(packing.index["lm_eval"].flatten().tolist())
 
 
-def test_tokens_and_plan_are_cached(tiny, token_cache, monkeypatch):
-    model, path, _ = tiny
+def test_tokens_and_plan_are_cached(tiny, hellaswag_file, token_cache, monkeypatch):
+    model = tiny[0]
+    path = hellaswag_file(n=3, name="three_items.jsonl")  # what is cached, and when, holds at any number of items
     calls = []
 
     def counted(fn):
