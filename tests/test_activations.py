@@ -335,27 +335,52 @@ def test_anact_function_gradcheck(kind):
 
 
 # ---------------------------------------------------------------- compile, bf16
-# Every inductor test runs on one pytest-xdist worker (--dist loadgroup): that worker pays inductor's set-up (the
-# CPU-ISA probes: compiles and child processes) once, and its kernel cache serves kernels two tests share.
-@pytest.mark.long
-@pytest.mark.xdist_group("inductor")
-@pytest.mark.parametrize("name", ["aglu", "nswish", "polynorm"])
-def test_compile_matches_eager(name):
+COMPILED = ("aglu", "nswish", "polynorm")
+
+
+@pytest.fixture(scope="module")
+def compiled_and_eager_steps():
+    """Two training steps of each of COMPILED, eager and under inductor, from the same weights: {name: (eager,
+    compiled, [(eager output, compiled output, eager input grad, compiled input grad) per step])}.
+
+    The three run in one compiled function, each on its own input: inductor compiles one forward and one backward
+    graph for all of them, and its C++ wrapper puts each graph's kernels in one source file (one compiler run per
+    graph, each run's cost mostly loading torch's precompiled header, not one per kernel). Every inductor test runs
+    on one pytest-xdist worker (--dist loadgroup): that worker pays inductor's set-up (the CPU-ISA probes: compiles
+    and child processes) once, and its kernel cache serves kernels two tests share."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    eager = activations.build(name)
-    compiled = activations.build(name)
+    eager = torch.nn.ModuleDict({name: activations.build(name) for name in COMPILED})
+    compiled = torch.nn.ModuleDict({name: activations.build(name) for name in COMPILED})
     compiled.load_state_dict(eager.state_dict())
-    fn = torch.compile(compiled, backend="inductor", fullgraph=True)
-    for step in range(2):  # the second step takes the running-statistics branch of NSwish
-        x = torch.randn(4, 8, 32)
-        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-        g = torch.randn(4, 8, 32)
-        oe, oc = eager(xe), fn(xc)
-        oe.backward(g), oc.backward(g)
-        activations.step_statistics(eager), activations.step_statistics(compiled)
+    fn = torch.compile(lambda xs: [compiled[name](x) for name, x in zip(COMPILED, xs)], backend="inductor",
+                       fullgraph=True)
+    steps = {name: [] for name in COMPILED}
+    try:
+        with torch._inductor.config.patch(cpp_wrapper=True):
+            for step in range(2):  # the second step takes the running-statistics branch of NSwish
+                x = [torch.randn(4, 8, 32) for _ in COMPILED]
+                xe = [t.clone().requires_grad_() for t in x]
+                xc = [t.clone().requires_grad_() for t in x]
+                g = [torch.randn(4, 8, 32) for _ in COMPILED]
+                oe, oc = [eager[name](t) for name, t in zip(COMPILED, xe)], fn(xc)
+                torch.autograd.backward(oe, g), torch.autograd.backward(oc, g)
+                activations.step_statistics(eager), activations.step_statistics(compiled)
+                for name, out_e, out_c, in_e, in_c in zip(COMPILED, oe, oc, xe, xc):
+                    steps[name].append((out_e.detach(), out_c.detach(), in_e.grad, in_c.grad))
+    finally:
+        torch._dynamo.reset()  # leave no compiled graphs behind for later tests
+    return {name: (eager[name], compiled[name], steps[name]) for name in COMPILED}
+
+
+@pytest.mark.long
+@pytest.mark.xdist_group("inductor")
+@pytest.mark.parametrize("name", COMPILED)
+def test_compile_matches_eager(name, compiled_and_eager_steps):
+    eager, compiled, steps = compiled_and_eager_steps[name]
+    for oe, oc, ge, gc in steps:
         torch.testing.assert_close(oc, oe, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gc, ge, rtol=1e-5, atol=1e-5)
     for (n, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
         torch.testing.assert_close(pc.grad, pe.grad, rtol=1e-4, atol=1e-4, msg=n)
     for be, bc in zip(eager.buffers(), compiled.buffers()):

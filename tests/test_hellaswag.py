@@ -160,8 +160,9 @@ def test_rows_are_shared_between_scorings_and_items(gpt2_enc):
     assert not set(packing.index["completion"].flatten().tolist()) & set(packing.index["lm_eval"].flatten().tolist())
 
 
-def test_tokens_and_plan_are_cached(tiny, token_cache, monkeypatch):
-    model, path, _ = tiny
+def test_tokens_and_plan_are_cached(tiny, hellaswag_file, token_cache, monkeypatch):
+    model = tiny[0]
+    path = hellaswag_file(n=3, name="three_items.jsonl")  # what is cached, and when, holds at any number of items
     calls = []
 
     def counted(fn):
@@ -192,19 +193,21 @@ def test_tokens_and_plan_are_cached(tiny, token_cache, monkeypatch):
     assert len(list(token_cache.iterdir())) == 2
 
 
-def test_compiled_scorer_reuses_its_graphs_across_calls(tiny):
+def test_compiled_scorer_reuses_its_graphs_across_calls(tiny, hellaswag_file):
     """The training loop passes its compiled model: the first call compiles one graph per batch length
     (multiples of 64), later calls compile nothing."""
     from torch._dynamo.testing import CompileCounter
 
-    model, path, _ = tiny
+    model = tiny[0]
+    path = hellaswag_file(n=5, name="five_items.jsonl")  # several batches, more than their lengths
     eager = evaluate_model(model, "cpu", path, progress=False, batch_items=3)
     counter = CompileCounter()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=counter, dynamic=False)
     first = evaluate_model(compiled, "cpu", path, progress=False, batch_items=3)
-    lengths = {idx.shape[1] for _, idx, _ in next(iter(hellaswag._ROW_BATCHES.values())).batches}
-    assert lengths <= {64, 128} and counter.frame_count == len(lengths)
+    batches = next(iter(hellaswag._ROW_BATCHES.values())).batches
+    lengths = {idx.shape[1] for _, idx, _ in batches}
+    assert lengths <= {64, 128} and counter.frame_count == len(lengths) < len(batches)
     second = evaluate_model(compiled, "cpu", path, progress=False, batch_items=3)
     assert counter.frame_count == len(lengths)  # no recompilation
     for s in SCORINGS:
