@@ -19,7 +19,7 @@ TINY_GPT = '{"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64, "block_s
 # script -> (its arguments, a pattern its stdout holds: the table's or the JSON's). {root}: the fixture's folder.
 RUNS = {
     "activation_speed": (["--device", "cpu", "--acts", "gelu", "--rows", "8", "--rounds", "1", "--warmup", "1",
-                          "--backend", "aot_eager"],
+                          "--backend", "eager"],
                          r"\ngelu +[\d.]+ \(1\.00\)(.|\n)*\ncpu: the fused MLP \(activations/fused_mlp\.py, Triton\) runs only on a GPU"),
     "checkpoint_io": (["--smoke", "--rounds", "1", "--dir", "{root}"], r"\nread_checkpoint_file +[\d.]+ s"),
     "core_nanochat": ([], r"\nlm0 +language_modeling +6 +[\d.]+\nCORE ours -?[\d.]+; nanochat not run"),
