@@ -333,10 +333,11 @@ def memory_shape(config):
                              mlp_width(config), mlp_activation(config.act)[1], config.vocab_size)
 
 
-def memory_estimates(cfg, world_size):
+def memory_estimates(cfg, world_size, shape=None):
     """{dist: training/memory.py's Estimate per GPU} of a TrainConfig's run on `world_size` ranks under --dist ddp
-    and fsdp, in bfloat16 where its dtype is auto (CUDA's): what the sweep's cost table prints."""
-    shape = memory_shape(cfg.model)
+    and fsdp, in bfloat16 where its dtype is auto (CUDA's): what the sweep's cost table prints. shape: the model's
+    memory_shape, when the caller has it."""
+    shape = shape or memory_shape(cfg.model)
     precision = "bfloat16" if cfg.run.dtype in ("auto", "bfloat16") else cfg.run.dtype
     return {dist: memory.estimate(shape, cfg.optim.batch_size, cfg.optim.seq_len, dist, world_size, precision,
                                   cfg.run.activation_checkpointing, cfg.speed.loss_chunks) for dist in DISTS[:2]}

@@ -14,9 +14,11 @@
    afterwards) on a model of the default depth made narrow (d 64, token ids folded into 512) so a CPU walks the
    epoch in minutes.
 2. The first compiled step: one padded batch (--rows x --length: pairs of one padded shape, as gpu_check's)
-   through the default model (vocab --vocab), forward and backward, each way in a fresh process with an empty
-   inductor cache; then --steps eager and compiled steps interleaved (A B A B) in that process: target tokens/s
-   and the compiled loss against the eager one on the same batch (dropout 0, so they are the same computation).
+   through the default model (vocab --vocab), forward and backward, each way in its own process with an empty
+   inductor cache, forked from one that imported torch and dynamo and did nothing else (a fresh process but for the
+   imports: nothing compiled, no thread started, no lazy import done); then --steps eager and compiled steps
+   interleaved (A B A B) in that process: target tokens/s and the compiled loss against the eager one on the same
+   batch (dropout 0, so they are the same computation).
    Both models start from init seed 0 (the weights every figure in BENCHMARKS.md was measured with).
 """
 import argparse
@@ -26,10 +28,10 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -92,11 +94,11 @@ def graphs_table(args):
         print(f"| {way} | {loader.shapes()} | {len(loader)} | {warmed} | {during} |", flush=True)
 
 
-def one_way(args):
-    """In a fresh process: the first compiled step, then eager and compiled steps interleaved. Prints JSON."""
+def one_way(args, way):
+    """In a process that compiled nothing: the first compiled step, then eager and compiled steps interleaved."""
     device = torch.device(args.device)
     model = Transformer(model_config(args), seed=0).to(device).train()
-    compiled = compile_way(args.one, model, args.backend)
+    compiled = compile_way(way, model, args.backend)
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, args.vocab, (args.rows, args.length), generator=g).to(device)
     tgt = torch.randint(4, args.vocab, (args.rows, args.length), generator=g).to(device)
@@ -122,7 +124,52 @@ def one_way(args):
     tokens = args.rows * args.length
     speed = {"eager_tok_s": tokens / statistics.median(eager_s), "compiled_tok_s": tokens / statistics.median(compiled_s),
              "loss_rel_diff": loss_diff} if args.steps else {}
-    print(json.dumps({"way": args.one, "first_step_s": first, "first_step_cpu_s": first_cpu, "graphs": graphs, **speed}))
+    return {"way": way, "params": model.num_params(), "first_step_s": first, "first_step_cpu_s": first_cpu,
+            "graphs": graphs, **speed}
+
+
+def forked(work):
+    """go() runs work() in a child forked now and waits for it (its exit code): fork before anything compiles or
+    starts a thread (OpenMP's pool, CUDA), and the child starts from this process's imports alone. Without go()
+    (an error before it), the child leaves when this process does."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(write)
+        code = 0
+        try:
+            if os.read(read, 1):
+                work()
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    os.close(read)
+
+    def go():
+        sys.stdout.flush()
+        os.write(write, b"1")
+        os.close(write)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return go
+
+
+def first_steps(args, way):
+    """one_way's results from a child of this process (which compiles nothing) with an empty inductor cache."""
+    import torch._inductor.config
+
+    with tempfile.TemporaryDirectory() as tmp:  # nothing compiled before, by this way or another
+        result = Path(tmp) / "result.json"
+
+        def run():
+            os.environ.update(TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor", TORCHINDUCTOR_COMPILE_THREADS="1")
+            torch._inductor.config.compile_threads = 1  # inductor read the environment when dynamo imported it
+            result.write_text(json.dumps(one_way(args, way)))
+        if forked(run)():
+            raise SystemExit(f"{way}: its first step failed (the error above)")
+        return json.loads(result.read_text())
 
 
 def cpu_seconds():
@@ -132,20 +179,15 @@ def cpu_seconds():
 
 
 def steps_table(args):
-    params = Transformer(model_config(args), seed=0).num_params()
-    print(f"\nfirst compiled step: {params / 1e6:.2f}M parameters, {args.layers}L-{args.layers}L d 512 {args.act}, "
-          f"one batch of {args.rows} x {args.length} tokens, {args.device}, backend {args.backend}; then {args.steps} eager and compiled steps "
-          "interleaved\n")
-    print("| compiled | first step (s) | its CPU-s | graphs | eager tgt tok/s | compiled tgt tok/s | compiled / eager | "
-          "loss rel. diff |\n|---|---|---|---|---|---|---|---|")
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("one", "skip_steps", "skip_graphs", "ways")]
-    for way in args.ways.split(","):
-        with tempfile.TemporaryDirectory() as cache:  # nothing compiled before, by this way or another
-            out = subprocess.run([sys.executable, __file__, *flags, "--one", way], capture_output=True, text=True,
-                                 env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCHINDUCTOR_COMPILE_THREADS": "1"})
-        if out.returncode:
-            raise SystemExit(f"{way}: {out.stderr.strip().splitlines()[-1]}")
-        r = json.loads(out.stdout.strip().splitlines()[-1])
+    """Run in a process that compiled nothing and ran no torch op (its children are forked from it)."""
+    for n, way in enumerate(args.ways.split(",")):
+        r = first_steps(args, way)
+        if n == 0:  # the parameter count comes from the first child: this process builds no model
+            print(f"\nfirst compiled step: {r['params'] / 1e6:.2f}M parameters, {args.layers}L-{args.layers}L d 512 "
+                  f"{args.act}, one batch of {args.rows} x {args.length} tokens, {args.device}, backend {args.backend}; "
+                  f"then {args.steps} eager and compiled steps interleaved\n")
+            print("| compiled | first step (s) | its CPU-s | graphs | eager tgt tok/s | compiled tgt tok/s | "
+                  "compiled / eager | loss rel. diff |\n|---|---|---|---|---|---|---|---|")
         speed = (f"{r['eager_tok_s']:.0f} | {r['compiled_tok_s']:.0f} | {r['compiled_tok_s'] / r['eager_tok_s']:.2f}x | "
                  f"{r['loss_rel_diff']:.1e}") if args.steps else "- | - | - | -"
         print(f"| {way} | {r['first_step_s']:.1f} | {r['first_step_cpu_s']:.1f} | {r['graphs']} | {speed} |", flush=True)
@@ -168,15 +210,13 @@ def main(argv=None):
     p.add_argument("--ways", default=",".join(WAYS))
     p.add_argument("--skip-steps", action="store_true")
     p.add_argument("--skip-graphs", action="store_true")
-    p.add_argument("--one", choices=WAYS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.one:
-        return one_way(args)
+    steps = None if args.skip_steps else forked(lambda: steps_table(args))  # its ways forked before any compile
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.device}")
     if not args.skip_graphs:
         graphs_table(args)
-    if not args.skip_steps:
-        steps_table(args)
+    if steps and steps():
+        raise SystemExit(1)  # the steps table's error is above
 
 
 if __name__ == "__main__":

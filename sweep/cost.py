@@ -17,19 +17,28 @@ from errors import ConfigError
 from sweep.plan import trainer_config
 
 
-def gpt2_flops(config, options, cache):
-    """(activation, training FLOPs) of one GPT-2 run with these trainer options."""
-    key = tuple(options)
-    if key not in cache:
-        import torch
+def gpt2_costs(config, options, world_size, cache):
+    """(activation, training FLOPs, GiB per GPU under --dist ddp, under fsdp, the run's own --dist) of one GPT-2 run
+    with these trainer options on `world_size` ranks; the memory is train_gpt2.py's estimate (training/memory.py) at
+    the run's micro-batch."""
+    import torch
 
-        from model import GPT
+    from model import GPT
+    from train_gpt2 import memory_estimates, memory_shape
 
-        cfg = trainer_config("gpt2", ["--config", config, *options])
+    if tuple(options) in cache:
+        return cache[tuple(options)]
+    cfg = trainer_config("gpt2", ["--config", config, *options])
+    shape = repr(cfg.model)  # a size's runs differ in seed and lr: their model is built once
+    if shape not in cache:
         with torch.device("meta"):
-            per_token = GPT(cfg.model, seed=cfg.run.init_seed).flops_per_token(cfg.optim.seq_len)
-        cache[key] = cfg.model.act, per_token * cfg.optim.total_batch_size * cfg.optim.max_steps
-    return cache[key]
+            cache[shape] = GPT(cfg.model, seed=cfg.run.init_seed), memory_shape(cfg.model)
+    model, memory = cache[shape]
+    flops = model.flops_per_token(cfg.optim.seq_len) * cfg.optim.total_batch_size * cfg.optim.max_steps
+    estimates = memory_estimates(cfg, world_size, memory)
+    cache[tuple(options)] = (cfg.model.act, flops, estimates["ddp"].total / 2 ** 30, estimates["fsdp"].total / 2 ** 30,
+                             cfg.run.dist)
+    return cache[tuple(options)]
 
 
 def rerun_text(trainer, config, again, runs):
@@ -39,25 +48,12 @@ def rerun_text(trainer, config, again, runs):
         return f"rerun_refuted: up to {len(again)} more runs if the tuning audit clears no arm"
     cache = {}
     try:
-        more, total = (sum(gpt2_flops(config, options, cache)[1] for _, options in group) for group in (again, runs))
+        more, total = (sum(gpt2_costs(config, options, 1, cache)[1] for _, options in group) for group in (again, runs))
     except ConfigError as e:
         return f"rerun_refuted: up to {len(again)} more runs; FLOPs not counted: {e}"
     return (f"rerun_refuted: up to {len(again)} more runs, {more:.3g} training FLOPs ({more / total:.1%} on top of "
             "the total above) if the tuning audit clears no arm: each arm it does not clear runs again at every size "
             "above the lr grid's")
-
-
-def gpt2_memory(config, options, world_size, cache):
-    """(GiB per GPU under --dist ddp, under fsdp, the run's own --dist) of one GPT-2 run on `world_size` ranks:
-    train_gpt2.py's estimate (training/memory.py) at the run's micro-batch."""
-    key = ("memory", world_size, tuple(options))
-    if key not in cache:
-        from train_gpt2 import memory_estimates
-
-        cfg = trainer_config("gpt2", ["--config", config, *options])
-        estimates = memory_estimates(cfg, world_size)
-        cache[key] = estimates["ddp"].total / 2 ** 30, estimates["fsdp"].total / 2 ** 30, cfg.run.dist
-    return cache[key]
 
 
 def bench_rates(paths):
@@ -101,8 +97,7 @@ def cost_text(trainer, config, runs, rates, source, world_size=1, stages=None):
     cache, per_size, per_stage = {}, {}, {}
     for i, (size, options) in enumerate(runs):
         try:
-            act, flops = gpt2_flops(config, options, cache)
-            ddp, fsdp, dist = gpt2_memory(config, options, world_size, cache)
+            act, flops, ddp, fsdp, dist = gpt2_costs(config, options, world_size, cache)
         except ConfigError as e:  # the trainer says it again, in its own words, when the run starts
             return f"cost: {len(runs)} runs; FLOPs not counted: {e}"
         rate = rates.get(act, min(rates.values())) if rates else None

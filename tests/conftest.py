@@ -30,9 +30,14 @@ XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 
 def pytest_configure(config):
     """Triton's interpreter where there is no GPU, before any test module is collected. Not in an xdist controller:
-    it runs no test, and torch's import (~1.3 CPU-s) would delay the start of its workers."""
+    it runs no test, and torch's import (~1.3 CPU-s) would delay the start of its workers.
+    An xdist worker collects with the cyclic collector off (pytest_collection_finish turns it on): importing every
+    test module (torch, dynamo, scipy, transformers, ...) grows the heap by most of what it will hold, and the full
+    collections its allocations trigger on the way walked a heap that was all still in use."""
     if getattr(config.option, "numprocesses", None) and not XDIST_WORKER:
         return
+    if XDIST_WORKER:
+        gc.disable()
     import torch
 
     if not torch.cuda.is_available():
@@ -168,10 +173,12 @@ def pytest_collection_finish():
     """An xdist worker holds ~800k objects once it has collected (torch, scipy, transformers, ...), and the tests make
     few reference cycles: Python's full collections walked them all, ~45 times a suite (11.5 CPU-s over the two
     workers of `-n auto` on 2 cores; 5.3 frozen, with full collections 10x rarer). Workers only: a frozen object is
-    never freed, so the process leaves without the interpreter's teardown (pytest_sessionfinish)."""
+    never freed, so the process leaves without the interpreter's teardown (pytest_sessionfinish); so are the few
+    cycles the collection left as garbage, collected by none (pytest_configure)."""
     if XDIST_WORKER:
         gc.freeze()
         gc.set_threshold(700, 10, 100)  # the third: gen-1 collections per full one (default 10)
+        gc.enable()
 
 
 @pytest.hookimpl(trylast=True)

@@ -11,11 +11,13 @@ from pathlib import Path
 
 FORK_PER_RUN = r"""
 import gc, importlib, json, os, runpy, signal, sys
-runs, preload, limit, finalize = json.loads(sys.argv[1])
+runs, preload, later, limit, finalize = json.loads(sys.argv[1])
 for module in preload:
     importlib.import_module(module)
 gc.freeze()
-for n, (target, args) in enumerate(runs):
+for n, (target, args, after) in enumerate(runs):
+    for module in later if after else ():
+        importlib.import_module(module)
     pid = os.fork()
     if pid == 0:
         for fd, suffix in ((1, ".out"), (2, ".err")):
@@ -55,18 +57,25 @@ class Started:
         return f"exit {self.status} after {self.cpu_s} CPU-s\n--- stdout\n{self.out[-3000:]}\n--- stderr\n{self.err[-3000:]}"
 
 
-def run_forked(runs, cwd, preload=("torch",), limit=120, env=None, finalize=None):
+def run_forked(runs, cwd, preload=("torch",), limit=120, env=None, finalize=None, later=((), ())):
     """{name: Started} of runs {name: (script path or "-m module", [args])}, one after another in cwd (their
     output there as N.out, N.err, N.status); each ended after `limit` seconds. `preload`: modules the parent
     imports once for all (each command imports what it imports either way: this only saves the time).
+    later: (modules, names): the parent imports these modules once the other runs are done, then starts the runs
+    named (the commands that import them anyway); they are not frozen (gc.freeze()), so what they leave is freed at
+    a command's exit as in a fresh process (Triton's bindings report what is not: "nanobind: leaked ...").
     finalize: a module (e.g. "triton"); a command that imported it ends through the interpreter's exit, as the
     command would, so that what prints at exit (atexit, the module's finalizers) is in its stderr: 0.3-1 CPU-s a
     command with torch loaded. The others end by os._exit once their output is flushed (an uncaught exception
     still ends through the interpreter's exit)."""
-    cwd = Path(cwd)
+    cwd, (modules, after) = Path(cwd), later
+    names = sorted(runs, key=lambda name: name in after)  # stable: the others first, in their order
     subprocess.run([sys.executable, "-c", FORK_PER_RUN,
-                    json.dumps([[[target, list(args)] for target, args in runs.values()], preload, limit, finalize or ""])],
+                    json.dumps([[[*runs[name], name in after] for name in names], preload, modules, limit,
+                                finalize or ""])],
                    cwd=cwd, env=env, check=True, timeout=limit * len(runs) + 60)
-    ended = [(cwd / f"{n}.status").read_text().split() for n in range(len(runs))]
-    return {name: Started(int(status), float(cpu), (cwd / f"{n}.out").read_text(), (cwd / f"{n}.err").read_text())
-            for n, (name, (status, cpu)) in enumerate(zip(runs, ended))}
+    done = {}
+    for n, name in enumerate(names):
+        status, cpu = (cwd / f"{n}.status").read_text().split()
+        done[name] = Started(int(status), float(cpu), (cwd / f"{n}.out").read_text(), (cwd / f"{n}.err").read_text())
+    return {name: done[name] for name in runs}

@@ -19,7 +19,7 @@ TINY_GPT = '{"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64, "block_s
 # script -> (its arguments, a pattern its stdout holds: the table's or the JSON's). {root}: the fixture's folder.
 RUNS = {
     "activation_speed": (["--device", "cpu", "--acts", "gelu", "--rows", "8", "--rounds", "1", "--warmup", "1",
-                          "--backend", "aot_eager"],
+                          "--backend", "eager"],
                          r"\ngelu +[\d.]+ \(1\.00\)(.|\n)*\ncpu: the fused MLP \(activations/fused_mlp\.py, Triton\) runs only on a GPU"),
     "checkpoint_io": (["--smoke", "--rounds", "1", "--dir", "{root}"], r"\nread_checkpoint_file +[\d.]+ s"),
     "core_nanochat": ([], r"\nlm0 +language_modeling +6 +[\d.]+\nCORE ours -?[\d.]+; nanochat not run"),
@@ -68,6 +68,10 @@ RUNS = {
     "translation_init_loss": (["--d-model", "16", "--layers", "1", "--vocab", "50", "--batch", "2", "--length", "4"],
                               r"\n\| deepnorm \| tied \| torchscale \| [\d.]+ \|"),
 }
+# the scripts that import torch._dynamo (torch.compile, or torch.optim's first optimizer): started last, after the
+# batch's parent has imported it (tests/forked_scripts.py's `later`)
+DYNAMO = {"activation_speed", "checkpoint_io", "contender_memory", "coord_check", "memory_estimate", "train_step",
+          "translation_compile"}
 # scripts another test starts as `python bench/SCRIPT.py` already, with arguments that run all of it
 STARTED_BY = {"gpu_check": "tests/test_gpu_check.py"}
 GPT2_BPE = {"hellaswag", "core_nanochat"}  # the scripts that tokenize with GPT-2's BPE: tiktoken online, or ../shared's offline cache
@@ -117,10 +121,11 @@ def started(tmp_path_factory):
         tokenizer = False
     runs = {name: (str(ROOT / "bench" / f"{name}.py"), [a.replace("{root}", str(root)) for a in args])
             for name, (args, _) in RUNS.items() if tokenizer or name not in GPT2_BPE}
-    # Triton's nanobind bindings report leaks at the interpreter's exit: a script that imported it ends there
-    # the statistics and plotting scripts' imports loaded once (not torch._dynamo: triton would then be loaded in
-    # every command, and what it leaks at exit lost among the parent's)
-    return run_forked(runs, cwd, preload=("torch", "scipy.stats", "matplotlib.pyplot"), limit=240, finalize="triton")
+    # Triton's nanobind bindings report leaks at the interpreter's exit: a script that imported it ends there.
+    # The statistics and plotting scripts' imports loaded once; torch._dynamo (which imports triton) once the
+    # others have run, so that they end as before
+    return run_forked(runs, cwd, preload=("torch", "scipy.stats", "matplotlib.pyplot"), limit=240, finalize="triton",
+                      later=(("torch._dynamo",), DYNAMO))
 
 
 def test_every_script_has_a_run():

@@ -311,6 +311,7 @@ def trainer_accepts(cls, flag):
 
 
 @functools.cache
+@functools.cache  # a script's top level runs once, however many commands start it
 def accepts(script):
     """flag -> accepted? for a script of ours: runs its main() until it reads argv (argparse, or
     training/config.run_cli for the trainers) and stops it there, before any data, model or device is touched."""

@@ -9,6 +9,7 @@ Unknown keys and values that do not parse are one-line errors that name the vali
 import ast
 import dataclasses
 import difflib
+import functools
 import inspect
 import json
 import textwrap
@@ -225,6 +226,7 @@ def from_dict(cls, data):
     return cls(**kwargs)
 
 
+@functools.cache  # read once per class, not per option: inspect.getsource parses the class's whole module
 def _field_comments(klass):
     """{field: what its comment says} of one dataclass body: the comment after the field, else the comment lines
     just above it. The comments are the options' documentation, written once, beside the defaults."""
