@@ -135,6 +135,23 @@ def test_pointwise_edges_as_the_pytorch_path():
                                        msg=lambda s: f"{name} {params} {what}: {s}")
 
 
+def sgd_step(model, loss_of):
+    """(the loss, every parameter after one SGD step at lr 0.5 on it)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    loss = loss_of()
+    loss.backward()
+    optimizer.step()
+    return loss.detach(), {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def assert_same_step(unfused, fused, what):
+    """The fused step's loss and parameters equal the unfused one's within fp32's tolerance."""
+    (loss, params), (loss_fused, params_fused) = unfused, fused
+    torch.testing.assert_close(loss_fused, loss, rtol=1e-5, atol=1e-6)
+    for name, p in params.items():
+        torch.testing.assert_close(params_fused[name], p, rtol=1e-4, atol=1e-6, msg=f"{what} {name}")
+
+
 def test_a_training_step_with_the_fused_mlp_equals_one_without(monkeypatch):
     """GPT-2 (tiny; AGLU, then SwiGLU) through one SGD step with every MLP fused and without: the loss and every
     parameter after the step, kappa and lam included, within fp32's tolerance (SGD: Adam's first step, lr sign(grad),
@@ -153,15 +170,8 @@ def test_a_training_step_with_the_fused_mlp_equals_one_without(monkeypatch):
             model.to(DEVICE)
             for block in model.transformer.h:
                 block.mlp.fused = fused
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-            _, loss = model(idx.to(DEVICE), targets.to(DEVICE))
-            loss.backward()
-            optimizer.step()
-            results.append((loss.detach(), {n: p.detach().clone() for n, p in model.named_parameters()}))
-        (loss, params), (loss_fused, params_fused) = results
-        torch.testing.assert_close(loss_fused, loss, rtol=1e-5, atol=1e-6)
-        for name, p in params.items():
-            torch.testing.assert_close(params_fused[name], p, rtol=1e-4, atol=1e-6, msg=f"{act} {name}")
+            results.append(sgd_step(model, lambda: model(idx.to(DEVICE), targets.to(DEVICE))[1]))
+        assert_same_step(*results, act)
     assert calls == [1, 1]  # one fused layer's backward per activation, in the fused runs only
 
 
@@ -184,15 +194,9 @@ def test_a_translation_step_with_the_fused_ffn_equals_one_without(monkeypatch):
         assert sorted(policy.fused_groups(model)) == ["mlp/relu"] and len(policy.fused_groups(model)["mlp/relu"]) == 2
         for ffn in policy.fused_groups(model)["mlp/relu"]:
             ffn.fused = fused
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-        loss = model.loss(model(src.to(DEVICE), tgt[:, :-1].to(DEVICE)), tgt[:, 1:].to(DEVICE))
-        loss.backward()
-        optimizer.step()
-        results.append((loss.detach(), {n: p.detach().clone() for n, p in model.named_parameters()}))
-    (loss, params), (loss_fused, params_fused) = results
-    torch.testing.assert_close(loss_fused, loss, rtol=1e-5, atol=1e-6)
-    for name, p in params.items():
-        torch.testing.assert_close(params_fused[name], p, rtol=1e-4, atol=1e-6, msg=name)
+        results.append(sgd_step(model, lambda: model.loss(model(src.to(DEVICE), tgt[:, :-1].to(DEVICE)),
+                                                          tgt[:, 1:].to(DEVICE))))
+    assert_same_step(*results, "translation")
     assert calls == [1, 1]  # encoder's and decoder's FFN, in the fused run only
     assert policy.fused_groups(Transformer(TranslationConfig(**cfg, act_dropout=0.1), seed=0)) == {}
 
