@@ -50,11 +50,15 @@ def pytest_collection_modifyitems(items):
 
     A test in two xdist groups (a module's pytestmark and its own mark) is in neither for --dist loadgroup, but in a
     third, "A_B", which may go to the other worker: the session fixture both groups were made to share (the
-    two_rank_runs torchrun job) would then run twice. Refused at collection."""
+    two_rank_runs torchrun job) would then run twice. Refused at collection, as is a test that uses that job
+    outside its group (another worker would run the job again)."""
     for item in items:
         groups = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group") if mark.args})
         if len(groups) > 1:
             raise pytest.UsageError(f"{item.nodeid}: in xdist groups {groups}; a test may share one group only")
+        if "two_rank_runs" in getattr(item, "fixturenames", ()) and groups != ["two_rank_runs"]:
+            raise pytest.UsageError(f"{item.nodeid}: uses the two_rank_runs job outside "
+                                    '@pytest.mark.xdist_group("two_rank_runs"); mark it so that one worker runs the job')
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 

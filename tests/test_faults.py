@@ -69,26 +69,30 @@ def assert_same_weights(a, b):
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc (Linux)")
 def test_a_worker_lost_on_two_torchrun_nodes_resumes_to_the_uninterrupted_end(tmp_path, two_rank_runs):
     """docs/fault_tolerance.md's multi-node recipe (c10d rendezvous, --max-restarts, a fresh store per round) as two
-    1-process nodes on 127.0.0.1, one worker killed by kill -9: both agents restart their worker, the group re-forms,
-    training resumes from the newest checkpoint and ends with the weights of 2 ranks that were never interrupted
-    (tests/two_rank_runs.py's "elastic": the same arguments, dropout included, so each rank's RNG must resume too)."""
+    1-process nodes on 127.0.0.1 under --dist fsdp, one worker killed by kill -9: both agents restart their worker,
+    the group re-forms, training resumes from the newest sharded checkpoint (each rank's shard of the weights and
+    of AdamW's moments) and ends with the weights of 2 ranks that were never interrupted (tests/two_rank_runs.py's
+    "elastic": the same arguments, dropout included, whose masks are seeded by the step and the micro-batch's place
+    in the data, training/loop.py's micro_batch_seeds). DDP's 2-rank resume: tests/test_train_gpt2.py's "noise"."""
     data, straight = two_rank_runs / "gpt_data", two_rank_runs / "elastic"
+    end = GPT_RUNS["elastic"]["max_steps"]
     endpoint = f"127.0.0.1:{free_port()}"
     nodes = [torchrun(args(data, tmp_path / "nodes", **GPT_RUNS["elastic"]), tmp_path / f"node{rank}.log", "--nnodes",
                       "2", "--nproc_per_node", "1", "--node-rank", str(rank), "--rdzv-backend", "c10d",
                       "--rdzv-endpoint", endpoint, "--rdzv-id", "loopback", "--max-restarts", "1",
                       env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}) for rank in (0, 1)]
-    wait_for(lambda: (tmp_path / "nodes" / "model_00004.pt").exists(), nodes[0], "a checkpoint at step 4")
+    wait_for(lambda: (tmp_path / "nodes" / "model_00004.dcp").exists(), nodes[0], "a checkpoint at step 4")
     os.kill(next(filter(None, (worker_pid(node.pid, rank=1) for node in nodes))), signal.SIGKILL)
     for rank, node in enumerate(nodes):
         assert node.wait(timeout=300) == 0, (tmp_path / f"node{rank}.log").read_text()
     survivor, logs = (tmp_path / "node0.log").read_text(), (tmp_path / "node1.log").read_text()
-    restart = re.search(r"^restart 1: resuming model_(\d{5})\.pt at step (\d+)$", survivor + logs, re.M)
+    restart = re.search(r"^restart 1: resuming \S*model_(\d{5})\.dcp at step (\d+)$", survivor + logs, re.M)
     assert "world 2" in survivor and restart and int(restart[1]) == int(restart[2]), survivor + logs
-    assert 4 <= int(restart[2]) < 40, "the kill came after the end: nothing was tested"
+    assert 4 <= int(restart[2]) < end, "the kill came after the end: nothing was tested"
     assert "[rank0]: Traceback" not in survivor  # the survivor ends its attempt with one line (lost a peer)
     assert train_losses(tmp_path / "nodes") == train_losses(straight)
-    assert_same_weights(final_weights(straight, 40), final_weights(tmp_path / "nodes", 40))
+    ours, theirs = (load_checkpoint(run / f"model_{end:05d}.dcp")["model"] for run in (straight, tmp_path / "nodes"))
+    assert_same_weights(ours, theirs)
 
 
 def test_several_nodes_with_restarts_need_a_fresh_store_per_round(monkeypatch):

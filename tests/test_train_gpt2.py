@@ -17,7 +17,7 @@ import torch
 from eval import hellaswag_items
 from model import GPT, GPTConfig
 from training.checkpoint import list_checkpoints
-from two_rank_runs import GPT_RUNS
+from two_rank_runs import GPT_RUNS, NOISE_RESUMED
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 64
@@ -134,7 +134,9 @@ def test_dropout_and_nswish_statistics_do_not_depend_on_how_the_step_is_split(tm
     """1 process accumulating 2 micro-batches and 2 gloo ranks with 1 each train on the same batches; with dropout
     and NSwish's running statistics (the step's batch, all ranks) they also draw the same masks and normalise
     alike: the same losses and weights, running statistics included, bit for bit. Each micro-batch normalises
-    with its own statistics, so the start line says the results depend on the micro-batch size."""
+    with its own statistics, so the start line says the results depend on the micro-batch size. The 2 ranks' run
+    resumed from its step-4 checkpoint (weights, statistics, AdamW's moments, each rank's place in the data) ends
+    bit for bit as it did."""
     train_in_process(args(two_rank_runs / "gpt_data", tmp_path / "single", **GPT_RUNS["noise"]))
     start = next(line for line in capsys.readouterr().out.splitlines() if "grad accum 2" in line)
     assert "NSwish/NReLU normalise each of the step's 2 micro-batches with its own statistics" in start
@@ -143,6 +145,11 @@ def test_dropout_and_nswish_statistics_do_not_depend_on_how_the_step_is_split(tm
     assert a.keys() == b.keys() and "transformer.h.0.mlp.act.running_rho" in a
     for key in a:
         assert torch.equal(a[key], b[key]), key
+    resumed, straight = train_losses(two_rank_runs / NOISE_RESUMED), train_losses(two_rank_runs / "noise")
+    assert resumed[0] == straight[0][4:] and resumed[1][-1] == straight[1][-1]
+    resumed_weights = final_weights(two_rank_runs / NOISE_RESUMED)
+    for key in a:
+        assert torch.equal(resumed_weights[key], a[key]), key
 
 
 @pytest.mark.long

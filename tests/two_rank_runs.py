@@ -14,15 +14,16 @@ GPT_RUNS = {  # run directory -> train_gpt2.py's arguments over test_train_gpt2.
     "plain": {},
     # the chunked loss, and an SDPA backend (a no-op on CPU); eager: a compiled pair of runs costs ~2 min here
     "speed-options": dict(loss_chunks=3, attention_backend="cudnn,flash"),
-    # tests/test_faults.py's uninterrupted run: dropout, so that every rank's RNG state must resume too
-    "elastic": dict(max_steps=40, eval_interval=20, checkpoint_interval=2, dropout=0.1, auto_resume="true"),
-    # dropout and NSwish's running statistics: the same noise and statistics as 1 process accumulating 2 batches
+    # tests/test_faults.py's uninterrupted run, sharded (FSDP2), with dropout
+    "elastic": dict(dist="fsdp", max_steps=20, eval_interval=10, checkpoint_interval=2, dropout=0.1,
+                    auto_resume="true"),
+    # dropout and NSwish's running statistics: the same noise and statistics as 1 process accumulating 2 batches;
+    # resumed from its step 4 by the job's last GPT-2 run (NOISE_RESUMED)
     "noise": dict(dropout=0.1, act="nswish"),
-    # tests/test_fsdp.py: "plain" sharded (FSDP2), evaluated at the end only, and the same run resumed from its
-    # step-4 checkpoint
+    # tests/test_fsdp.py: "plain" sharded (FSDP2), evaluated at the end only
     "fsdp": dict(dist="fsdp", eval_interval=0),
 }
-FSDP_RESUMED = "fsdp-resumed"
+NOISE_RESUMED = "noise-resumed"  # "noise" resumed from its step-4 checkpoint by the next run of the job
 # tests/test_train_translation.py's step on 2 ranks, 1 batch each: train_translation.py's arguments over that
 # file's `args` (dropout, and NSwish with running statistics), and the run directory
 TRANSLATION_RUN = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", "false", "--act-kwargs", "{}",
@@ -32,7 +33,7 @@ TRANSLATION_RUN = ("--max-steps", "3", "--eval-interval", "3", "--test-at-end", 
 @pytest.fixture(scope="session")
 def two_rank_runs(tmp_path_factory):
     """The job's directory: gpt_data/ and translation_data/ (the corpora), spm/ (the sentencepiece model the
-    translation run trained), a run directory per GPT_RUNS entry and fsdp-resumed/, fsdp_vs_ddp.json
+    translation run trained), a run directory per GPT_RUNS entry and noise-resumed/, fsdp_vs_ddp.json
     (tests/fsdp_vs_ddp.py's), translation/, job.log (its stdout), selfcheck.RANK.json (tests/selfcheck_ranks.py's)
     where Triton's interpreter runs the kernels, and with the GPT-2 tokenizer eval/hellaswag.py's hellaswag.json, of
     the checkpoint in run_gelu_0/ on hellaswag.jsonl (fsdp_vs_ddp.json then has HellaSwag scores too), and
@@ -48,8 +49,8 @@ def two_rank_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("two_rank_runs")
     gpt_data = write_corpus(root / "gpt_data")
     commands = [["train_gpt2.py", *args(gpt_data, root / name, **extra)] for name, extra in GPT_RUNS.items()]
-    commands += [["tests/copy_checkpoint.py", str(root / "fsdp"), "4", str(root / FSDP_RESUMED)],
-                 ["train_gpt2.py", *args(gpt_data, root / FSDP_RESUMED, **GPT_RUNS["fsdp"], resume="true")]]
+    commands += [["tests/copy_checkpoint.py", str(root / "noise"), "4", str(root / NOISE_RESUMED)],
+                 ["train_gpt2.py", *args(gpt_data, root / NOISE_RESUMED, **GPT_RUNS["noise"], resume="true")]]
     commands.append(["train_translation.py", *translation_args(write_translation_corpus(root / "translation_data"),
                                                                root / "translation", root / "spm", *TRANSLATION_RUN)])
     fsdp_vs_ddp = ["tests/fsdp_vs_ddp.py", str(root / "fsdp_vs_ddp.json")]
