@@ -4,8 +4,8 @@ multipliers 1, 0.958, 0.892, the horizon design on 6 grid seeds): the headline's
 prints for --draws ladders drawn from it (ladder_fit.fit_ladder, --sims per truth): how often it falls below 0.90,
 with the one-arm bend among the report's truths (stats/ladder_unseen.py bend_perturbations) and without it.
 
-    python experiments/ladder_one_arm_bend.py --amplitude -1 --draws 16 --sims 200
-    python experiments/ladder_one_arm_bend.py --amplitude 0 --draws 16 --sims 200   # no bend
+    python experiments/ladder_one_arm_bend.py --amplitude -1 --draws 40 --sims 200
+    python experiments/ladder_one_arm_bend.py --amplitude 0 --draws 40 --sims 200   # no bend
 """
 import argparse
 from dataclasses import replace
