@@ -164,6 +164,8 @@ def bend_perturbations(truth, est, log_c, form, arms):
     one truth per arm that shows one: one_arm_bends' estimate less one standard error towards 0 (soft-thresholded:
     none where the estimate is within one error of 0). arms: the arms' names, the baseline first."""
     amplitude, se = (v[0] for v in one_arm_bends(est, log_c, form))
+    if truth.seeds == 1:  # one seed measures no noise: the fit's residuals scale the noise model's unit sd, as in
+        se = se * est["fits"][form]["residual_scale"][0]  # the twin (ladder_noise.truth_of)
     shown = np.sign(amplitude) * np.maximum(np.abs(amplitude) - se, 0.0)
     return {f"a second power term in {arms[j]}'s law alone, {v:+.2g}x the baseline's first term at the largest rung "
             "(half its exponent): as large as the data show it, less one standard error":
