@@ -167,7 +167,8 @@ def fit_ladder(ladder, baseline, options=scaling.Options(), target=None, extrapo
                           "moments), t interval with the residual variance (Hartung-Knapp), delta method for the "
                           "multipliers and the slope",
               "throughput_source": (throughput or {}).get("source")}
-    result["calibration"] = {**report_calibration(est, log_c, head["form"], n, options, n_sims, rng, *lr_design),
+    result["calibration"] = {**report_calibration(est, log_c, head["form"], n, options, n_sims, rng, *lr_design,
+                                                arms=arms),
                              "seed": rng}
     shared = est["fits"]["shared"]
     for j, a in enumerate(arms):

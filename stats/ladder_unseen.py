@@ -12,10 +12,16 @@ and the twin perturbed by what the fit cannot see, each within what the ladder's
                   reads as none about half the time);
     second term   a second, slower power term in every arm's law (the same term: the law's shape), and
     floor         a lower floor E for the baseline, each as large as the headline fit's own residual test (chi^2 at
-                  5%) would detect DETECT of the time, noise-free.
-(A second term in one arm's law alone, as large as that test detects only 10% of the time, already took the
-headline's coverage to 0.85 on configuration b, experiments/lr_horizon.md: it is left out, as every such ladder would
-print that, whatever its truth.)
+                  5%) would detect DETECT of the time, noise-free;
+    one arm's bend  a second power term in one other arm's law alone (a truth for each), as large as the ladder's
+                  data show it: a 1-dof score test along that arm's bend (one_arm_bends), its estimate less one
+                  standard error towards 0 (none within one error of 0).
+A bend in one arm alone is scaled to the data, not to a detection rate: one the residual chi^2 test rarely detects
+already takes the headline's coverage well below its level (configuration b, experiments/lr_horizon.md), so every
+ladder would print that whatever its truth, while that test, spread over every direction at once, misses half the
+bends that make the interval miss most of the time. The targeted test sees them; the soft threshold keeps a ladder
+with no bend from planting its noise at full size (BENCHMARKS.md, "A bend in one arm's law alone": how often the
+printed coverage falls below 0.90 with and without a bend).
 Coverage is the headline's (the trend fit's twin); the trend's false alarm and Holm's family-wise error are a null
 twin's (every arm the baseline's law in the shared fit: a constant multiplier, and no arm differing); the lr and
 seed perturbations enter both, the curve perturbations coverage alone (they make the multiplier change). Every
@@ -101,22 +107,70 @@ def seed_perturbations(truth, lr):
     return out
 
 
+def second_term(truth, amplitudes):
+    """The truth with each arm's law plus a second, slower power term: half the baseline's exponent, amplitudes (K,)
+    in units of the baseline's first term at the largest rung (0: none)."""
+    a, alpha = truth.curves[0][1][0]
+    unit = a * float(truth.compute[-1]) ** (-alpha / 2)
+    return replace(truth, curves=tuple((floor_e, own + (((amplitude * unit, alpha / 2),) if amplitude else ()))
+                                       for (floor_e, own), amplitude in zip(truth.curves, amplitudes)))
+
+
 def curve_perturbations(truth, form):
     """{name: truth} of the twin with a second power term in every arm's law or a lower floor in the baseline's,
     each scaled to what the headline fit's residuals detect DETECT of the time."""
     (e, terms), *others = truth.curves
-    a, alpha = terms[0]
-    top = float(truth.compute[-1])
-
-    def second(amplitude):  # amplitude: the term over the baseline's first at the largest rung, in every arm
-        term = (amplitude * a * top ** (-alpha / 2), alpha / 2)
-        return replace(truth, curves=tuple((floor_e, own + (term,)) for floor_e, own in truth.curves))
+    k = len(truth.curves)
 
     def floor(amplitude):  # amplitude: the drop in E over a tenth of E
         return replace(truth, curves=((e * (1 - 0.1 * min(amplitude, 9.0)), terms), *others))
 
-    return {"a second power term (half the baseline's exponent) in every arm's law": scaled(second, truth, form),
+    return {"a second power term (half the baseline's exponent) in every arm's law":
+            scaled(lambda amplitude: second_term(truth, (amplitude,) * k), truth, form),
             "the baseline's floor E lower than the others'": scaled(floor, truth, form)}
+
+
+def one_arm_bends(est, log_c, form):
+    """Each other arm's own second power term as its ladder's means show it (second_term's, in arm j's law alone):
+    its amplitude (B, K-1) and standard error. The Gauss-Newton step from the headline fit in `form` along the term's
+    whitened direction less what the fit's own parameters absorb of it (its residual projection off the fit's
+    Jacobian): a 1-dof score test, which sees a bend in one arm that the residual chi^2 test, spread over every
+    direction at once, misses. A direction the fit absorbs entirely has amplitude 0 and an infinite error."""
+    r, jac, whiten = scaling.whitened_fit(est, log_c, form)
+    b, k, s = est["means"].shape
+    theta = est["fits"][form]["theta"]
+    _, al, la, _ = scaling.layout(form, k)
+    x = log_c[0] - est["centre"]
+    alpha = theta[:, al[0], None]
+    shape = np.exp(theta[:, la[0], None] - alpha * x.max() - alpha / 2 * (x - x.max()))  # (B, S): second_term's
+    hat = jac @ np.linalg.pinv(np.einsum("bnp,bnq->bpq", jac, jac)) @ jac.transpose(0, 2, 1)
+    amplitude, se = np.zeros((b, k - 1)), np.full((b, k - 1), np.inf)
+    for j in range(1, k):
+        direction = np.zeros((b, k, s))
+        direction[:, j] = shape
+        d = np.einsum("bij,bj->bi", whiten, direction.reshape(b, -1))
+        unseen = d - np.einsum("bij,bj->bi", hat, d)  # what no change of the fit's parameters reproduces
+        seen = (unseen ** 2).sum(axis=1)
+        ok = seen > 1e-12 * (d ** 2).sum(axis=1)  # a direction inside the fit's span leaves only rounding
+        # r is fitted - means: a bend the fit missed leaves -amplitude x `unseen` in r (Frisch-Waugh: regressing r on
+        # the part of the direction orthogonal to the Jacobian is the joint fit's coefficient, a bound held or not)
+        amplitude[ok, j - 1] = -(unseen * r).sum(axis=1)[ok] / seen[ok]
+        se[ok, j - 1] = 1 / np.sqrt(seen[ok])
+    return amplitude, se
+
+
+def bend_perturbations(truth, est, log_c, form, arms):
+    """{name: truth} of the twin with one other arm's own second power term as large as its ladder's data show it,
+    one truth per arm that shows one: one_arm_bends' estimate less one standard error towards 0 (soft-thresholded:
+    none where the estimate is within one error of 0). arms: the arms' names, the baseline first."""
+    amplitude, se = (v[0] for v in one_arm_bends(est, log_c, form))
+    if truth.seeds == 1:  # one seed measures no noise: the fit's residuals scale the noise model's unit sd, as in
+        se = se * est["fits"][form]["residual_scale"][0]  # the twin (ladder_noise.truth_of)
+    shown = np.sign(amplitude) * np.maximum(np.abs(amplitude) - se, 0.0)
+    return {f"a second power term in {arms[j]}'s law alone, {v:+.2g}x the baseline's first term at the largest rung "
+            "(half its exponent): as large as the data show it, less one standard error":
+            second_term(truth, [0.0] * j + [v] + [0.0] * (len(arms) - j - 1))
+            for j, v in enumerate(shown, start=1) if v}
 
 
 def null_of(truth):
@@ -134,17 +188,20 @@ def worst(results, key, lowest):
 
 
 def report_calibration(est, log_c, form, seeds, options, n, rng, design="smallest", lr_seeds=1,
-                       audit_seeds=AUDIT_SEEDS, tolerance=AuditOptions.tolerance):
+                       audit_seeds=AUDIT_SEEDS, tolerance=AuditOptions.tolerance, arms=None):
     """The rates a ladder report prints for estimate's output `est` (one ladder, headline `form`, `seeds` seeds a
     cell): calibrate's keys, each the worst over the twin and its perturbations (module docstring), n ladders
     each; "twin": the twin's own rates; "worst": {rate: the truth it came from}; "truths": {name: its rates and
     assumptions}. design, lr_seeds: the plan's lr design (ladder_noise.DESIGNS) and the grid's seeds; design None:
     no lr stage (each arm at its optimum at every size, as the fit assumes); audit_seeds, tolerance: the plan's
-    tuning audit's seeds (0: none) and the report's tolerance."""
+    tuning audit's seeds (0: none) and the report's tolerance; arms: the arms' names, the baseline first (None:
+    "arm 1", ...)."""
     lr = None if design is None else lr_stage(design, lr_seeds, audit_seeds,
                                               AuditOptions(tolerance, options.confidence))
     twin = truth_of(est, 0, log_c, form, seeds)
-    groups = {"coverage": {"the fit": twin, **seed_perturbations(twin, lr), **curve_perturbations(twin, form)},
+    arms = arms or [f"arm {j}" for j in range(log_c.shape[0])]
+    groups = {"coverage": {"the fit": twin, **seed_perturbations(twin, lr), **curve_perturbations(twin, form),
+                           **bend_perturbations(twin, est, log_c, form, arms)},
               "null": {}}
     if est["slope"] is not None:
         null = null_of(truth_of(est, 0, log_c, "shared", seeds))

@@ -219,6 +219,17 @@ def _whitened(theta, y, x, idx, whiten):
     return r, np.einsum("bij,bjp->bip", whiten, jac)
 
 
+def whitened_fit(est, log_c, form):
+    """An estimate's fit in `form` of its ladders at log C (K, S) as generalised least squares sees it: (whitened
+    residuals fitted - means (B, K*S), whitened Jacobian (B, K*S, p), the whitening (B, K*S, K*S), the inverse
+    Cholesky factor of the means' seed covariance plus the fit's size effect)."""
+    f = est["fits"][form]
+    b, k, s = est["means"].shape
+    cov = est["cov_means"] + f["size_effect_sd"][:, None, None] ** 2 * _cell_masks(k, s)[1]
+    whiten = np.linalg.inv(np.linalg.cholesky(cov))
+    return (*_whitened(f["theta"], est["means"], log_c - est["centre"], layout(form, k), whiten), whiten)
+
+
 def size_effect_variance(r, jac, whiten, k, s):
     """The variance (B,) of a size's own deviation from the curve, shared by the arms there, by moments
     (DerSimonian and Laird's estimator, in its meta-regression form): the whitened residual sum of squares Q has
