@@ -67,5 +67,6 @@ def main():
     if args.draws:
         print(f"printed below 0.90 on {below} of {args.draws} drawn ladders ({without} without the one-arm bend)")
 
+
 if __name__ == "__main__":
     main()
